@@ -1,0 +1,15 @@
+//! pcmail's functional core: the model and every rule of DESIGN.md as pure functions.
+//!
+//! Nothing in this crate does IO, reads the clock or draws random numbers: time, ids and
+//! randomness come in as arguments, so every rule is testable without a server, a clock or a
+//! disk. The store adapters, the server and the CLI are the imperative shell around it.
+
+pub mod api;
+pub mod duration;
+pub mod ids;
+pub mod mail;
+pub mod manifest;
+pub mod roster;
+
+/// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.
+pub type Ts = chrono::DateTime<chrono::Utc>;

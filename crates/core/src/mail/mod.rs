@@ -1,0 +1,202 @@
+//! Mail (seed 000): the row, its state machine (M1, M2), sending and replying (M3–M7),
+//! expiry (M8), and who may see or move which mail (C3).
+
+mod access;
+mod send;
+mod state;
+mod sweep;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Ts;
+pub use access::{Principal, can_move, can_view};
+pub use send::{
+    MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan,
+    plan_send, reply_refusal, send_ids,
+};
+pub use state::{Step, apply_step};
+pub use sweep::plan_expiry;
+
+/// One row of the `mail` tab. Field names are the tab's column names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mail {
+    /// Delivery order, assigned by the store on insert; the per-recipient cursor of M11.
+    #[serde(default)]
+    pub seq: i64,
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub kind: MailKind,
+    pub subject: String,
+    pub body: String,
+    pub urgent: bool,
+    pub auto: bool,
+    pub hop: u32,
+    pub reply_to: Option<String>,
+    pub channel: String,
+    pub external_key: Option<String>,
+    pub state: MailState,
+    pub created_at: Ts,
+    pub expires_at: Ts,
+    pub delivered_at: Option<Ts>,
+    pub delivered_by: Option<String>,
+    pub seen_at: Option<Ts>,
+    pub seen_by: Option<String>,
+    pub done_at: Option<Ts>,
+    pub result: Option<String>,
+    pub fail_reason: Option<String>,
+    pub presented_at: Option<Ts>,
+    pub presented_session: Option<String>,
+    pub last_reminded_at: Option<Ts>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailState {
+    New,
+    Delivered,
+    Seen,
+    Done,
+    Failed,
+    Expired,
+}
+
+impl MailState {
+    pub const ALL: [MailState; 6] = [
+        MailState::New,
+        MailState::Delivered,
+        MailState::Seen,
+        MailState::Done,
+        MailState::Failed,
+        MailState::Expired,
+    ];
+
+    /// M1's forward-only order; the three terminal states share the last rank.
+    pub fn rank(self) -> u8 {
+        match self {
+            MailState::New => 0,
+            MailState::Delivered => 1,
+            MailState::Seen => 2,
+            MailState::Done | MailState::Failed | MailState::Expired => 3,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self.rank() == 3
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MailState::New => "new",
+            MailState::Delivered => "delivered",
+            MailState::Seen => "seen",
+            MailState::Done => "done",
+            MailState::Failed => "failed",
+            MailState::Expired => "expired",
+        }
+    }
+}
+
+impl fmt::Display for MailState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MailState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        MailState::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailKind {
+    #[default]
+    Note,
+    Request,
+    Decision,
+    Work,
+    Answer,
+    Intent,
+}
+
+impl MailKind {
+    pub const ALL: [MailKind; 6] =
+        [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work, MailKind::Answer, MailKind::Intent];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MailKind::Note => "note",
+            MailKind::Request => "request",
+            MailKind::Decision => "decision",
+            MailKind::Work => "work",
+            MailKind::Answer => "answer",
+            MailKind::Intent => "intent",
+        }
+    }
+}
+
+impl fmt::Display for MailKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MailKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        MailKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub fn at(secs: i64) -> Ts {
+        Ts::from_timestamp(secs, 0).unwrap_or_default()
+    }
+
+    pub fn mail(id: &str, from: &str, to: &str) -> Mail {
+        Mail {
+            seq: 0,
+            id: id.into(),
+            from: from.into(),
+            to: to.into(),
+            kind: MailKind::Note,
+            subject: "s".into(),
+            body: "b".into(),
+            urgent: false,
+            auto: false,
+            hop: 0,
+            reply_to: None,
+            channel: "pc".into(),
+            external_key: None,
+            state: MailState::New,
+            created_at: at(0),
+            expires_at: at(1000),
+            delivered_at: None,
+            delivered_by: None,
+            seen_at: None,
+            seen_by: None,
+            done_at: None,
+            result: None,
+            fail_reason: None,
+            presented_at: None,
+            presented_session: None,
+            last_reminded_at: None,
+        }
+    }
+}

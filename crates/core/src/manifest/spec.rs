@@ -1,0 +1,272 @@
+//! The typed spec of every kind of DESIGN.md §3. Unknown fields are refused everywhere, and
+//! every default is the one DESIGN.md names, so an omitted field means what the docs say.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Dur;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RosterSpec {
+    pub machines: Vec<Machine>,
+    /// The machine that receives intents (I1).
+    pub owner: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    pub number: u32,
+    pub label: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MailPolicySpec {
+    #[serde(default = "d_72h")]
+    pub ttl: Dur,
+    #[serde(default)]
+    pub unread_sla: UnreadSla,
+    #[serde(default = "d_30m")]
+    pub undelivered_after: Dur,
+    #[serde(default = "d_10m")]
+    pub receiver_down_after: Dur,
+    #[serde(default = "three")]
+    pub max_hop: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Notify>,
+}
+
+impl Default for MailPolicySpec {
+    fn default() -> Self {
+        MailPolicySpec {
+            ttl: d_72h(),
+            unread_sla: UnreadSla::default(),
+            undelivered_after: d_30m(),
+            receiver_down_after: d_10m(),
+            max_hop: 3,
+            notify: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnreadSla {
+    #[serde(default = "d_2h")]
+    pub urgent: Dur,
+    #[serde(default = "d_6h")]
+    pub normal: Dur,
+}
+
+impl Default for UnreadSla {
+    fn default() -> Self {
+        UnreadSla { urgent: d_2h(), normal: d_6h() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Notify {
+    pub webhook: String,
+    #[serde(default)]
+    pub format: NotifyFormat,
+    #[serde(default = "d_1m")]
+    pub min_interval: Dur,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotifyFormat {
+    #[default]
+    Alertmanager,
+    AlertmanagerApi,
+    Discord,
+    Slack,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IntentPolicySpec {
+    #[serde(default = "telegram")]
+    pub channel: String,
+    #[serde(default = "reply_tool")]
+    pub reply_tool: String,
+    #[serde(default = "react_tool")]
+    pub react_tool: String,
+    #[serde(default = "d_3m")]
+    pub remind_after: Dur,
+    #[serde(default = "d_5m")]
+    pub remind_every: Dur,
+    #[serde(default = "d_10m")]
+    pub escalate_after: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerPoolSpec {
+    pub workers: u32,
+    #[serde(default)]
+    pub queues: Vec<String>,
+    #[serde(default = "d_60s")]
+    pub lease_duration: Dur,
+    #[serde(default = "d_30m")]
+    pub stale_after: Dur,
+    #[serde(default = "three")]
+    pub max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateLimit {
+    pub per_minute: u32,
+    #[serde(default = "one")]
+    pub burst: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FunctionSpec {
+    /// argv, run without a shell.
+    pub command: Vec<String>,
+    pub mode: FunctionMode,
+    #[serde(default = "d_10m")]
+    pub timeout: Dur,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FunctionMode {
+    Generate,
+    Send,
+    Heavy,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LedgerSpec {
+    pub project: String,
+    #[serde(default)]
+    pub sources: Vec<LedgerSource>,
+    #[serde(default = "twenty")]
+    pub view_cap: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LedgerSource {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<SourceFormat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<Aggregate>,
+    #[serde(default)]
+    pub count_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceFormat {
+    Csv,
+    Json,
+    Yaml,
+    Jsonl,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Aggregate {
+    pub title: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleSpec {
+    #[serde(default = "utc")]
+    pub timezone: String,
+    pub entries: Vec<ScheduleEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleEntry {
+    pub role: ScheduleRole,
+    pub cron: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_run: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScheduleRole {
+    ExecuteChecked,
+    Sync,
+    AutoExecute,
+    RebuildView,
+    MailSweep,
+}
+
+fn d_60s() -> Dur {
+    Dur::from_secs(60)
+}
+fn d_1m() -> Dur {
+    Dur::from_mins(1)
+}
+fn d_3m() -> Dur {
+    Dur::from_mins(3)
+}
+fn d_5m() -> Dur {
+    Dur::from_mins(5)
+}
+fn d_10m() -> Dur {
+    Dur::from_mins(10)
+}
+fn d_30m() -> Dur {
+    Dur::from_mins(30)
+}
+fn d_2h() -> Dur {
+    Dur::from_hours(2)
+}
+fn d_6h() -> Dur {
+    Dur::from_hours(6)
+}
+fn d_72h() -> Dur {
+    Dur::from_hours(72)
+}
+fn one() -> u32 {
+    1
+}
+fn three() -> u32 {
+    3
+}
+fn twenty() -> u32 {
+    20
+}
+fn telegram() -> String {
+    "telegram".into()
+}
+fn reply_tool() -> String {
+    "mcp__plugin_telegram_telegram__reply".into()
+}
+fn react_tool() -> String {
+    "mcp__plugin_telegram_telegram__react".into()
+}
+fn utc() -> String {
+    "UTC".into()
+}
