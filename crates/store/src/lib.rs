@@ -1,1 +1,126 @@
+//! The store: where the sheet's tabs live. One trait, several adapters, one contract suite.
+//!
+//! The trait is deliberately coarse: the shell loads what a planner needs, the planner (a pure
+//! function of pcmail-core) decides, and the adapter applies the result in one transaction.
+//! Adapters hold no rules of DESIGN.md; they only store, select and keep writes atomic.
 
+#[cfg(test)]
+mod contract;
+pub mod sqlite;
+
+use std::future::Future;
+
+use pcmail_core::Ts;
+use pcmail_core::api::Event;
+use pcmail_core::mail::{Mail, MailState};
+use pcmail_core::manifest::{Kind, SpecRecord, Status};
+
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The disk is full, read-only or failing: the API answers 503 and nothing is half-written.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The schema is older or newer than this build understands (I6: fail closed).
+    #[error("store schema problem: {0}")]
+    Schema(String),
+    /// A stored value no longer parses; names the row and the column.
+    #[error("corrupt row in store: {0}")]
+    Corrupt(String),
+    #[error("invalid store URL {url:?}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("store error: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which mail rows a [`Store::mail_transaction`] loads for its planner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MailSelect {
+    /// These ids; missing ones are simply absent from the loaded rows.
+    Ids(Vec<String>),
+    /// M11: a recipient's mail after its cursor, in delivery order.
+    After { to: String, cursor: i64, limit: usize },
+    /// M8: mail not yet terminal whose expiry is at or before `now`.
+    Expiring { now: Ts, limit: usize },
+}
+
+/// What a planner decided, applied atomically by the adapter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MailWrites {
+    /// New rows; the adapter assigns `seq`.
+    pub insert: Vec<Mail>,
+    /// Whole rows replacing the stored ones with the same id.
+    pub update: Vec<Mail>,
+    pub events: Vec<Event>,
+    /// M11/A5: every poll is a heartbeat of the polling machine.
+    pub heartbeat: Option<(String, Ts)>,
+}
+
+impl MailWrites {
+    pub fn is_empty(&self) -> bool {
+        self.insert.is_empty() && self.update.is_empty() && self.events.is_empty() && self.heartbeat.is_none()
+    }
+}
+
+/// A read-only listing of mail, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MailQuery {
+    pub to: Option<String>,
+    pub from: Option<String>,
+    /// Only these states; empty means all.
+    pub states: Vec<MailState>,
+    pub limit: usize,
+}
+
+/// A batch of spec changes written in one transaction: `apply` is all-or-nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecWrites {
+    pub upsert: Vec<SpecRecord>,
+    pub delete: Vec<(Kind, String)>,
+    pub events: Vec<Event>,
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// Loads the selected rows, hands them to `plan`, and applies the writes it returns, all in
+    /// one transaction with no other writer in between.
+    fn mail_transaction<R, F>(&self, select: MailSelect, plan: F) -> impl Future<Output = Result<R>> + Send
+    where
+        F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
+        R: Send + 'static;
+
+    fn get_mail(&self, id: &str) -> impl Future<Output = Result<Option<Mail>>> + Send;
+    fn list_mail(&self, query: MailQuery) -> impl Future<Output = Result<Vec<Mail>>> + Send;
+    /// Events about one object (`mail/<id>`, `roster/<name>`), oldest first.
+    fn events_for(&self, object: &str) -> impl Future<Output = Result<Vec<Event>>> + Send;
+
+    fn list_specs(&self) -> impl Future<Output = Result<Vec<SpecRecord>>> + Send;
+    fn write_specs(&self, writes: SpecWrites) -> impl Future<Output = Result<()>> + Send;
+    /// Writes only the status of one object; a missing object is not an error (it was deleted).
+    fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores the hash of `machine`'s token, replacing its previous one.
+    fn put_token(&self, machine: &str, hash: &str, now: Ts) -> impl Future<Output = Result<()>> + Send;
+    fn machine_for_token(&self, hash: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Each machine's last poll (A5, M9 receiver-down).
+    fn last_polls(&self) -> impl Future<Output = Result<Vec<(String, Ts)>>> + Send;
+}
+
+/// Opens the store a URL names: `sqlite:PATH` now; `postgres://` and `sheets://` arrive with
+/// their adapters and are refused with a clear message until then.
+pub async fn open(url: &str) -> Result<SqliteStore> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
+        }
+        return SqliteStore::open(path).await;
+    }
+    let reason = if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sheets://") {
+        "this build has only the sqlite adapter"
+    } else {
+        "expected sqlite:PATH"
+    };
+    Err(StoreError::BadUrl { url: url.into(), reason: reason.into() })
+}

@@ -1,0 +1,263 @@
+//! The contract every adapter passes. Each check is an async fn over `&impl Store`;
+//! `contract_tests!(make)` turns them into tests for one adapter, given a fn that makes a fresh,
+//! empty store (and a guard that keeps its resources alive).
+
+use pcmail_core::Ts;
+use pcmail_core::api::Event;
+use pcmail_core::mail::{Mail, MailKind, MailState};
+use pcmail_core::manifest::{Kind, SpecRecord, Status};
+
+use crate::{MailQuery, MailSelect, MailWrites, SpecWrites, Store};
+
+pub fn at(secs: i64) -> Ts {
+    Ts::from_timestamp(secs, 0).unwrap_or_default()
+}
+
+fn mail(n: u32, to: &str) -> Mail {
+    Mail {
+        seq: 0,
+        id: format!("mail--{n:08x}"),
+        from: "pc1".into(),
+        to: to.into(),
+        kind: MailKind::Note,
+        subject: format!("subject {n} — 日本語"),
+        body: "body".into(),
+        urgent: n % 2 == 0,
+        auto: false,
+        hop: 0,
+        reply_to: None,
+        channel: "pc".into(),
+        external_key: None,
+        state: MailState::New,
+        created_at: at(i64::from(n)),
+        expires_at: at(1000 + i64::from(n)),
+        delivered_at: None,
+        delivered_by: None,
+        seen_at: None,
+        seen_by: None,
+        done_at: None,
+        result: None,
+        fail_reason: None,
+        presented_at: None,
+        presented_session: None,
+        last_reminded_at: None,
+    }
+}
+
+async fn insert(store: &impl Store, mails: Vec<Mail>) {
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| (MailWrites { insert: mails, ..Default::default() }, ()))
+        .await
+        .expect("insert");
+}
+
+pub async fn mail_round_trips_every_field(store: &impl Store) {
+    let mut m = mail(1, "pc2");
+    m.reply_to = Some("mail--00000009".into());
+    m.external_key = Some("telegram-1-2".into());
+    m.delivered_at = Some(at(5));
+    m.delivered_by = Some("pc2".into());
+    m.result = Some("ok".into());
+    m.hop = 2;
+    m.auto = true;
+    insert(store, vec![m.clone()]).await;
+    let got = store.get_mail(&m.id).await.expect("get").expect("present");
+    assert!(got.seq > 0);
+    assert_eq!(Mail { seq: 0, ..got }, m);
+    assert_eq!(store.get_mail("mail--ffffffff").await.expect("get"), None);
+}
+
+pub async fn m11_after_cursor_returns_only_the_recipients_mail_in_order(store: &impl Store) {
+    insert(store, vec![mail(1, "pc2"), mail(2, "pc3"), mail(3, "pc2"), mail(4, "pc2")]).await;
+    let sel = |cursor, limit| MailSelect::After { to: "pc2".into(), cursor, limit };
+    let all = store.mail_transaction(sel(0, 10), |m| (MailWrites::default(), m)).await.expect("select");
+    let ids: Vec<_> = all.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["mail--00000001", "mail--00000003", "mail--00000004"]);
+    let page = store.mail_transaction(sel(all[0].seq, 1), |m| (MailWrites::default(), m)).await.expect("select");
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id, "mail--00000003");
+}
+
+pub async fn transaction_writes_are_all_or_nothing(store: &impl Store) {
+    let ghost = mail(99, "pc2");
+    let res = store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { insert: vec![mail(1, "pc2")], update: vec![ghost], ..Default::default() }, ())
+        })
+        .await;
+    assert!(res.is_err(), "updating a missing row must fail the transaction");
+    assert_eq!(store.get_mail("mail--00000001").await.expect("get"), None, "the insert must be rolled back");
+}
+
+pub async fn duplicate_id_insert_fails_and_keeps_the_original(store: &impl Store) {
+    insert(store, vec![mail(1, "pc2")]).await;
+    let mut other = mail(1, "pc3");
+    other.body = "other".into();
+    let res = store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| (MailWrites { insert: vec![other], ..Default::default() }, ()))
+        .await;
+    assert!(res.is_err());
+    let kept = store.get_mail("mail--00000001").await.expect("get").expect("present");
+    assert_eq!((kept.to.as_str(), kept.body.as_str()), ("pc2", "body"));
+}
+
+pub async fn updates_replace_the_row_and_record_events(store: &impl Store) {
+    insert(store, vec![mail(1, "pc2")]).await;
+    store
+        .mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut loaded| {
+            let mut m = loaded.remove(0);
+            m.state = MailState::Seen;
+            m.seen_at = Some(at(7));
+            let event = Event {
+                at: at(7),
+                object: format!("mail/{}", m.id),
+                reason: "Seen".into(),
+                message: "new → seen".into(),
+                actor: "pc2".into(),
+            };
+            (MailWrites { update: vec![m], events: vec![event], ..Default::default() }, ())
+        })
+        .await
+        .expect("update");
+    let m = store.get_mail("mail--00000001").await.expect("get").expect("present");
+    assert_eq!((m.state, m.seen_at), (MailState::Seen, Some(at(7))));
+    let events = store.events_for("mail/mail--00000001").await.expect("events");
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].reason.as_str(), events[0].actor.as_str()), ("Seen", "pc2"));
+}
+
+pub async fn concurrent_transactions_never_lose_an_update(store: &(impl Store + Clone)) {
+    insert(store, vec![mail(1, "pc2")]).await;
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                s.mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut l| {
+                    let mut m = l.remove(0);
+                    m.hop += 1;
+                    (MailWrites { update: vec![m], ..Default::default() }, ())
+                })
+                .await
+                .expect("increment");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(store.get_mail("mail--00000001").await.expect("get").map(|m| m.hop), Some(100));
+}
+
+pub async fn m8_expiring_selects_only_open_mail_due_by_now(store: &impl Store) {
+    let mut done = mail(2, "pc2");
+    done.state = MailState::Done;
+    insert(store, vec![mail(1, "pc2"), done, mail(3, "pc2")]).await;
+    let due = store
+        .mail_transaction(MailSelect::Expiring { now: at(1002), limit: 100 }, |m| (MailWrites::default(), m))
+        .await
+        .expect("select");
+    let ids: Vec<_> = due.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["mail--00000001"]);
+}
+
+pub async fn list_mail_filters_newest_first(store: &impl Store) {
+    let mut seen = mail(3, "pc2");
+    seen.state = MailState::Seen;
+    insert(store, vec![mail(1, "pc2"), mail(2, "pc3"), seen, mail(4, "pc2")]).await;
+    let q = MailQuery { to: Some("pc2".into()), states: vec![MailState::New], limit: 10, ..Default::default() };
+    let ids: Vec<_> = store.list_mail(q).await.expect("list").into_iter().map(|m| m.id).collect();
+    assert_eq!(ids, ["mail--00000004", "mail--00000001"]);
+    let q = MailQuery { from: Some("pc1".into()), limit: 2, ..Default::default() };
+    assert_eq!(store.list_mail(q).await.expect("list").len(), 2);
+}
+
+pub async fn heartbeat_keeps_the_latest_poll(store: &impl Store) {
+    for t in [10, 30, 20] {
+        store
+            .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+                (MailWrites { heartbeat: Some(("pc2".into(), at(t))), ..Default::default() }, ())
+            })
+            .await
+            .expect("heartbeat");
+    }
+    assert_eq!(store.last_polls().await.expect("polls"), vec![("pc2".to_string(), at(30))]);
+}
+
+fn record(kind: Kind, name: &str, generation: u64) -> SpecRecord {
+    SpecRecord {
+        kind,
+        name: name.into(),
+        labels: [("team".to_string(), "a".to_string())].into(),
+        generation,
+        spec: serde_json::json!({"ttl": "1h"}),
+        status: Status::default(),
+        created_at: at(1),
+        updated_at: at(2),
+    }
+}
+
+pub async fn specs_upsert_delete_and_status(store: &impl Store) {
+    let writes = SpecWrites {
+        upsert: vec![record(Kind::MailPolicy, "default", 1), record(Kind::Function, "f", 1)],
+        ..Default::default()
+    };
+    store.write_specs(writes).await.expect("write");
+    store
+        .write_specs(SpecWrites { upsert: vec![record(Kind::MailPolicy, "default", 2)], ..Default::default() })
+        .await
+        .expect("update");
+    let mut status = Status { observed_generation: 2, conditions: vec![] };
+    status.set_condition("Ready", true, "Applied", "ok", at(3));
+    store.set_spec_status(Kind::MailPolicy, "default", status.clone()).await.expect("status");
+    store.set_spec_status(Kind::MailPolicy, "gone", status.clone()).await.expect("missing is fine");
+    let specs = store.list_specs().await.expect("list");
+    assert_eq!(specs.len(), 2);
+    let mp = specs.iter().find(|r| r.kind == Kind::MailPolicy).expect("present");
+    assert_eq!((mp.generation, &mp.status, mp.labels.get("team").map(String::as_str)), (2, &status, Some("a")));
+
+    store
+        .write_specs(SpecWrites { delete: vec![(Kind::Function, "f".into())], ..Default::default() })
+        .await
+        .expect("delete");
+    assert_eq!(store.list_specs().await.expect("list").len(), 1);
+}
+
+pub async fn c2_tokens_are_found_by_hash_and_reissue_replaces(store: &impl Store) {
+    store.put_token("pc1", "hash-a", at(1)).await.expect("put");
+    assert_eq!(store.machine_for_token("hash-a").await.expect("find"), Some("pc1".into()));
+    store.put_token("pc1", "hash-b", at(2)).await.expect("reissue");
+    assert_eq!(store.machine_for_token("hash-a").await.expect("find"), None);
+    assert_eq!(store.machine_for_token("hash-b").await.expect("find"), Some("pc1".into()));
+}
+
+/// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
+macro_rules! contract_tests {
+    ($make:ident) => {
+        crate::contract::contract_tests!(@each $make;
+            mail_round_trips_every_field,
+            m11_after_cursor_returns_only_the_recipients_mail_in_order,
+            transaction_writes_are_all_or_nothing,
+            duplicate_id_insert_fails_and_keeps_the_original,
+            updates_replace_the_row_and_record_events,
+            concurrent_transactions_never_lose_an_update,
+            m8_expiring_selects_only_open_mail_due_by_now,
+            list_mail_filters_newest_first,
+            heartbeat_keeps_the_latest_poll,
+            specs_upsert_delete_and_status,
+            c2_tokens_are_found_by_hash_and_reissue_replaces
+        );
+    };
+    (@each $make:ident; $($check:ident),*) => {
+        mod contract {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let (_guard, store) = super::$make().await;
+                    crate::contract::$check(&store).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use contract_tests;

@@ -1,0 +1,397 @@
+//! The embedded default store: SQLite in WAL mode, one writer connection plus a pool of
+//! readers. Every call runs on tokio's blocking pool so the async server never waits on disk.
+
+mod rows;
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pcmail_core::Ts;
+use pcmail_core::api::Event;
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::{Kind, SpecRecord, Status};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use crate::{MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
+use rows::{MAIL_COLUMNS, from_ms, mail_from_row, ms, spec_from_row};
+
+/// Readers kept open for reuse; more are opened on demand and dropped after use.
+const READER_POOL: usize = 4;
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match e.sqlite_error_code() {
+        Some(C::DiskFull | C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Backend(e.to_string()),
+    }
+}
+
+fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
+    let flags = if writer {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags).map_err(map_err)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(map_err)?;
+    if writer {
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
+        // FULL: a send that was acknowledged survives power loss too, not only a killed process.
+        conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
+    }
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) and migrates the database at `path`.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let mut writer = open_connection(&path, true)?;
+            schema::migrate(&mut writer)?;
+            Ok(SqliteStore {
+                inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
+            })
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))?
+    }
+
+    async fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock cannot leave a half transaction: rusqlite rolls
+            // back on drop, so the poisoned connection is still consistent.
+            let mut conn = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("write task failed: {e}")))?
+    }
+
+    async fn read<R: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<R> + Send + 'static) -> Result<R> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => open_connection(&inner.path, false)?,
+            };
+            let out = f(&conn);
+            let mut pool = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
+            if pool.len() < READER_POOL {
+                pool.push(conn);
+            }
+            out
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+    }
+}
+
+fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
+    let mut out = Vec::new();
+    match select {
+        MailSelect::Ids(ids) => {
+            let mut stmt = conn.prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1")).map_err(map_err)?;
+            for id in ids {
+                if let Some(m) = stmt.query_row([id], mail_from_row).optional().map_err(map_err)? {
+                    out.push(m?);
+                }
+            }
+        }
+        MailSelect::After { to, cursor, limit } => {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {MAIL_COLUMNS} FROM mail WHERE \"to\" = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
+                ))
+                .map_err(map_err)?;
+            for m in stmt.query_map(params![to, cursor, *limit as i64], mail_from_row).map_err(map_err)? {
+                out.push(m.map_err(map_err)??);
+            }
+        }
+        MailSelect::Expiring { now, limit } => {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {MAIL_COLUMNS} FROM mail WHERE state IN ('new', 'delivered', 'seen') AND expires_at <= ?1 \
+                     ORDER BY expires_at LIMIT ?2"
+                ))
+                .map_err(map_err)?;
+            for m in stmt.query_map(params![ms(*now), *limit as i64], mail_from_row).map_err(map_err)? {
+                out.push(m.map_err(map_err)??);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
+    let mut insert = conn
+        .prepare_cached(&format!(
+            "INSERT INTO mail ({}) VALUES ({})",
+            MAIL_COLUMNS.replacen("seq, ", "", 1),
+            (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
+        ))
+        .map_err(map_err)?;
+    for m in &w.insert {
+        insert.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)?;
+    }
+    let mut update = conn
+        .prepare_cached(
+            "UPDATE mail SET \"from\" = ?2, \"to\" = ?3, kind = ?4, subject = ?5, body = ?6, urgent = ?7, auto = ?8, \
+             hop = ?9, reply_to = ?10, channel = ?11, external_key = ?12, state = ?13, created_at = ?14, \
+             expires_at = ?15, delivered_at = ?16, delivered_by = ?17, seen_at = ?18, seen_by = ?19, done_at = ?20, \
+             result = ?21, fail_reason = ?22, presented_at = ?23, presented_session = ?24, last_reminded_at = ?25 \
+             WHERE id = ?1",
+        )
+        .map_err(map_err)?;
+    for m in &w.update {
+        if update.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)? != 1 {
+            return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
+        }
+    }
+    insert_events(conn, &w.events)?;
+    if let Some((machine, at)) = &w.heartbeat {
+        conn.prepare_cached(
+            "INSERT INTO machines (name, last_poll_at) VALUES (?1, ?2) \
+             ON CONFLICT(name) DO UPDATE SET last_poll_at = MAX(last_poll_at, excluded.last_poll_at)",
+        )
+        .map_err(map_err)?
+        .execute(params![machine, ms(*at)])
+        .map_err(map_err)?;
+    }
+    Ok(())
+}
+
+fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
+    let mut stmt = conn
+        .prepare_cached("INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .map_err(map_err)?;
+    for e in events {
+        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor]).map_err(map_err)?;
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    async fn mail_transaction<R, F>(&self, select: MailSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let loaded = select_mail(&tx, &select)?;
+            let (writes, out) = plan(loaded);
+            if !writes.is_empty() {
+                apply_mail_writes(&tx, &writes)?;
+                tx.commit().map_err(map_err)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get_mail(&self, id: &str) -> Result<Option<Mail>> {
+        let id = id.to_string();
+        self.read(move |conn| Ok(select_mail(conn, &MailSelect::Ids(vec![id]))?.pop())).await
+    }
+
+    async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
+        self.read(move |conn| {
+            let mut sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE 1 = 1");
+            let mut args: Vec<String> = Vec::new();
+            if let Some(to) = &q.to {
+                args.push(to.clone());
+                sql += &format!(" AND \"to\" = ?{}", args.len());
+            }
+            if let Some(from) = &q.from {
+                args.push(from.clone());
+                sql += &format!(" AND \"from\" = ?{}", args.len());
+            }
+            if !q.states.is_empty() {
+                let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+                sql += &format!(" AND state IN ({})", list.join(", "));
+            }
+            sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
+            let mut stmt = conn.prepare(&sql).map_err(map_err)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), mail_from_row).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)?).collect()
+        })
+        .await
+    }
+
+    async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
+        let object = object.to_string();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT at, object, reason, message, actor FROM events WHERE object = ?1 ORDER BY id")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([object], |r| {
+                    Ok(Event { at: from_ms(r.get(0)?), object: r.get(1)?, reason: r.get(2)?, message: r.get(3)?, actor: r.get(4)? })
+                })
+                .map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
+    async fn list_specs(&self) -> Result<Vec<SpecRecord>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT kind, name, labels, generation, spec, status, created_at, updated_at FROM specs ORDER BY kind, name",
+                )
+                .map_err(map_err)?;
+            let rows = stmt.query_map([], spec_from_row).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)?).collect()
+        })
+        .await
+    }
+
+    async fn write_specs(&self, w: SpecWrites) -> Result<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            for r in &w.upsert {
+                tx.prepare_cached(
+                    "INSERT INTO specs (kind, name, labels, generation, spec, status, created_at, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT(kind, name) DO UPDATE SET labels = excluded.labels, generation = excluded.generation, \
+                     spec = excluded.spec, status = excluded.status, updated_at = excluded.updated_at",
+                )
+                .map_err(map_err)?
+                .execute(params![
+                    r.kind.as_str(),
+                    r.name,
+                    json(&r.labels),
+                    r.generation as i64,
+                    r.spec.to_string(),
+                    json(&r.status),
+                    ms(r.created_at),
+                    ms(r.updated_at)
+                ])
+                .map_err(map_err)?;
+            }
+            for (kind, name) in &w.delete {
+                tx.execute("DELETE FROM specs WHERE kind = ?1 AND name = ?2", params![kind.as_str(), name])
+                    .map_err(map_err)?;
+            }
+            insert_events(&tx, &w.events)?;
+            tx.commit().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> Result<()> {
+        let name = name.to_string();
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE specs SET status = ?3 WHERE kind = ?1 AND name = ?2",
+                params![kind.as_str(), name, json(&status)],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn put_token(&self, machine: &str, hash: &str, now: Ts) -> Result<()> {
+        let (machine, hash) = (machine.to_string(), hash.to_string());
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO tokens (machine, hash, created_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT(machine) DO UPDATE SET hash = excluded.hash, created_at = excluded.created_at",
+                params![machine, hash, ms(now)],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn machine_for_token(&self, hash: &str) -> Result<Option<String>> {
+        let hash = hash.to_string();
+        self.read(move |conn| {
+            conn.prepare_cached("SELECT machine FROM tokens WHERE hash = ?1")
+                .map_err(map_err)?
+                .query_row([hash], |r| r.get(0))
+                .optional()
+                .map_err(map_err)
+        })
+        .await
+    }
+
+    async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name").map_err(map_err)?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?)))).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn fresh() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(dir.path().join("pcmail.db")).await.expect("open");
+        (dir, store)
+    }
+
+    crate::contract::contract_tests!(fresh);
+
+    #[tokio::test]
+    async fn i6_missing_column_fails_closed_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pcmail.db");
+        drop(SqliteStore::open(&path).await.expect("open"));
+        let conn = Connection::open(&path).expect("raw open");
+        conn.execute_batch("ALTER TABLE mail DROP COLUMN presented_session").expect("drop column");
+        drop(conn);
+        let err = SqliteStore::open(&path).await.err().expect("must refuse");
+        assert!(err.to_string().contains("mail.presented_session is missing"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn i6_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pcmail.db");
+        drop(SqliteStore::open(&path).await.expect("open"));
+        Connection::open(&path).expect("raw").pragma_update(None, "user_version", 99).expect("bump");
+        let err = SqliteStore::open(&path).await.err().expect("must refuse");
+        assert!(err.to_string().contains("newer than this build"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn i6_reopening_migrates_nothing_twice() {
+        let (dir, store) = fresh().await;
+        drop(store);
+        let again = SqliteStore::open(dir.path().join("pcmail.db")).await;
+        assert!(again.is_ok());
+    }
+}

@@ -1,0 +1,122 @@
+//! Row ↔ struct mapping. Times are stored as integer milliseconds since the epoch.
+
+use pcmail_core::Ts;
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::{Kind, SpecRecord};
+use rusqlite::Row;
+use rusqlite::types::ToSql;
+
+use crate::StoreError;
+
+pub const MAIL_COLUMNS: &str = "seq, id, \"from\", \"to\", kind, subject, body, urgent, auto, hop, reply_to, channel, \
+    external_key, state, created_at, expires_at, delivered_at, delivered_by, seen_at, seen_by, done_at, result, \
+    fail_reason, presented_at, presented_session, last_reminded_at";
+
+pub fn ms(t: Ts) -> i64 {
+    t.timestamp_millis()
+}
+
+pub fn from_ms(v: i64) -> Ts {
+    Ts::from_timestamp_millis(v).unwrap_or_default()
+}
+
+fn opt_ts(v: Option<i64>) -> Option<Ts> {
+    v.map(from_ms)
+}
+
+/// The outer error is SQLite's; the inner one is a value that no longer parses.
+pub fn mail_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Mail, StoreError>> {
+    let id: String = r.get(1)?;
+    let kind: String = r.get(4)?;
+    let state: String = r.get(13)?;
+    let (kind, state) = match (kind.parse(), state.parse()) {
+        (Ok(k), Ok(s)) => (k, s),
+        (Err(e), _) | (_, Err(e)) => return Ok(Err(StoreError::Corrupt(format!("mail {id}: {e}")))),
+    };
+    Ok(Ok(Mail {
+        seq: r.get(0)?,
+        id,
+        from: r.get(2)?,
+        to: r.get(3)?,
+        kind,
+        subject: r.get(5)?,
+        body: r.get(6)?,
+        urgent: r.get(7)?,
+        auto: r.get(8)?,
+        hop: r.get(9)?,
+        reply_to: r.get(10)?,
+        channel: r.get(11)?,
+        external_key: r.get(12)?,
+        state,
+        created_at: from_ms(r.get(14)?),
+        expires_at: from_ms(r.get(15)?),
+        delivered_at: opt_ts(r.get(16)?),
+        delivered_by: r.get(17)?,
+        seen_at: opt_ts(r.get(18)?),
+        seen_by: r.get(19)?,
+        done_at: opt_ts(r.get(20)?),
+        result: r.get(21)?,
+        fail_reason: r.get(22)?,
+        presented_at: opt_ts(r.get(23)?),
+        presented_session: r.get(24)?,
+        last_reminded_at: opt_ts(r.get(25)?),
+    }))
+}
+
+/// Parameters ?1..?25 in MAIL_COLUMNS order without `seq`.
+pub fn mail_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
+    let t = |v: Option<Ts>| v.map(ms);
+    vec![
+        Box::new(&m.id),
+        Box::new(&m.from),
+        Box::new(&m.to),
+        Box::new(m.kind.as_str()),
+        Box::new(&m.subject),
+        Box::new(&m.body),
+        Box::new(m.urgent),
+        Box::new(m.auto),
+        Box::new(m.hop),
+        Box::new(&m.reply_to),
+        Box::new(&m.channel),
+        Box::new(&m.external_key),
+        Box::new(m.state.as_str()),
+        Box::new(ms(m.created_at)),
+        Box::new(ms(m.expires_at)),
+        Box::new(t(m.delivered_at)),
+        Box::new(&m.delivered_by),
+        Box::new(t(m.seen_at)),
+        Box::new(&m.seen_by),
+        Box::new(t(m.done_at)),
+        Box::new(&m.result),
+        Box::new(&m.fail_reason),
+        Box::new(t(m.presented_at)),
+        Box::new(&m.presented_session),
+        Box::new(t(m.last_reminded_at)),
+    ]
+}
+
+pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreError>> {
+    let kind_name: String = r.get(0)?;
+    let name: String = r.get(1)?;
+    let corrupt = |what: &str| StoreError::Corrupt(format!("spec {kind_name}/{name}: {what}"));
+    let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
+        return Ok(Err(corrupt("unknown kind")));
+    };
+    let labels: String = r.get(2)?;
+    let spec: String = r.get(4)?;
+    let status: String = r.get(5)?;
+    let parsed = (serde_json::from_str(&labels), serde_json::from_str(&spec), serde_json::from_str(&status));
+    let (Ok(labels), Ok(spec), Ok(status)) = parsed else {
+        return Ok(Err(corrupt("labels, spec or status is not valid JSON")));
+    };
+    Ok(Ok(SpecRecord {
+        kind,
+        name: name.clone(),
+        labels,
+        generation: r.get::<_, i64>(3)? as u64,
+        spec,
+        status,
+        created_at: from_ms(r.get(6)?),
+        updated_at: from_ms(r.get(7)?),
+    }))
+}

@@ -1,0 +1,145 @@
+//! Forward-only migrations (I6) and the check that every column the code reads exists.
+
+use rusqlite::Connection;
+
+use crate::{Result, StoreError};
+
+/// Applied in order; `PRAGMA user_version` counts how many ran. Never edit a shipped entry:
+/// append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the spine — mail, specs, events, alerts, machines, tokens.
+    r#"
+    CREATE TABLE mail (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        "from" TEXT NOT NULL,
+        "to" TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        body TEXT NOT NULL,
+        urgent INTEGER NOT NULL,
+        auto INTEGER NOT NULL,
+        hop INTEGER NOT NULL,
+        reply_to TEXT,
+        channel TEXT NOT NULL,
+        external_key TEXT,
+        state TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        delivered_at INTEGER,
+        delivered_by TEXT,
+        seen_at INTEGER,
+        seen_by TEXT,
+        done_at INTEGER,
+        result TEXT,
+        fail_reason TEXT,
+        presented_at INTEGER,
+        presented_session TEXT,
+        last_reminded_at INTEGER
+    );
+    CREATE INDEX mail_to_seq ON mail("to", seq);
+    CREATE INDEX mail_from_seq ON mail("from", seq);
+    CREATE INDEX mail_open_expiry ON mail(expires_at) WHERE state IN ('new', 'delivered', 'seen');
+    CREATE UNIQUE INDEX mail_external_key ON mail(external_key) WHERE external_key IS NOT NULL;
+
+    CREATE TABLE specs (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        spec TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (kind, name)
+    );
+
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        object TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        actor TEXT NOT NULL
+    );
+    CREATE INDEX events_object ON events(object, id);
+
+    CREATE TABLE alerts (
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        state TEXT NOT NULL,
+        message TEXT NOT NULL,
+        firing_since INTEGER,
+        resolved_at INTEGER,
+        notified_state TEXT,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (kind, subject)
+    );
+
+    CREATE TABLE machines (
+        name TEXT PRIMARY KEY,
+        last_poll_at INTEGER NOT NULL
+    );
+
+    CREATE TABLE tokens (
+        machine TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL
+    );
+    "#,
+];
+
+/// The columns this build reads, per table. Checked at open so that a hand-edited or
+/// half-migrated database fails at start with the missing column named, not mid-request.
+const REQUIRED: &[(&str, &[&str])] = &[
+    (
+        "mail",
+        &[
+            "seq", "id", "from", "to", "kind", "subject", "body", "urgent", "auto", "hop", "reply_to", "channel",
+            "external_key", "state", "created_at", "expires_at", "delivered_at", "delivered_by", "seen_at",
+            "seen_by", "done_at", "result", "fail_reason", "presented_at", "presented_session",
+            "last_reminded_at",
+        ],
+    ),
+    ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
+    ("events", &["id", "at", "object", "reason", "message", "actor"]),
+    ("machines", &["name", "last_poll_at"]),
+    ("tokens", &["machine", "hash", "created_at"]),
+];
+
+pub fn migrate(conn: &mut Connection) -> Result<()> {
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
+    if version > MIGRATIONS.len() {
+        return Err(StoreError::Schema(format!(
+            "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        let tx = conn.transaction().map_err(super::map_err)?;
+        tx.execute_batch(sql).map_err(super::map_err)?;
+        tx.pragma_update(None, "user_version", i + 1).map_err(super::map_err)?;
+        tx.commit().map_err(super::map_err)?;
+    }
+    verify(conn)
+}
+
+pub fn verify(conn: &Connection) -> Result<()> {
+    for (table, columns) in REQUIRED {
+        let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).map_err(super::map_err)?;
+        let present: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(1))
+            .map_err(super::map_err)?
+            .collect::<Result<_, _>>()
+            .map_err(super::map_err)?;
+        if present.is_empty() {
+            return Err(StoreError::Schema(format!("table {table} is missing")));
+        }
+        if let Some(missing) = columns.iter().find(|c| !present.iter().any(|p| p == *c)) {
+            return Err(StoreError::Schema(format!(
+                "column {table}.{missing} is missing; the database was changed outside pcmail"
+            )));
+        }
+    }
+    Ok(())
+}
