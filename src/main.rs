@@ -1,1 +1,31 @@
-fn main(){}
+//! `pcmail-ctl`: one binary for the controller (`serve`), kubectl-style admin verbs and the
+//! client verbs every PC uses. This file is the edge: parse, dispatch, map errors to exit codes.
+
+mod args;
+mod client;
+mod commands;
+mod exit;
+mod output;
+
+use clap::Parser;
+
+fn main() {
+    let cli = args::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            exit::print(&err);
+            std::process::exit(exit::exit_code(&err));
+        }
+    }
+}

@@ -1,1 +1,100 @@
+//! `pcmail-ctl serve`: the controller, its HTTP API and its authorization.
+//!
+//! This crate is the imperative shell around pcmail-core: handlers authenticate, load what a
+//! planner needs through the store, call the planner and apply its writes. No rule of
+//! DESIGN.md is decided here; look in pcmail-core for those.
 
+mod api;
+mod app;
+mod auth;
+mod controller;
+mod mailbox;
+pub mod manifests;
+mod runtime;
+mod specs;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use app::App;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH`; defaults to `sqlite:<data_dir>/pcmail.db`.
+    pub store_url: Option<String>,
+    pub listen: SocketAddr,
+    /// Manifests applied at start, through the same path as `apply -f`.
+    pub apply: Option<PathBuf>,
+    /// Accept plain HTTP on a non-loopback address (C2).
+    pub insecure_listen: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {0} without TLS: plain HTTP is allowed on loopback only; put a TLS proxy in front or pass --insecure-listen"
+    )]
+    InsecureListen(SocketAddr),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] pcmail_store::StoreError),
+    #[error("--apply {path}: {message}")]
+    Apply { path: PathBuf, message: String },
+    #[error("server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs until `shutdown` resolves, then stops taking requests, wakes every long-poll and
+/// returns once in-flight requests are answered.
+pub async fn serve(
+    config: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if !config.listen.ip().is_loopback() && !config.insecure_listen {
+        return Err(ServeError::InsecureListen(config.listen));
+    }
+    let app = App::start(&config).await?;
+    if let Some(path) = &config.apply {
+        let files = manifests::read_path(path).map_err(|e| ServeError::Apply {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        specs::apply(&app, files, false, chrono::Utc::now())
+            .await
+            .map_err(|e| ServeError::Apply {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr()?;
+    // Tests and scripts read this line to find a port chosen with :0.
+    println!("pcmail-ctl serve listening on http://{local}");
+    tracing::info!(%local, data_dir = %config.data_dir.display(), "serving");
+
+    let sweeper = tokio::spawn(controller::run(app.clone()));
+    let stopping = app.clone();
+    axum::serve(listener, api::router(app.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            stopping.begin_shutdown();
+        })
+        .await?;
+    sweeper.abort();
+    Ok(())
+}

@@ -113,7 +113,11 @@ impl FromStr for MailState {
         MailState::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"
+                )
+            })
     }
 }
 
@@ -130,8 +134,14 @@ pub enum MailKind {
 }
 
 impl MailKind {
-    pub const ALL: [MailKind; 6] =
-        [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work, MailKind::Answer, MailKind::Intent];
+    pub const ALL: [MailKind; 6] = [
+        MailKind::Note,
+        MailKind::Request,
+        MailKind::Decision,
+        MailKind::Work,
+        MailKind::Answer,
+        MailKind::Intent,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -157,7 +167,11 @@ impl FromStr for MailKind {
         MailKind::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"
+                )
+            })
     }
 }
 

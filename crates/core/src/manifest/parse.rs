@@ -37,8 +37,18 @@ impl Document {
 
     /// As [`Document::error_at`], counting only occurrences after the first line containing
     /// `section` (e.g. `machines:`), so that a name mentioned earlier does not shift the count.
-    pub fn error_in(&self, section: &str, needle: &str, nth: usize, message: String) -> ManifestError {
-        let skip = self.text.lines().position(|l| l.contains(section)).unwrap_or(0);
+    pub fn error_in(
+        &self,
+        section: &str,
+        needle: &str,
+        nth: usize,
+        message: String,
+    ) -> ManifestError {
+        let skip = self
+            .text
+            .lines()
+            .position(|l| l.contains(section))
+            .unwrap_or(0);
         let found = self
             .text
             .lines()
@@ -47,7 +57,12 @@ impl Document {
             .flat_map(|(i, l)| word_matches(l, needle).map(move |c| (i, c)))
             .nth(nth);
         let (line, column) = found.map_or((self.line, 1), |(i, c)| (i + 1, c + 1));
-        ManifestError { file: self.file.clone(), line, column, message }
+        ManifestError {
+            file: self.file.clone(),
+            line,
+            column,
+            message,
+        }
     }
 }
 
@@ -61,7 +76,10 @@ fn word_matches<'a>(line: &'a str, needle: &'a str) -> impl Iterator<Item = usiz
     } else {
         hay.match_indices(&pat)
             .map(|(i, _)| i)
-            .filter(|&i| !is_word(hay[..i].chars().next_back()) && !is_word(hay[i + pat.len()..].chars().next()))
+            .filter(|&i| {
+                !is_word(hay[..i].chars().next_back())
+                    && !is_word(hay[i + pat.len()..].chars().next())
+            })
             .collect()
     };
     starts.into_iter()
@@ -115,7 +133,11 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<Document>, Vec<ManifestE
             Err(e) => errors.push(e),
         }
     }
-    if errors.is_empty() { Ok(docs) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(docs)
+    } else {
+        Err(errors)
+    }
 }
 
 /// Splits on `---` lines. Each chunk is padded with the newlines before it, so that the
@@ -140,7 +162,11 @@ fn split_documents(text: &str) -> Vec<(usize, String)> {
     chunks
 }
 
-fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Document>, ManifestError> {
+fn parse_document(
+    file: &str,
+    start: usize,
+    chunk: &str,
+) -> Result<Option<Document>, ManifestError> {
     let at = |line: usize, column: usize, message: String| ManifestError {
         file: file.to_string(),
         line,
@@ -163,7 +189,11 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
             .map_or(start, |i| i + 1)
     };
     let Some(map) = value.as_mapping() else {
-        return Err(at(start, 1, "a manifest document must be a mapping with apiVersion, kind, metadata and spec".into()));
+        return Err(at(
+            start,
+            1,
+            "a manifest document must be a mapping with apiVersion, kind, metadata and spec".into(),
+        ));
     };
     let kind_name = match map.get("kind") {
         Some(serde_yaml_ng::Value::String(k)) => k.clone(),
@@ -175,7 +205,10 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         return Err(at(
             key_line("kind"),
             7,
-            format!("unknown kind {kind_name:?}; known kinds: {}", known.join(", ")),
+            format!(
+                "unknown kind {kind_name:?}; known kinds: {}",
+                known.join(", ")
+            ),
         ));
     };
 
@@ -184,9 +217,15 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
     }
     let (api_version, metadata, spec) = match kind {
         Kind::Roster => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Roster(r.spec))),
-        Kind::MailPolicy => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::MailPolicy(r.spec))),
-        Kind::IntentPolicy => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::IntentPolicy(r.spec))),
-        Kind::WorkerPool => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::WorkerPool(r.spec))),
+        Kind::MailPolicy => {
+            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::MailPolicy(r.spec)))
+        }
+        Kind::IntentPolicy => {
+            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::IntentPolicy(r.spec)))
+        }
+        Kind::WorkerPool => {
+            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::WorkerPool(r.spec)))
+        }
         Kind::Function => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Function(r.spec))),
         Kind::Ledger => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Ledger(r.spec))),
         Kind::Schedule => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Schedule(r.spec))),
@@ -237,7 +276,9 @@ spec:
 
     #[test]
     fn multi_document_files_parse_each_document_with_its_own_line() {
-        let text = format!("# comment only\n---\n{ROSTER}---\n---\napiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {{name: default}}\nspec: {{ttl: 1h}}\n");
+        let text = format!(
+            "# comment only\n---\n{ROSTER}---\n---\napiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {{name: default}}\nspec: {{ttl: 1h}}\n"
+        );
         let docs = parse_file("m.yaml", &text).expect("valid");
         assert_eq!(docs.len(), 2);
         assert_eq!((docs[0].kind(), docs[0].line), (Kind::Roster, 3));
@@ -256,12 +297,17 @@ spec:
     fn unknown_kind_names_the_known_kinds() {
         let e = &errors("apiVersion: pcmail/v1\nkind: Pod\nmetadata: {name: x}\nspec: {}\n")[0];
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("unknown kind \"Pod\"") && e.message.contains("Roster"), "{e}");
+        assert!(
+            e.message.contains("unknown kind \"Pod\"") && e.message.contains("Roster"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bad_indentation_is_a_syntax_error_with_position() {
-        let e = &errors("apiVersion: pcmail/v1\nkind: Roster\nmetadata:\n  name: a\n   bad: indent\nspec: {}\n")[0];
+        let e = &errors(
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata:\n  name: a\n   bad: indent\nspec: {}\n",
+        )[0];
         assert_eq!(e.file, "m.yaml");
         assert!(e.line >= 4, "{e}");
     }
@@ -283,8 +329,10 @@ spec:
 
     #[test]
     fn get_output_with_status_and_metadata_applies_back() {
-        let text = ROSTER.replace("  name: office", "  name: office\n  generation: 3\n  creationTimestamp: x")
-            + "status:\n  observedGeneration: 3\n";
+        let text = ROSTER.replace(
+            "  name: office",
+            "  name: office\n  generation: 3\n  creationTimestamp: x",
+        ) + "status:\n  observedGeneration: 3\n";
         assert_eq!(parse_file("m.yaml", &text).expect("valid").len(), 1);
     }
 }

@@ -33,25 +33,35 @@ struct Inner {
 pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
-        Some(C::DiskFull | C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
-            StoreError::Unavailable(e.to_string())
-        }
+        Some(
+            C::DiskFull
+            | C::ReadOnly
+            | C::SystemIoFailure
+            | C::CannotOpen
+            | C::DatabaseBusy
+            | C::DatabaseLocked,
+        ) => StoreError::Unavailable(e.to_string()),
         _ => StoreError::Backend(e.to_string()),
     }
 }
 
 fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
     let flags = if writer {
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
     } else {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let conn = Connection::open_with_flags(path, flags).map_err(map_err)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(map_err)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(map_err)?;
     if writer {
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(map_err)?;
         // FULL: a send that was acknowledged survives power loss too, not only a killed process.
-        conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(map_err)?;
     }
     Ok(conn)
 }
@@ -64,7 +74,11 @@ impl SqliteStore {
             let mut writer = open_connection(&path, true)?;
             schema::migrate(&mut writer)?;
             Ok(SqliteStore {
-                inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
+                inner: Arc::new(Inner {
+                    path,
+                    writer: Mutex::new(writer),
+                    readers: Mutex::new(Vec::new()),
+                }),
             })
         })
         .await
@@ -86,10 +100,17 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("write task failed: {e}")))?
     }
 
-    async fn read<R: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<R> + Send + 'static) -> Result<R> {
+    async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let pooled = inner
+                .readers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
             let conn = match pooled {
                 Some(c) => c,
                 None => open_connection(&inner.path, false)?,
@@ -110,9 +131,15 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     let mut out = Vec::new();
     match select {
         MailSelect::Ids(ids) => {
-            let mut stmt = conn.prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1")).map_err(map_err)?;
+            let mut stmt = conn
+                .prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1"))
+                .map_err(map_err)?;
             for id in ids {
-                if let Some(m) = stmt.query_row([id], mail_from_row).optional().map_err(map_err)? {
+                if let Some(m) = stmt
+                    .query_row([id], mail_from_row)
+                    .optional()
+                    .map_err(map_err)?
+                {
                     out.push(m?);
                 }
             }
@@ -123,7 +150,10 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
                     "SELECT {MAIL_COLUMNS} FROM mail WHERE \"to\" = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
                 ))
                 .map_err(map_err)?;
-            for m in stmt.query_map(params![to, cursor, *limit as i64], mail_from_row).map_err(map_err)? {
+            for m in stmt
+                .query_map(params![to, cursor, *limit as i64], mail_from_row)
+                .map_err(map_err)?
+            {
                 out.push(m.map_err(map_err)??);
             }
         }
@@ -134,7 +164,10 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
                      ORDER BY expires_at LIMIT ?2"
                 ))
                 .map_err(map_err)?;
-            for m in stmt.query_map(params![ms(*now), *limit as i64], mail_from_row).map_err(map_err)? {
+            for m in stmt
+                .query_map(params![ms(*now), *limit as i64], mail_from_row)
+                .map_err(map_err)?
+            {
                 out.push(m.map_err(map_err)??);
             }
         }
@@ -147,11 +180,16 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         .prepare_cached(&format!(
             "INSERT INTO mail ({}) VALUES ({})",
             MAIL_COLUMNS.replacen("seq, ", "", 1),
-            (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
+            (1..=25)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
         .map_err(map_err)?;
     for m in &w.insert {
-        insert.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)?;
+        insert
+            .execute(rusqlite::params_from_iter(rows::mail_params(m)))
+            .map_err(map_err)?;
     }
     let mut update = conn
         .prepare_cached(
@@ -163,8 +201,15 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         )
         .map_err(map_err)?;
     for m in &w.update {
-        if update.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)? != 1 {
-            return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
+        if update
+            .execute(rusqlite::params_from_iter(rows::mail_params(m)))
+            .map_err(map_err)?
+            != 1
+        {
+            return Err(StoreError::Backend(format!(
+                "update of missing mail {}",
+                m.id
+            )));
         }
     }
     insert_events(conn, &w.events)?;
@@ -182,10 +227,13 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
     let mut stmt = conn
-        .prepare_cached("INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .prepare_cached(
+            "INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
         .map_err(map_err)?;
     for e in events {
-        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor]).map_err(map_err)?;
+        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor])
+            .map_err(map_err)?;
     }
     Ok(())
 }
@@ -197,7 +245,9 @@ impl Store for SqliteStore {
         R: Send + 'static,
     {
         self.write(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map_err)?;
             let loaded = select_mail(&tx, &select)?;
             let (writes, out) = plan(loaded);
             if !writes.is_empty() {
@@ -211,7 +261,8 @@ impl Store for SqliteStore {
 
     async fn get_mail(&self, id: &str) -> Result<Option<Mail>> {
         let id = id.to_string();
-        self.read(move |conn| Ok(select_mail(conn, &MailSelect::Ids(vec![id]))?.pop())).await
+        self.read(move |conn| Ok(select_mail(conn, &MailSelect::Ids(vec![id]))?.pop()))
+            .await
     }
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
@@ -227,12 +278,18 @@ impl Store for SqliteStore {
                 sql += &format!(" AND \"from\" = ?{}", args.len());
             }
             if !q.states.is_empty() {
-                let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+                let list: Vec<String> = q
+                    .states
+                    .iter()
+                    .map(|s| format!("'{}'", s.as_str()))
+                    .collect();
                 sql += &format!(" AND state IN ({})", list.join(", "));
             }
             sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
             let mut stmt = conn.prepare(&sql).map_err(map_err)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), mail_from_row).map_err(map_err)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args.iter()), mail_from_row)
+                .map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)?).collect()
         })
         .await
@@ -341,8 +398,12 @@ impl Store for SqliteStore {
 
     async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
         self.read(|conn| {
-            let mut stmt = conn.prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name").map_err(map_err)?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?)))).map_err(map_err)?;
+            let mut stmt = conn
+                .prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?))))
+                .map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)).collect()
         })
         .await
@@ -359,7 +420,9 @@ mod tests {
 
     async fn fresh() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(dir.path().join("pcmail.db")).await.expect("open");
+        let store = SqliteStore::open(dir.path().join("pcmail.db"))
+            .await
+            .expect("open");
         (dir, store)
     }
 
@@ -371,10 +434,15 @@ mod tests {
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
         let conn = Connection::open(&path).expect("raw open");
-        conn.execute_batch("ALTER TABLE mail DROP COLUMN presented_session").expect("drop column");
+        conn.execute_batch("ALTER TABLE mail DROP COLUMN presented_session")
+            .expect("drop column");
         drop(conn);
         let err = SqliteStore::open(&path).await.err().expect("must refuse");
-        assert!(err.to_string().contains("mail.presented_session is missing"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("mail.presented_session is missing"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -382,7 +450,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
-        Connection::open(&path).expect("raw").pragma_update(None, "user_version", 99).expect("bump");
+        Connection::open(&path)
+            .expect("raw")
+            .pragma_update(None, "user_version", 99)
+            .expect("bump");
         let err = SqliteStore::open(&path).await.err().expect("must refuse");
         assert!(err.to_string().contains("newer than this build"), "{err}");
     }

@@ -31,7 +31,9 @@ pub fn mail_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Mail, StoreError>> 
     let state: String = r.get(13)?;
     let (kind, state) = match (kind.parse(), state.parse()) {
         (Ok(k), Ok(s)) => (k, s),
-        (Err(e), _) | (_, Err(e)) => return Ok(Err(StoreError::Corrupt(format!("mail {id}: {e}")))),
+        (Err(e), _) | (_, Err(e)) => {
+            return Ok(Err(StoreError::Corrupt(format!("mail {id}: {e}"))));
+        }
     };
     Ok(Ok(Mail {
         seq: r.get(0)?,
@@ -105,7 +107,11 @@ pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreEr
     let labels: String = r.get(2)?;
     let spec: String = r.get(4)?;
     let status: String = r.get(5)?;
-    let parsed = (serde_json::from_str(&labels), serde_json::from_str(&spec), serde_json::from_str(&status));
+    let parsed = (
+        serde_json::from_str(&labels),
+        serde_json::from_str(&spec),
+        serde_json::from_str(&status),
+    );
     let (Ok(labels), Ok(spec), Ok(status)) = parsed else {
         return Ok(Err(corrupt("labels, spec or status is not valid JSON")));
     };

@@ -95,20 +95,59 @@ const REQUIRED: &[(&str, &[&str])] = &[
     (
         "mail",
         &[
-            "seq", "id", "from", "to", "kind", "subject", "body", "urgent", "auto", "hop", "reply_to", "channel",
-            "external_key", "state", "created_at", "expires_at", "delivered_at", "delivered_by", "seen_at",
-            "seen_by", "done_at", "result", "fail_reason", "presented_at", "presented_session",
+            "seq",
+            "id",
+            "from",
+            "to",
+            "kind",
+            "subject",
+            "body",
+            "urgent",
+            "auto",
+            "hop",
+            "reply_to",
+            "channel",
+            "external_key",
+            "state",
+            "created_at",
+            "expires_at",
+            "delivered_at",
+            "delivered_by",
+            "seen_at",
+            "seen_by",
+            "done_at",
+            "result",
+            "fail_reason",
+            "presented_at",
+            "presented_session",
             "last_reminded_at",
         ],
     ),
-    ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
-    ("events", &["id", "at", "object", "reason", "message", "actor"]),
+    (
+        "specs",
+        &[
+            "kind",
+            "name",
+            "labels",
+            "generation",
+            "spec",
+            "status",
+            "created_at",
+            "updated_at",
+        ],
+    ),
+    (
+        "events",
+        &["id", "at", "object", "reason", "message", "actor"],
+    ),
     ("machines", &["name", "last_poll_at"]),
     ("tokens", &["machine", "hash", "created_at"]),
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
-    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
+    let version: usize = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(super::map_err)?;
     if version > MIGRATIONS.len() {
         return Err(StoreError::Schema(format!(
             "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
@@ -118,7 +157,8 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction().map_err(super::map_err)?;
         tx.execute_batch(sql).map_err(super::map_err)?;
-        tx.pragma_update(None, "user_version", i + 1).map_err(super::map_err)?;
+        tx.pragma_update(None, "user_version", i + 1)
+            .map_err(super::map_err)?;
         tx.commit().map_err(super::map_err)?;
     }
     verify(conn)
@@ -126,7 +166,9 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
 
 pub fn verify(conn: &Connection) -> Result<()> {
     for (table, columns) in REQUIRED {
-        let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).map_err(super::map_err)?;
+        let mut stmt = conn
+            .prepare(&format!("PRAGMA table_info(\"{table}\")"))
+            .map_err(super::map_err)?;
         let present: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(1))
             .map_err(super::map_err)?

@@ -1,0 +1,198 @@
+//! Mail routes: send, list, status (with wait), seen/ack/fail, poll.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use pcmail_core::api::{MailStatus, PollResponse, SendRequest, SendResponse, StepRequest, WhoAmI};
+use pcmail_core::duration::Dur;
+use pcmail_core::ids::is_mail_id;
+use pcmail_core::mail::{Mail, MailState, Step, can_view};
+use pcmail_store::{MailQuery, Store};
+use serde::Deserialize;
+
+use super::{ApiError, JsonBody, parse_json};
+use crate::auth::authenticate;
+use crate::{App, mailbox};
+
+/// Long-polls are capped so that a proxy or client timeout never cuts one off mid-answer.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+const MAX_LIMIT: usize = 500;
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+}
+
+fn check_id(id: &str) -> Result<(), ApiError> {
+    if is_mail_id(id) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)"
+        )))
+    }
+}
+
+pub async fn whoami(State(app): State<App>, headers: HeaderMap) -> Result<Json<WhoAmI>, ApiError> {
+    let caller = authenticate(&app, &headers).await?;
+    Ok(Json(WhoAmI {
+        machine: caller.machine().map(String::from),
+        admin: caller.admin,
+    }))
+}
+
+pub async fn send(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<SendRequest>,
+) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
+    let caller = authenticate(&app, &headers).await?;
+    let sender = caller.require_machine()?;
+    let response = mailbox::send(&app, sender, req, chrono::Utc::now()).await?;
+    let status = if response.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(response)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListQuery {
+    /// `inbox` (mail to me, the default), `sent` (mail from me), or `all` (admin only).
+    #[serde(default, rename = "box")]
+    mailbox: Option<String>,
+    /// Include done, failed and expired mail.
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub async fn list(
+    State(app): State<App>,
+    headers: HeaderMap,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Vec<Mail>>, ApiError> {
+    let q = query(q)?;
+    let caller = authenticate(&app, &headers).await?;
+    let mut filter = MailQuery {
+        limit: q.limit.unwrap_or(100).min(MAX_LIMIT),
+        ..Default::default()
+    };
+    match q.mailbox.as_deref().unwrap_or("inbox") {
+        "inbox" => filter.to = Some(caller.require_machine()?.to_string()),
+        "sent" => filter.from = Some(caller.require_machine()?.to_string()),
+        "all" => caller.require_admin()?,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "box must be inbox, sent or all, not {other:?}"
+            )));
+        }
+    }
+    if !q.all {
+        filter.states = vec![MailState::New, MailState::Delivered, MailState::Seen];
+    }
+    Ok(Json(app.store().list_mail(filter).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StatusQuery {
+    #[serde(default)]
+    wait_for: Option<MailState>,
+    #[serde(default)]
+    timeout: Option<Dur>,
+}
+
+pub async fn status(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    q: Result<Query<StatusQuery>, QueryRejection>,
+) -> Result<Json<MailStatus>, ApiError> {
+    let q = query(q)?;
+    check_id(&id)?;
+    let caller = authenticate(&app, &headers).await?;
+    let mail = app
+        .store()
+        .get_mail(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+    if !can_view(&mail, &caller.principal) {
+        return Err(ApiError::forbidden(format!(
+            "mail {id} is neither from nor to you"
+        )));
+    }
+    let mail = match q.wait_for {
+        Some(target) => {
+            let wait = q.timeout.map_or(MAX_WAIT, |d| d.to_std().min(MAX_WAIT));
+            mailbox::wait_for(&app, &id, Some(target), wait).await?
+        }
+        None => mail,
+    };
+    let events = app.store().events_for(&format!("mail/{id}")).await?;
+    Ok(Json(MailStatus { mail, events }))
+}
+
+pub async fn step(
+    State(app): State<App>,
+    Path((id, step)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Mail>, ApiError> {
+    check_id(&id)?;
+    let req: StepRequest = if body.is_empty() {
+        StepRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let step = match step.as_str() {
+        "seen" => Step::See,
+        "ack" => Step::Done { result: req.result },
+        "fail" => match req.reason.filter(|r| !r.trim().is_empty()) {
+            Some(reason) => Step::Fail { reason },
+            None => return Err(ApiError::bad_request("fail needs a non-empty reason")),
+        },
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no mail action {other:?}; use seen, ack or fail"
+            )));
+        }
+    };
+    let caller = authenticate(&app, &headers).await?;
+    Ok(Json(
+        mailbox::step(&app, &caller, &id, step, chrono::Utc::now()).await?,
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PollQuery {
+    #[serde(default)]
+    cursor: i64,
+    #[serde(default)]
+    wait: Option<Dur>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub async fn poll(
+    State(app): State<App>,
+    headers: HeaderMap,
+    q: Result<Query<PollQuery>, QueryRejection>,
+) -> Result<Json<PollResponse>, ApiError> {
+    let q = query(q)?;
+    let caller = authenticate(&app, &headers).await?;
+    let machine = caller.require_machine()?;
+    let wait = q.wait.map_or(Duration::ZERO, |d| d.to_std().min(MAX_WAIT));
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
+    Ok(Json(
+        mailbox::poll(&app, machine, q.cursor, limit, wait).await?,
+    ))
+}

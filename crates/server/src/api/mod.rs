@@ -1,0 +1,83 @@
+//! The HTTP API under `/api/v1/`, plus `/healthz` and `/readyz`. Handlers are thin: parse and
+//! authenticate here, then call the shell modules (`mailbox`, `specs`).
+
+mod error;
+mod mail;
+mod specs;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use pcmail_store::Store;
+use serde::de::DeserializeOwned;
+
+pub use error::ApiError;
+
+use crate::App;
+
+/// Requests are small JSON documents; manifests get more room on their own routes.
+pub const BODY_LIMIT: usize = 256 * 1024;
+pub const MANIFEST_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+pub fn router(app: App) -> Router {
+    let manifests = Router::new()
+        .route("/api/v1/apply", post(specs::apply))
+        .route("/api/v1/diff", post(specs::diff))
+        .layer(DefaultBodyLimit::max(MANIFEST_BODY_LIMIT));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/whoami", get(mail::whoami))
+        .route("/api/v1/specs", get(specs::list))
+        .route(
+            "/api/v1/specs/{kind}/{name}",
+            get(specs::get_one).delete(specs::delete),
+        )
+        .route("/api/v1/tokens", post(specs::issue_token))
+        .route("/api/v1/mail", post(mail::send).get(mail::list))
+        .route("/api/v1/mail/{id}", get(mail::status))
+        .route("/api/v1/mail/{id}/{step}", post(mail::step))
+        .route("/api/v1/poll", get(mail::poll))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .merge(manifests)
+        .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
+        .with_state(app)
+}
+
+async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
+    app.store().last_polls().await?;
+    Ok("ready")
+}
+
+/// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,
+/// malformed, or an unknown or missing field.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(format!(
+                    "request body is larger than this route's limit ({e})"
+                ))
+            } else {
+                ApiError::bad_request(format!("cannot read request body: {e}"))
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "request body is not valid UTF-8 (first bad byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}

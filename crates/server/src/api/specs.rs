@@ -1,0 +1,112 @@
+//! Spec routes (apply, diff, get, delete) and token issue: admin only (C3).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use pcmail_core::api::{ApplyRequest, ApplyResult, TokenRequest, TokenResponse};
+use pcmail_core::ids::sha256_hex;
+use pcmail_core::manifest::Kind;
+use pcmail_core::roster;
+use pcmail_store::Store;
+use serde_json::Value;
+
+use super::{ApiError, JsonBody};
+use crate::App;
+use crate::auth::{authenticate, new_token};
+
+fn kind(s: &str) -> Result<Kind, ApiError> {
+    Kind::from_cli(s).ok_or_else(|| {
+        let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
+        ApiError::not_found(format!(
+            "unknown kind {s:?}; known kinds: {}",
+            known.join(", ")
+        ))
+    })
+}
+
+async fn admin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    authenticate(app, headers).await?.require_admin()
+}
+
+pub async fn apply(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ApplyRequest>,
+) -> Result<Json<Vec<ApplyResult>>, ApiError> {
+    admin(&app, &headers).await?;
+    Ok(Json(
+        crate::specs::apply(&app, req.files, req.dry_run, chrono::Utc::now()).await?,
+    ))
+}
+
+pub async fn diff(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ApplyRequest>,
+) -> Result<Json<Vec<ApplyResult>>, ApiError> {
+    admin(&app, &headers).await?;
+    Ok(Json(
+        crate::specs::apply(&app, req.files, true, chrono::Utc::now()).await?,
+    ))
+}
+
+/// Every object as Kubernetes-shaped JSON, with its recent events for `describe`.
+pub async fn list(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    admin(&app, &headers).await?;
+    let specs = app.store().list_specs().await?;
+    Ok(Json(specs.iter().map(|r| r.to_object()).collect()))
+}
+
+pub async fn get_one(
+    State(app): State<App>,
+    Path((k, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    admin(&app, &headers).await?;
+    let k = kind(&k)?;
+    let specs = app.store().list_specs().await?;
+    let record = specs
+        .iter()
+        .find(|r| r.kind == k && r.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("{}/{name} not found", k.lower())))?;
+    let events = app
+        .store()
+        .events_for(&format!("{}/{name}", k.lower()))
+        .await?;
+    let mut object = record.to_object();
+    object["events"] = serde_json::to_value(events).unwrap_or_default();
+    Ok(Json(object))
+}
+
+pub async fn delete(
+    State(app): State<App>,
+    Path((k, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    admin(&app, &headers).await?;
+    let k = kind(&k)?;
+    crate::specs::delete(&app, k, &name, chrono::Utc::now()).await?;
+    Ok(Json(
+        serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"}),
+    ))
+}
+
+/// C2: a machine token is shown once and stored only as its hash; issuing again replaces it.
+pub async fn issue_token(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<TokenRequest>,
+) -> Result<Json<TokenResponse>, ApiError> {
+    admin(&app, &headers).await?;
+    let rt = app.runtime();
+    let machine =
+        roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
+    let token = new_token("pcm_").map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    app.store()
+        .put_token(&machine, &sha256_hex(&token), chrono::Utc::now())
+        .await?;
+    Ok(Json(TokenResponse { machine, token }))
+}

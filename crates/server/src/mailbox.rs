@@ -1,0 +1,292 @@
+//! The shell of the mail rules: each call loads rows in one store transaction, asks a planner
+//! of pcmail-core what to do, writes that, and wakes the long-polls.
+
+use std::time::Duration;
+
+use pcmail_core::Ts;
+use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
+use pcmail_core::ids;
+use pcmail_core::mail::{
+    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move,
+    plan_expiry, plan_send, send_ids,
+};
+use pcmail_store::{MailSelect, MailWrites, Store};
+
+use crate::App;
+use crate::api::ApiError;
+use crate::auth::Caller;
+
+/// The event that records one mail's move, for `status`'s timeline.
+pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: Ts) -> Event {
+    let (reason, message) = match before {
+        None => (
+            "Sent".to_string(),
+            format!("{} → {} ({})", after.from, after.to, after.kind),
+        ),
+        Some(b) => {
+            let mut reason = after.state.as_str().to_string();
+            reason[..1].make_ascii_uppercase();
+            (reason, format!("{} → {}", b.state, after.state))
+        }
+    };
+    Event {
+        at: now,
+        object: format!("mail/{}", after.id),
+        reason,
+        message,
+        actor: actor.to_string(),
+    }
+}
+
+fn random_id() -> Result<String, ApiError> {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    Ok(ids::mail_id(bytes))
+}
+
+pub async fn send(
+    app: &App,
+    sender: &str,
+    req: SendRequest,
+    now: Ts,
+) -> Result<SendResponse, ApiError> {
+    let rt = app.runtime();
+    let fresh_id = random_id()?;
+    let (candidate_id, parent_id) = send_ids(&req, sender, &fresh_id);
+    let mut load = vec![candidate_id.clone(), fresh_id.clone()];
+    load.extend(parent_id.clone());
+    let sender = sender.to_string();
+    let plan = app
+        .store()
+        .mail_transaction(MailSelect::Ids(load), move |rows| {
+            let find = |id: &str| rows.iter().find(|m| m.id == id);
+            let observed = SendObserved {
+                candidate: find(&candidate_id),
+                parent: parent_id.as_deref().and_then(find),
+                fresh_taken: find(&fresh_id).is_some(),
+            };
+            let ctx = SendContext {
+                roster: rt.roster.as_ref(),
+                policy: &rt.mail_policy,
+                now,
+                fresh_id: fresh_id.clone(),
+            };
+            match plan_send(&req, &sender, observed, &ctx) {
+                Ok(plan) => {
+                    let mut writes = MailWrites::default();
+                    if let Some(m) = &plan.insert {
+                        writes.events.push(transition_event(None, m, &sender, now));
+                        writes.insert.push(m.clone());
+                    }
+                    if let Some(p) = &plan.parent_update {
+                        let before = parent_id.as_deref().and_then(find);
+                        writes
+                            .events
+                            .push(transition_event(before, p, &sender, now));
+                        writes.update.push(p.clone());
+                    }
+                    (writes, Ok(plan))
+                }
+                Err(e) => (MailWrites::default(), Err(e)),
+            }
+        })
+        .await??;
+    app.mail_changed();
+    Ok(SendResponse {
+        id: plan.id,
+        created: plan.outcome == SendOutcome::Created,
+    })
+}
+
+/// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.
+pub async fn step(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    step: Step,
+    now: Ts,
+) -> Result<Mail, ApiError> {
+    let actor = caller.machine().unwrap_or("admin").to_string();
+    let principal = caller.principal.clone();
+    let id_owned = id.to_string();
+    let outcome = app
+        .store()
+        .mail_transaction(MailSelect::Ids(vec![id.to_string()]), move |mut rows| {
+            let Some(mail) = rows.pop() else {
+                return (
+                    MailWrites::default(),
+                    Err(ApiError::not_found(format!("mail {id_owned} not found"))),
+                );
+            };
+            if !can_move(&mail, &principal) {
+                return (
+                    MailWrites::default(),
+                    Err(ApiError::forbidden(format!(
+                        "mail {id_owned} is not addressed to you"
+                    ))),
+                );
+            }
+            match apply_step(&mail, &step, &actor, now) {
+                Some(next) => {
+                    let event = transition_event(Some(&mail), &next, &actor, now);
+                    (
+                        MailWrites {
+                            update: vec![next.clone()],
+                            events: vec![event],
+                            ..Default::default()
+                        },
+                        Ok(next),
+                    )
+                }
+                // M1: an equal, earlier or post-terminal step answers ok with the current state.
+                None => (MailWrites::default(), Ok(mail)),
+            }
+        })
+        .await??;
+    app.mail_changed();
+    Ok(outcome)
+}
+
+/// One M11 cursor poll: the caller's mail after `cursor`, `new` ones marked delivered.
+async fn poll_once(
+    app: &App,
+    machine: &str,
+    cursor: i64,
+    limit: usize,
+    heartbeat: bool,
+    now: Ts,
+) -> Result<PollResponse, ApiError> {
+    let who = machine.to_string();
+    let select = MailSelect::After {
+        to: who.clone(),
+        cursor,
+        limit,
+    };
+    let (response, moved) = app
+        .store()
+        .mail_transaction(select, move |rows| {
+            let mut writes = MailWrites {
+                heartbeat: heartbeat.then(|| (who.clone(), now)),
+                ..Default::default()
+            };
+            let mut out = Vec::with_capacity(rows.len());
+            for mail in rows {
+                match apply_step(&mail, &Step::Deliver, &who, now) {
+                    Some(next) if mail.state == MailState::New => {
+                        writes
+                            .events
+                            .push(transition_event(Some(&mail), &next, &who, now));
+                        writes.update.push(next.clone());
+                        out.push(next);
+                    }
+                    _ => out.push(mail),
+                }
+            }
+            let moved = !writes.update.is_empty();
+            let cursor = out.last().map_or(cursor, |m| m.seq);
+            (writes, (PollResponse { mail: out, cursor }, moved))
+        })
+        .await?;
+    if moved {
+        app.mail_changed();
+    }
+    Ok(response)
+}
+
+/// Long-polls up to `wait`: returns as soon as there is mail after the cursor.
+pub async fn poll(
+    app: &App,
+    machine: &str,
+    cursor: i64,
+    limit: usize,
+    wait: Duration,
+) -> Result<PollResponse, ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = app.watch_mail();
+    let mut shutdown = app.watch_shutdown();
+    let mut first = true;
+    loop {
+        changes.mark_unchanged();
+        let response = poll_once(app, machine, cursor, limit, first, chrono::Utc::now()).await?;
+        first = false;
+        if !response.mail.is_empty()
+            || tokio::time::Instant::now() >= deadline
+            || *shutdown.borrow()
+        {
+            return Ok(response);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = changes.changed() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// M12: waits until the mail reaches `target` (or any terminal state), or `wait` passes.
+pub async fn wait_for(
+    app: &App,
+    id: &str,
+    target: Option<MailState>,
+    wait: Duration,
+) -> Result<Mail, ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = app.watch_mail();
+    let mut shutdown = app.watch_shutdown();
+    loop {
+        changes.mark_unchanged();
+        let mail = app
+            .store()
+            .get_mail(id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+        let reached =
+            target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());
+        if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+            return Ok(mail);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = changes.changed() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// M8: expires every open mail past its expiry, in batches of one transaction each.
+pub async fn sweep_expired(app: &App, now: Ts) -> Result<usize, pcmail_store::StoreError> {
+    const BATCH: usize = 10_000;
+    let mut total = 0;
+    loop {
+        let n = app
+            .store()
+            .mail_transaction(MailSelect::Expiring { now, limit: BATCH }, move |rows| {
+                let expired = plan_expiry(&rows, now);
+                let events = expired
+                    .iter()
+                    .filter_map(|m| {
+                        rows.iter()
+                            .find(|r| r.id == m.id)
+                            .map(|b| transition_event(Some(b), m, "controller", now))
+                    })
+                    .collect();
+                let n = expired.len();
+                (
+                    MailWrites {
+                        update: expired,
+                        events,
+                        ..Default::default()
+                    },
+                    n,
+                )
+            })
+            .await?;
+        total += n;
+        if n > 0 {
+            app.mail_changed();
+        }
+        if n < BATCH {
+            return Ok(total);
+        }
+    }
+}

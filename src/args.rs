@@ -1,0 +1,189 @@
+//! The command line, parsed by clap. Only shapes and defaults live here; meaning is given in
+//! `commands/`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pcmail_core::duration::Dur;
+use pcmail_core::mail::MailKind;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pcmail-ctl",
+    version,
+    about = "Keeps several PCs' AI coding agents and their supervisors in step"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub conn: Connection,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the server is and who we are (DESIGN §10).
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Server URL [default: from `login`, else http://127.0.0.1:7420]
+    #[arg(long, global = true, env = "PCMAIL_SERVER")]
+    pub server: Option<String>,
+    /// Bearer token [default: from `login`, else ./pcmail-data/admin.token]
+    #[arg(long, global = true, env = "PCMAIL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// With the admin token: act as this machine
+    #[arg(long = "as", global = true, env = "PCMAIL_AS")]
+    pub as_machine: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller, its HTTP API and the sweeps
+    Serve(ServeArgs),
+    /// Create or update objects from manifests (all or nothing)
+    Apply {
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show what apply would change; exit 0 (none), 1 (changes), >1 (error)
+    Diff {
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// List objects of a kind, or show one
+    Get {
+        kind: String,
+        name: Option<String>,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Show one object with its status and events
+    Describe {
+        kind: String,
+        name: String,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Delete one object
+    Delete { kind: String, name: String },
+    /// Machine tokens
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Save the server URL and token for this PC under $PCMAIL_HOME
+    Login {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        token: String,
+    },
+    /// Send a mail; prints its id
+    Send(SendArgs),
+    /// List my mail (open only, unless --all)
+    Inbox {
+        #[arg(long)]
+        all: bool,
+        /// Mail I sent instead of mail to me
+        #[arg(long)]
+        sent: bool,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Print a mail and mark it seen
+    Read {
+        id: String,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Mark a mail done without replying
+    Ack { id: String },
+    /// Reply to a mail; sets it done with the reply as its result
+    Reply {
+        id: String,
+        /// The reply text, or - to read it from stdin
+        #[arg(long)]
+        body: String,
+        #[arg(long)]
+        auto: bool,
+    },
+    /// Mark a mail failed
+    Fail {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// How far a mail got, with every timestamp
+    Status {
+        id: String,
+        /// Return as soon as the mail is seen or done (or terminal); exit 5 on timeout
+        #[arg(long, value_parser = ["seen", "done"])]
+        wait_for: Option<String>,
+        #[arg(long, default_value = "5m")]
+        timeout: Dur,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// One at-least-once poll: fetch mail after my cursor and mark it delivered
+    Poll {
+        /// Long-poll up to this long for new mail
+        #[arg(long, default_value = "0s")]
+        wait: Dur,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "./pcmail-data")]
+    pub data_dir: PathBuf,
+    /// sqlite:PATH [default: sqlite:<data-dir>/pcmail.db]
+    #[arg(long)]
+    pub store: Option<String>,
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    pub listen: SocketAddr,
+    /// Apply the manifests in this file or directory at start
+    #[arg(long)]
+    pub apply: Option<PathBuf>,
+    /// Allow plain HTTP on a non-loopback address
+    #[arg(long)]
+    pub insecure_listen: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Issue (or reissue) a machine's token; prints it once
+    Issue { machine: String },
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    #[arg(long)]
+    pub to: String,
+    #[arg(long, default_value = "")]
+    pub subject: String,
+    /// The body text, or - to read it from stdin
+    #[arg(long, default_value = "")]
+    pub body: String,
+    #[arg(long, default_value = "note")]
+    pub kind: MailKind,
+    #[arg(long)]
+    pub urgent: bool,
+    #[arg(long)]
+    pub ttl: Option<Dur>,
+    #[arg(long)]
+    pub reply_to: Option<String>,
+    /// Mark this mail as automatically generated (M5 loop guard)
+    #[arg(long)]
+    pub auto: bool,
+}

@@ -1,0 +1,326 @@
+//! The mail verbs every PC uses: send, inbox, read, ack, reply, fail, status, poll.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use anyhow::Context;
+use pcmail_core::api::{ErrorCode, MailStatus, PollResponse, SendRequest, SendResponse, WhoAmI};
+use pcmail_core::duration::Dur;
+use pcmail_core::ids;
+use pcmail_core::mail::{Mail, MailState, reply_refusal};
+
+use crate::args::{Output, SendArgs};
+use crate::client::{Client, home, write_private};
+use crate::exit::{CliError, Exit};
+use crate::output::{self, cut};
+
+/// `-` reads the text from stdin, which must be UTF-8.
+fn text_arg(value: &str) -> anyhow::Result<String> {
+    if value != "-" {
+        return Ok(value.to_string());
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut bytes)
+        .context("reading the body from stdin")?;
+    String::from_utf8(bytes).map_err(|e| {
+        CliError::new(
+            Exit::Error,
+            format!(
+                "the body on stdin is not valid UTF-8 (at byte {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+        .into()
+    })
+}
+
+fn random_mail_id() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(ids::mail_id(bytes))
+}
+
+fn is_code(err: &anyhow::Error, code: ErrorCode) -> bool {
+    err.downcast_ref::<CliError>()
+        .is_some_and(|e| e.code == Some(code))
+}
+
+/// M4: the id is drawn here; on a duplicate the client draws again once and resends.
+async fn post_mail(client: &Client, mut req: SendRequest) -> anyhow::Result<SendResponse> {
+    if req.reply_to.is_none() {
+        req.id = Some(random_mail_id()?);
+    }
+    match client.post("/api/v1/mail", &req).await {
+        Err(e) if is_code(&e, ErrorCode::DuplicateId) => {
+            req.id = Some(random_mail_id()?);
+            client.post("/api/v1/mail", &req).await
+        }
+        other => other,
+    }
+}
+
+pub async fn send(client: &Client, args: SendArgs) -> anyhow::Result<i32> {
+    if let Some(parent) = &args.reply_to {
+        return reply_with(
+            client,
+            parent,
+            text_arg(&args.body)?,
+            args.auto,
+            Some(args.subject),
+        )
+        .await;
+    }
+    let req = SendRequest {
+        id: None,
+        to: args.to,
+        kind: Some(args.kind),
+        subject: args.subject,
+        body: text_arg(&args.body)?,
+        urgent: args.urgent,
+        auto: args.auto,
+        ttl: args.ttl,
+        reply_to: None,
+    };
+    let sent = post_mail(client, req).await?;
+    println!("{}", sent.id);
+    Ok(0)
+}
+
+pub async fn reply(client: &Client, parent: &str, body: &str, auto: bool) -> anyhow::Result<i32> {
+    reply_with(client, parent, text_arg(body)?, auto, None).await
+}
+
+/// M5: a reply to a reply is refused here, before anything is sent (exit 3).
+async fn reply_with(
+    client: &Client,
+    parent: &str,
+    body: String,
+    auto: bool,
+    subject: Option<String>,
+) -> anyhow::Result<i32> {
+    let status: MailStatus = client.get(&format!("/api/v1/mail/{parent}"), &[]).await?;
+    if let Some(why) = reply_refusal(&status.mail) {
+        return Err(CliError::new(Exit::Loop, format!("refused as a loop: {why}")).into());
+    }
+    let req = SendRequest {
+        reply_to: Some(parent.to_string()),
+        body,
+        auto,
+        subject: subject.unwrap_or_default(),
+        ..Default::default()
+    };
+    let sent = post_mail(client, req).await?;
+    println!("{}", sent.id);
+    Ok(0)
+}
+
+fn when(t: Option<pcmail_core::Ts>) -> String {
+    t.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+fn mail_rows(mails: &[Mail], sent: bool) -> Vec<Vec<String>> {
+    mails
+        .iter()
+        .map(|m| {
+            vec![
+                m.id.clone(),
+                if sent { m.to.clone() } else { m.from.clone() },
+                format!("{}{}", m.kind, if m.urgent { "!" } else { "" }),
+                m.state.to_string(),
+                when(Some(m.created_at)),
+                cut(&m.subject, 60),
+            ]
+        })
+        .collect()
+}
+
+pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyhow::Result<i32> {
+    let mailbox = if sent { "sent" } else { "inbox" };
+    let mails: Vec<Mail> = client
+        .get(
+            "/api/v1/mail",
+            &[("box", mailbox.into()), ("all", all.to_string())],
+        )
+        .await?;
+    if !output::structured(out, &mails)? {
+        if mails.is_empty() {
+            eprintln!(
+                "no {} mail",
+                if all { "" } else { "open " }.to_string() + mailbox
+            );
+        } else {
+            output::table(
+                &[
+                    "ID",
+                    if sent { "TO" } else { "FROM" },
+                    "KIND",
+                    "STATE",
+                    "CREATED",
+                    "SUBJECT",
+                ],
+                &mail_rows(&mails, sent),
+            );
+        }
+    }
+    Ok(0)
+}
+
+pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32> {
+    let mail: Mail = client
+        .post(&format!("/api/v1/mail/{id}/seen"), &serde_json::json!({}))
+        .await?;
+    if !output::structured(out, &mail)? {
+        println!("id:      {}", mail.id);
+        println!("from:    {}", mail.from);
+        println!("to:      {}", mail.to);
+        println!(
+            "kind:    {}{}",
+            mail.kind,
+            if mail.urgent { " (urgent)" } else { "" }
+        );
+        if let Some(parent) = &mail.reply_to {
+            println!("reply to: {parent}");
+        }
+        println!("subject: {}", mail.subject);
+        println!("state:   {}", mail.state);
+        println!();
+        println!("{}", mail.body);
+    }
+    Ok(0)
+}
+
+pub async fn step(
+    client: &Client,
+    id: &str,
+    action: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<i32> {
+    let mail: Mail = client
+        .post(&format!("/api/v1/mail/{id}/{action}"), &body)
+        .await?;
+    println!("{} {}", mail.id, mail.state);
+    Ok(0)
+}
+
+/// M12: the timeline of one mail; with `--wait-for`, returns once that state (or a terminal
+/// one) is reached, exit 5 when `timeout` passes first.
+pub async fn status(
+    client: &Client,
+    id: &str,
+    wait_for: Option<&str>,
+    timeout: Dur,
+    out: Output,
+) -> anyhow::Result<i32> {
+    let target: Option<MailState> = wait_for
+        .map(|w| w.parse())
+        .transpose()
+        .map_err(|e: String| CliError::new(Exit::Error, e))?;
+    let deadline = std::time::Instant::now() + timeout.to_std();
+    let status = loop {
+        let mut query = Vec::new();
+        if let Some(t) = target {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            query.push(("waitFor", t.to_string()));
+            query.push(("timeout", format!("{}ms", left.as_millis().min(60_000))));
+        }
+        let status: MailStatus = client.get(&format!("/api/v1/mail/{id}"), &query).await?;
+        let reached = target.is_none_or(|t| {
+            status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal()
+        });
+        if reached || std::time::Instant::now() >= deadline {
+            break status;
+        }
+    };
+    if !output::structured(out, &status)? {
+        let m = &status.mail;
+        println!("{}  {} → {}  {}  {}", m.id, m.from, m.to, m.kind, m.subject);
+        println!("state: {}", m.state);
+        let rows = vec![
+            vec!["created".into(), when(Some(m.created_at)), m.from.clone()],
+            vec![
+                "delivered".into(),
+                when(m.delivered_at),
+                m.delivered_by.clone().unwrap_or_default(),
+            ],
+            vec![
+                "seen".into(),
+                when(m.seen_at),
+                m.seen_by.clone().unwrap_or_default(),
+            ],
+            vec![
+                match m.state {
+                    MailState::Failed => "failed".into(),
+                    _ => "done".into(),
+                },
+                when(m.done_at),
+                String::new(),
+            ],
+            vec!["expires".into(), when(Some(m.expires_at)), String::new()],
+        ];
+        output::table(&["STEP", "AT", "BY"], &rows);
+        if let Some(r) = &m.result {
+            println!("result: {}", cut(r, 200));
+        }
+        if let Some(r) = &m.fail_reason {
+            println!("fail reason: {r}");
+        }
+    }
+    let reached = target
+        .is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
+    if !reached {
+        return Err(CliError::new(
+            Exit::Timeout,
+            format!(
+                "{id} is still {} after {timeout}, not {}",
+                status.mail.state,
+                wait_for.unwrap_or_default()
+            ),
+        )
+        .into());
+    }
+    Ok(0)
+}
+
+fn cursor_path() -> std::path::PathBuf {
+    home().join("cursors.json")
+}
+
+fn load_cursors() -> anyhow::Result<BTreeMap<String, i64>> {
+    match std::fs::read_to_string(cursor_path()) {
+        Ok(t) => serde_json::from_str(&t)
+            .with_context(|| format!("{} is corrupt", cursor_path().display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(e).context("reading the poll cursor"),
+    }
+}
+
+/// M11: polls from the saved cursor and saves the new one only after the mail is printed, so
+/// a poll whose answer was lost is simply repeated.
+pub async fn poll(client: &Client, wait: Dur, out: Output) -> anyhow::Result<i32> {
+    let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
+    let machine = who.machine.ok_or_else(|| {
+        CliError::new(
+            Exit::Error,
+            "poll needs a machine: use a machine token or --as",
+        )
+    })?;
+    let key = format!("{}|{machine}", client.base());
+    let mut cursors = load_cursors()?;
+    let cursor = cursors.get(&key).copied().unwrap_or(0);
+    let query = [("cursor", cursor.to_string()), ("wait", wait.to_string())];
+    let response: PollResponse = client.get("/api/v1/poll", &query).await?;
+    if !output::structured(out, &response)? {
+        if response.mail.is_empty() {
+            eprintln!("no new mail");
+        } else {
+            output::table(
+                &["ID", "FROM", "KIND", "STATE", "CREATED", "SUBJECT"],
+                &mail_rows(&response.mail, false),
+            );
+        }
+    }
+    cursors.insert(key, response.cursor);
+    write_private(&cursor_path(), &serde_json::to_string_pretty(&cursors)?)?;
+    Ok(0)
+}

@@ -1,0 +1,50 @@
+//! `serve`: runs the server until SIGTERM or Ctrl-C.
+
+use anyhow::Context;
+use pcmail_server::ServeConfig;
+
+use crate::args::ServeArgs;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = ServeConfig {
+        data_dir: args.data_dir,
+        store_url: args.store,
+        listen: args.listen,
+        apply: args.apply,
+        insecure_listen: args.insecure_listen,
+    };
+    pcmail_server::serve(config, shutdown_signal())
+        .await
+        .context("serve")?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutting down");
+}
