@@ -48,7 +48,7 @@ impl App {
                 spec_lock: tokio::sync::Mutex::new(()),
             }),
         };
-        crate::specs::sync(&app, chrono::Utc::now()).await?;
+        crate::specs::sync(&app, crate::now()).await?;
         Ok(app)
     }
 

@@ -12,7 +12,7 @@ pub async fn run(app: App) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match mailbox::sweep_expired(&app, chrono::Utc::now()).await {
+        match mailbox::sweep_expired(&app, crate::now()).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(expired = n, "mail sweep"),
             Err(e) => tracing::warn!(error = %e, "mail sweep failed; retrying next period"),

@@ -18,6 +18,12 @@ use std::path::PathBuf;
 
 pub use app::App;
 
+/// The controller's clock, at the millisecond precision every store keeps, so that a value
+/// answered now equals the same value read back later.
+pub(crate) fn now() -> pcmail_core::Ts {
+    chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
+}
+
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
@@ -69,7 +75,7 @@ pub async fn serve(
             path: path.clone(),
             message: e.to_string(),
         })?;
-        specs::apply(&app, files, false, chrono::Utc::now())
+        specs::apply(&app, files, false, crate::now())
             .await
             .map_err(|e| ServeError::Apply {
                 path: path.clone(),

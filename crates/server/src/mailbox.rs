@@ -207,7 +207,7 @@ pub async fn poll(
     let mut first = true;
     loop {
         changes.mark_unchanged();
-        let response = poll_once(app, machine, cursor, limit, first, chrono::Utc::now()).await?;
+        let response = poll_once(app, machine, cursor, limit, first, crate::now()).await?;
         first = false;
         if !response.mail.is_empty()
             || tokio::time::Instant::now() >= deadline

@@ -175,7 +175,9 @@ fn parse_document(
     };
     let yaml_err = |e: serde_yaml_ng::Error| {
         let (line, column) = e.location().map_or((start, 1), |l| (l.line(), l.column()));
-        at(line, column, strip_position(&e.to_string()))
+        let message = strip_position(&e.to_string());
+        let (line, column) = refine_position(chunk, line, column, &message);
+        at(line, column, message)
     };
 
     let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(chunk).map_err(yaml_err)?;
@@ -248,6 +250,24 @@ fn parse_document(
     }))
 }
 
+/// Errors raised by a field's own parser (a bad duration) are placed by serde_yaml_ng at the
+/// enclosing mapping; the offending value is quoted in the message, so point at it instead.
+fn refine_position(chunk: &str, line: usize, column: usize, message: &str) -> (usize, usize) {
+    let quoted = message
+        .split_once("invalid duration \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(v, _)| v);
+    let Some(value) = quoted.filter(|v| !v.is_empty()) else {
+        return (line, column);
+    };
+    chunk
+        .lines()
+        .enumerate()
+        .skip(line.saturating_sub(1))
+        .find_map(|(i, l)| l.find(value).map(|c| (i + 1, c + 1)))
+        .unwrap_or((line, column))
+}
+
 /// serde_yaml_ng appends " at line L column C"; we print the position up front instead.
 fn strip_position(message: &str) -> String {
     match message.find(" at line ") {
@@ -316,7 +336,7 @@ spec:
     fn bad_duration_names_the_value_and_its_place() {
         let text = "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: p}\nspec:\n  ttl: 72 hours\n";
         let e = &errors(text)[0];
-        assert_eq!(e.line, 5, "{e}");
+        assert_eq!((e.line, e.column), (5, 8), "{e}");
         assert!(e.message.contains("invalid duration \"72 hours\""), "{e}");
     }
 

@@ -52,7 +52,7 @@ pub async fn send(
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
     let caller = authenticate(&app, &headers).await?;
     let sender = caller.require_machine()?;
-    let response = mailbox::send(&app, sender, req, chrono::Utc::now()).await?;
+    let response = mailbox::send(&app, sender, req, crate::now()).await?;
     let status = if response.created {
         StatusCode::CREATED
     } else {
@@ -167,7 +167,7 @@ pub async fn step(
     };
     let caller = authenticate(&app, &headers).await?;
     Ok(Json(
-        mailbox::step(&app, &caller, &id, step, chrono::Utc::now()).await?,
+        mailbox::step(&app, &caller, &id, step, crate::now()).await?,
     ))
 }
 

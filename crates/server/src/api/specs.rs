@@ -35,7 +35,7 @@ pub async fn apply(
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
     admin(&app, &headers).await?;
     Ok(Json(
-        crate::specs::apply(&app, req.files, req.dry_run, chrono::Utc::now()).await?,
+        crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?,
     ))
 }
 
@@ -46,7 +46,7 @@ pub async fn diff(
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
     admin(&app, &headers).await?;
     Ok(Json(
-        crate::specs::apply(&app, req.files, true, chrono::Utc::now()).await?,
+        crate::specs::apply(&app, req.files, true, crate::now()).await?,
     ))
 }
 
@@ -88,7 +88,7 @@ pub async fn delete(
 ) -> Result<Json<Value>, ApiError> {
     admin(&app, &headers).await?;
     let k = kind(&k)?;
-    crate::specs::delete(&app, k, &name, chrono::Utc::now()).await?;
+    crate::specs::delete(&app, k, &name, crate::now()).await?;
     Ok(Json(
         serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"}),
     ))
@@ -106,7 +106,7 @@ pub async fn issue_token(
         roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
     let token = new_token("pcm_").map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
     app.store()
-        .put_token(&machine, &sha256_hex(&token), chrono::Utc::now())
+        .put_token(&machine, &sha256_hex(&token), crate::now())
         .await?;
     Ok(Json(TokenResponse { machine, token }))
 }

@@ -1,0 +1,176 @@
+//! Starting, killing and restarting `serve`, and running CLI verbs against it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_pcmail-ctl");
+
+pub fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/examples")
+}
+
+pub struct Server {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    child: Option<Child>,
+    apply: Option<PathBuf>,
+}
+
+impl Server {
+    /// A server on a fresh data dir with the example manifests applied at start.
+    pub fn start() -> Server {
+        Server::start_with(Some(examples()))
+    }
+
+    pub fn start_with(apply: Option<PathBuf>) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(self.dir.path().join("data"));
+        if let Some(a) = &self.apply {
+            cmd.arg("--apply").arg(a);
+        }
+        let mut child = cmd
+            .env("PCMAIL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("serve did not report its address");
+        self.url = line.rsplit(' ').next().expect("address").to_string();
+        self.child = Some(child);
+    }
+
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("data/admin.token"))
+            .expect("admin token")
+            .trim()
+            .to_string()
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs a CLI verb as `token` with a private PCMAIL_HOME per token.
+    pub fn ctl(&self, token: &str, args: &[&str]) -> Output {
+        self.ctl_stdin(token, args, None)
+    }
+
+    pub fn ctl_stdin(&self, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let home = self
+            .dir
+            .path()
+            .join(format!("home-{}", &token[token.len().saturating_sub(8)..]));
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("PCMAIL_SERVER", &self.url)
+            .env("PCMAIL_TOKEN", token)
+            .env("PCMAIL_HOME", home)
+            .env_remove("PCMAIL_AS")
+            .current_dir(self.dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ctl");
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input)
+                .expect("write stdin");
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().expect("ctl output")
+    }
+
+    pub fn admin(&self, args: &[&str]) -> Output {
+        self.ctl(&self.admin_token(), args)
+    }
+
+    /// Issues a machine token for `machine` and returns it.
+    pub fn token(&self, machine: &str) -> String {
+        let out = self.admin(&["token", "issue", machine]);
+        assert!(
+            out.status.success(),
+            "token issue {machine}: {}",
+            stderr(&out)
+        );
+        stdout(&out).trim().to_string()
+    }
+
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Runs a CLI verb that must succeed and returns its stdout, trimmed.
+#[track_caller]
+pub fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {}: {}{}",
+        code(&o),
+        stdout(&o),
+        stderr(&o)
+    );
+    stdout(&o).trim().to_string()
+}
+
+pub fn json(o: Output) -> serde_json::Value {
+    serde_json::from_str(&ok(o)).expect("json output")
+}
