@@ -4,7 +4,9 @@
 //! randomness come in as arguments, so every rule is testable without a server, a clock or a
 //! disk. The store adapters, the server and the CLI are the imperative shell around it.
 
+pub mod alert;
 pub mod api;
+pub mod cron;
 pub mod duration;
 pub mod ids;
 pub mod mail;

@@ -1,0 +1,345 @@
+//! M9/M10: alerts and arrival notices. An alert is one row per (kind, subject), upserted; it
+//! fires when its condition holds and resolves when it clears. Each row also records which of
+//! its states was last notified, which is what makes every state notified exactly once.
+
+mod notify;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Ts;
+use crate::mail::{Mail, MailKind, MailState};
+use crate::manifest::spec::{MailPolicySpec, RosterSpec};
+pub use notify::{alertmanager_api_body, chat_text, webhook_body};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AlertKind {
+    /// Delivered but not seen within the unread SLA (2h urgent / 6h normal).
+    UnreadSla,
+    /// Still `new` after `undeliveredAfter`: the recipient's poller is not taking mail.
+    Undelivered,
+    /// A machine has not polled for `receiverDownAfter`.
+    ReceiverDown,
+    /// A one-shot notice that a decision, work or urgent mail arrived.
+    Arrival,
+}
+
+impl AlertKind {
+    pub const ALL: [AlertKind; 4] = [AlertKind::UnreadSla, AlertKind::Undelivered, AlertKind::ReceiverDown, AlertKind::Arrival];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::UnreadSla => "unread-sla",
+            AlertKind::Undelivered => "undelivered",
+            AlertKind::ReceiverDown => "receiver-down",
+            AlertKind::Arrival => "arrival",
+        }
+    }
+
+    /// The Alertmanager `alertname`, matching the Prometheus rules in manifests/prometheus.
+    pub fn alertname(self) -> &'static str {
+        match self {
+            AlertKind::UnreadSla => "PcmailUnreadSla",
+            AlertKind::Undelivered => "PcmailUndelivered",
+            AlertKind::ReceiverDown => "PcmailReceiverDown",
+            AlertKind::Arrival => "PcmailArrival",
+        }
+    }
+}
+
+impl fmt::Display for AlertKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AlertKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        AlertKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown alert kind {s:?}"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertState {
+    Firing,
+    Resolved,
+    /// Arrival notices: notified once, never resolved.
+    Notice,
+}
+
+impl AlertState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertState::Firing => "firing",
+            AlertState::Resolved => "resolved",
+            AlertState::Notice => "notice",
+        }
+    }
+}
+
+impl FromStr for AlertState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [AlertState::Firing, AlertState::Resolved, AlertState::Notice]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown alert state {s:?}"))
+    }
+}
+
+/// One row of the `alerts` tab.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Alert {
+    pub kind: AlertKind,
+    /// A mail id, or a machine label for receiver-down.
+    pub subject: String,
+    pub state: AlertState,
+    pub summary: String,
+    /// Bounded labels for routing: `to`, `from`, `urgency`, `machine`.
+    pub labels: BTreeMap<String, String>,
+    pub firing_since: Ts,
+    pub resolved_at: Option<Ts>,
+    /// The state that was last posted; equal to `state` once notified.
+    pub notified: Option<AlertState>,
+    pub last_sent_at: Option<Ts>,
+    pub updated_at: Ts,
+}
+
+impl Alert {
+    pub fn needs_notification(&self) -> bool {
+        self.notified != Some(self.state)
+    }
+}
+
+/// M9's conditions, each a pure predicate of a mail and the time.
+pub fn is_undelivered(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
+    m.state == MailState::New && now >= m.created_at + p.undelivered_after.to_chrono()
+}
+
+pub fn unread_sla(m: &Mail, p: &MailPolicySpec) -> chrono::TimeDelta {
+    if m.urgent { p.unread_sla.urgent } else { p.unread_sla.normal }.to_chrono()
+}
+
+pub fn is_unread_past_sla(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
+    m.state == MailState::Delivered && m.delivered_at.is_some_and(|d| now >= d + unread_sla(m, p))
+}
+
+pub fn is_receiver_down(last_poll: Ts, p: &MailPolicySpec, now: Ts) -> bool {
+    now >= last_poll + p.receiver_down_after.to_chrono()
+}
+
+/// What the sweep observed: candidate mail (a superset of the breaching ones is fine), the
+/// mail behind every open alert, each machine's last poll, and the open alerts themselves.
+pub struct AlertInputs<'a> {
+    pub mails: &'a [Mail],
+    pub last_polls: &'a [(String, Ts)],
+    pub roster: Option<&'a RosterSpec>,
+    pub open: &'a [Alert],
+}
+
+/// Counts for the breach gauges, by bounded labels only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Breaches {
+    pub undelivered: BTreeMap<String, u64>,
+    /// (recipient, "urgent" | "normal")
+    pub unread: BTreeMap<(String, String), u64>,
+    pub firing: BTreeMap<AlertKind, u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AlertPlan {
+    pub upsert: Vec<Alert>,
+    pub breaches: Breaches,
+}
+
+fn urgency(m: &Mail) -> &'static str {
+    if m.urgent { "urgent" } else { "normal" }
+}
+
+/// M9: fires what breaches and is not yet firing, resolves what fires and no longer breaches.
+/// Receiver-down watches only machines of the Roster that have polled at least once.
+pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -> AlertPlan {
+    let mut breaches = Breaches::default();
+    let mut firing: Vec<(AlertKind, String, String, BTreeMap<String, String>)> = Vec::new();
+    let mut seen_mail = BTreeSet::new();
+    for m in inputs.mails.iter().filter(|m| seen_mail.insert(m.id.as_str())) {
+        if is_undelivered(m, policy, now) {
+            *breaches.undelivered.entry(m.to.clone()).or_default() += 1;
+            let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("from".to_string(), m.from.clone())]);
+            let age = format_age(now - m.created_at);
+            firing.push((AlertKind::Undelivered, m.id.clone(), format!("{} to {} not delivered for {age}: {}", m.id, m.to, m.subject), labels));
+        }
+        if is_unread_past_sla(m, policy, now) {
+            *breaches.unread.entry((m.to.clone(), urgency(m).to_string())).or_default() += 1;
+            let labels = BTreeMap::from([
+                ("to".to_string(), m.to.clone()),
+                ("from".to_string(), m.from.clone()),
+                ("urgency".to_string(), urgency(m).to_string()),
+            ]);
+            let age = format_age(now - m.delivered_at.unwrap_or(now));
+            firing.push((AlertKind::UnreadSla, m.id.clone(), format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, m.subject), labels));
+        }
+    }
+    let in_roster = |name: &str| inputs.roster.is_some_and(|r| r.machines.iter().any(|m| m.label == name));
+    for (machine, last) in inputs.last_polls.iter().filter(|(name, _)| in_roster(name)) {
+        if is_receiver_down(*last, policy, now) {
+            let labels = BTreeMap::from([("machine".to_string(), machine.clone())]);
+            let summary = format!("{machine} has not polled for {}", format_age(now - *last));
+            firing.push((AlertKind::ReceiverDown, machine.clone(), summary, labels));
+        }
+    }
+
+    let mut upsert = Vec::new();
+    let open: BTreeMap<(AlertKind, &str), &Alert> =
+        inputs.open.iter().filter(|a| a.state == AlertState::Firing).map(|a| ((a.kind, a.subject.as_str()), a)).collect();
+    let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
+    for (kind, subject, summary, labels) in &firing {
+        *breaches.firing.entry(*kind).or_default() += 1;
+        if !open.contains_key(&(*kind, subject.as_str())) {
+            upsert.push(Alert {
+                kind: *kind,
+                subject: subject.clone(),
+                state: AlertState::Firing,
+                summary: summary.clone(),
+                labels: labels.clone(),
+                firing_since: now,
+                resolved_at: None,
+                notified: None,
+                last_sent_at: None,
+                updated_at: now,
+            });
+        }
+    }
+    for (key, alert) in &open {
+        if !still.contains(key) {
+            upsert.push(Alert { state: AlertState::Resolved, resolved_at: Some(now), updated_at: now, ..(*alert).clone() });
+        }
+    }
+    AlertPlan { upsert, breaches }
+}
+
+/// M10: decision and work requests and urgent mail notify the humans once per id on arrival.
+pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
+    let notable = matches!(m.kind, MailKind::Decision | MailKind::Work) || m.urgent;
+    notable.then(|| Alert {
+        kind: AlertKind::Arrival,
+        subject: m.id.clone(),
+        state: AlertState::Notice,
+        summary: format!("{}{} from {} to {}: {}", if m.urgent { "urgent " } else { "" }, m.kind, m.from, m.to, m.subject),
+        labels: BTreeMap::from([
+            ("to".to_string(), m.to.clone()),
+            ("from".to_string(), m.from.clone()),
+            ("urgency".to_string(), urgency(m).to_string()),
+        ]),
+        firing_since: now,
+        resolved_at: None,
+        notified: None,
+        last_sent_at: None,
+        updated_at: now,
+    })
+}
+
+fn format_age(d: chrono::TimeDelta) -> String {
+    let s = d.num_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mail::fixtures::{at, mail};
+    use crate::manifest::spec::Machine;
+
+    fn policy() -> MailPolicySpec {
+        MailPolicySpec::default()
+    }
+
+    fn delivered(id: &str, urgent: bool, at_: Ts) -> Mail {
+        let mut m = mail(id, "pc1", "pc2");
+        m.urgent = urgent;
+        m.state = MailState::Delivered;
+        m.delivered_at = Some(at_);
+        m
+    }
+
+    fn plan(mails: &[Mail], open: &[Alert], now: Ts) -> AlertPlan {
+        plan_alerts(&AlertInputs { mails, last_polls: &[], roster: None, open }, &policy(), now)
+    }
+
+    const H: i64 = 3600;
+
+    #[test]
+    fn m9_unread_sla_is_2h_for_urgent_and_6h_for_normal() {
+        let urgent = delivered("mail--00000001", true, at(0));
+        let normal = delivered("mail--00000002", false, at(0));
+        let at_2h = plan(&[urgent.clone(), normal.clone()], &[], at(2 * H));
+        assert_eq!(at_2h.upsert.len(), 1);
+        assert_eq!((at_2h.upsert[0].kind, at_2h.upsert[0].subject.as_str()), (AlertKind::UnreadSla, "mail--00000001"));
+        assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), "urgent".into())), Some(&1));
+        assert!(plan(&[normal.clone()], &[], at(6 * H - 1)).upsert.is_empty());
+        assert_eq!(plan(&[normal], &[], at(6 * H)).upsert.len(), 1);
+    }
+
+    #[test]
+    fn m9_undelivered_fires_after_30m_of_new() {
+        let m = mail("mail--00000001", "pc1", "pc2");
+        assert!(plan(std::slice::from_ref(&m), &[], at(30 * 60 - 1)).upsert.is_empty());
+        let p = plan(&[m], &[], at(30 * 60));
+        assert_eq!((p.upsert[0].kind, p.upsert[0].state), (AlertKind::Undelivered, AlertState::Firing));
+        assert_eq!(p.breaches.undelivered.get("pc2"), Some(&1));
+    }
+
+    #[test]
+    fn m9_alert_resolves_when_the_mail_is_seen_and_firing_is_not_repeated() {
+        let m = delivered("mail--00000001", false, at(0));
+        let fired = plan(std::slice::from_ref(&m), &[], at(7 * H)).upsert;
+        assert_eq!(fired.len(), 1);
+        assert!(plan(std::slice::from_ref(&m), &fired, at(8 * H)).upsert.is_empty(), "already firing: no new row");
+        let mut seen = m;
+        seen.state = MailState::Seen;
+        let resolved = plan(&[seen], &fired, at(9 * H)).upsert;
+        assert_eq!(resolved.len(), 1);
+        assert_eq!((resolved[0].state, resolved[0].resolved_at, resolved[0].firing_since), (AlertState::Resolved, Some(at(9 * H)), at(7 * H)));
+        assert!(resolved[0].needs_notification());
+    }
+
+    #[test]
+    fn m9_receiver_down_per_machine_only_for_roster_machines() {
+        let roster = RosterSpec {
+            owner: "pc1".into(),
+            machines: ["pc1", "pc2"].iter().enumerate().map(|(i, l)| Machine { number: i as u32 + 1, label: l.to_string(), hostname: None, aliases: vec![] }).collect(),
+        };
+        let polls = vec![("pc1".to_string(), at(0)), ("pc2".to_string(), at(500)), ("gone".to_string(), at(0))];
+        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &[] };
+        let p = plan_alerts(&inputs, &policy(), at(600));
+        let subjects: Vec<_> = p.upsert.iter().map(|a| (a.kind, a.subject.as_str())).collect();
+        assert_eq!(subjects, [(AlertKind::ReceiverDown, "pc1")]);
+        // pc1 polls again: its alert resolves.
+        let polls = vec![("pc1".to_string(), at(650)), ("pc2".to_string(), at(500))];
+        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &p.upsert };
+        let p2 = plan_alerts(&inputs, &policy(), at(700));
+        assert_eq!(p2.upsert.iter().map(|a| a.state).collect::<Vec<_>>(), [AlertState::Resolved]);
+    }
+
+    #[test]
+    fn m10_arrival_notice_for_decision_work_and_urgent_only() {
+        let mut m = mail("mail--00000001", "pc1", "pc2");
+        assert_eq!(arrival_notice(&m, at(0)), None);
+        m.kind = MailKind::Decision;
+        assert_eq!(arrival_notice(&m, at(0)).map(|a| a.state), Some(AlertState::Notice));
+        m.kind = MailKind::Note;
+        m.urgent = true;
+        assert!(arrival_notice(&m, at(0)).is_some());
+    }
+}
