@@ -11,6 +11,7 @@ pub mod sqlite;
 use std::future::Future;
 
 use pcmail_core::Ts;
+use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
@@ -49,6 +50,10 @@ pub enum MailSelect {
     },
     /// M8: mail not yet terminal whose expiry is at or before `now`.
     Expiring { now: Ts, limit: usize },
+    /// M9: mail still `new` that was created at or before `created_before`.
+    Undelivered { created_before: Ts, limit: usize },
+    /// M9: mail `delivered` (not seen) at or before `delivered_before`.
+    Unread { delivered_before: Ts, limit: usize },
 }
 
 /// What a planner decided, applied atomically by the adapter.
@@ -61,6 +66,9 @@ pub struct MailWrites {
     pub events: Vec<Event>,
     /// M11/A5: every poll is a heartbeat of the polling machine.
     pub heartbeat: Option<(String, Ts)>,
+    /// Alert rows upserted in the same transaction (M10's arrival notices are written with
+    /// the mail they announce, so a crash cannot separate them).
+    pub alerts: Vec<Alert>,
 }
 
 impl MailWrites {
@@ -70,6 +78,15 @@ impl MailWrites {
             && self.events.is_empty()
             && self.heartbeat.is_none()
     }
+}
+
+/// How many mails are in one (state, kind, channel), kept without scanning the mail tab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailCount {
+    pub state: MailState,
+    pub kind: String,
+    pub channel: String,
+    pub count: u64,
 }
 
 /// A read-only listing of mail, newest first.
@@ -102,7 +119,10 @@ pub trait Store: Send + Sync + 'static {
         F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
         R: Send + 'static;
 
+    /// The same selections as a transaction, read-only and without taking the writer.
+    fn select_mail(&self, select: MailSelect) -> impl Future<Output = Result<Vec<Mail>>> + Send;
     fn get_mail(&self, id: &str) -> impl Future<Output = Result<Option<Mail>>> + Send;
+    fn mail_counts(&self) -> impl Future<Output = Result<Vec<MailCount>>> + Send;
     fn list_mail(&self, query: MailQuery) -> impl Future<Output = Result<Vec<Mail>>> + Send;
     /// Events about one object (`mail/<id>`, `roster/<name>`), oldest first.
     fn events_for(&self, object: &str) -> impl Future<Output = Result<Vec<Event>>> + Send;
@@ -127,6 +147,18 @@ pub trait Store: Send + Sync + 'static {
     fn machine_for_token(&self, hash: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     /// Each machine's last poll (A5, M9 receiver-down).
     fn last_polls(&self) -> impl Future<Output = Result<Vec<(String, Ts)>>> + Send;
+
+    /// Alerts in state `firing`.
+    fn firing_alerts(&self) -> impl Future<Output = Result<Vec<Alert>>> + Send;
+    /// Alerts whose current state has not been notified yet, oldest change first.
+    fn alerts_to_notify(&self, limit: usize) -> impl Future<Output = Result<Vec<Alert>>> + Send;
+    /// Every alert, most recently changed first (the `alerts` tab).
+    fn list_alerts(&self, limit: usize) -> impl Future<Output = Result<Vec<Alert>>> + Send;
+    fn write_alerts(&self, alerts: Vec<Alert>) -> impl Future<Output = Result<()>> + Send;
+    /// Records that these alerts were posted in the state they carry. A row that changed since
+    /// it was loaded (another state, a newer `updatedAt`) is left alone, so its new state is
+    /// still notified.
+    fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Opens the store a URL names: `sqlite:PATH` now; `postgres://` and `sheets://` arrive with

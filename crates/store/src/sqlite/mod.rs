@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pcmail_core::Ts;
+use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
-use crate::{MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
-use rows::{MAIL_COLUMNS, from_ms, mail_from_row, ms, spec_from_row};
+use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
+use rows::{ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 4;
@@ -129,7 +130,24 @@ impl SqliteStore {
 
 fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     let mut out = Vec::new();
+    let mut by_time = |filter: &str, order: &str, t: Ts, limit: usize| -> Result<()> {
+        let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
+        let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+        for m in stmt.query_map(params![ms(t), limit as i64], mail_from_row).map_err(map_err)? {
+            out.push(m.map_err(map_err)??);
+        }
+        Ok(())
+    };
     match select {
+        MailSelect::Expiring { now, limit } => {
+            by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= ?1", "expires_at", *now, *limit)?;
+        }
+        MailSelect::Undelivered { created_before, limit } => {
+            by_time("state = 'new' AND created_at <= ?1", "created_at", *created_before, *limit)?;
+        }
+        MailSelect::Unread { delivered_before, limit } => {
+            by_time("state = 'delivered' AND delivered_at <= ?1", "delivered_at", *delivered_before, *limit)?;
+        }
         MailSelect::Ids(ids) => {
             let mut stmt = conn
                 .prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1"))
@@ -152,20 +170,6 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
                 .map_err(map_err)?;
             for m in stmt
                 .query_map(params![to, cursor, *limit as i64], mail_from_row)
-                .map_err(map_err)?
-            {
-                out.push(m.map_err(map_err)??);
-            }
-        }
-        MailSelect::Expiring { now, limit } => {
-            let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT {MAIL_COLUMNS} FROM mail WHERE state IN ('new', 'delivered', 'seen') AND expires_at <= ?1 \
-                     ORDER BY expires_at LIMIT ?2"
-                ))
-                .map_err(map_err)?;
-            for m in stmt
-                .query_map(params![ms(*now), *limit as i64], mail_from_row)
                 .map_err(map_err)?
             {
                 out.push(m.map_err(map_err)??);
@@ -213,6 +217,7 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         }
     }
     insert_events(conn, &w.events)?;
+    upsert_alerts(conn, &w.alerts)?;
     if let Some((machine, at)) = &w.heartbeat {
         conn.prepare_cached(
             "INSERT INTO machines (name, last_poll_at) VALUES (?1, ?2) \
@@ -223,6 +228,40 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         .map_err(map_err)?;
     }
     Ok(())
+}
+
+fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "INSERT INTO alerts ({ALERT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             ON CONFLICT(kind, subject) DO UPDATE SET state = excluded.state, summary = excluded.summary, \
+             labels = excluded.labels, firing_since = excluded.firing_since, resolved_at = excluded.resolved_at, \
+             notified = excluded.notified, last_sent_at = excluded.last_sent_at, updated_at = excluded.updated_at"
+        ))
+        .map_err(map_err)?;
+    for a in alerts {
+        stmt.execute(params![
+            a.kind.as_str(),
+            a.subject,
+            a.state.as_str(),
+            a.summary,
+            json(&a.labels),
+            ms(a.firing_since),
+            a.resolved_at.map(ms),
+            a.notified.map(|n| n.as_str()),
+            a.last_sent_at.map(ms),
+            ms(a.updated_at)
+        ])
+        .map_err(map_err)?;
+    }
+    Ok(())
+}
+
+fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
+    let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
+    let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+    let rows = stmt.query_map([limit as i64], alert_from_row).map_err(map_err)?;
+    rows.map(|r| r.map_err(map_err)?).collect()
 }
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
@@ -255,6 +294,28 @@ impl Store for SqliteStore {
                 tx.commit().map_err(map_err)?;
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn select_mail(&self, select: MailSelect) -> Result<Vec<Mail>> {
+        self.read(move |conn| select_mail(conn, &select)).await
+    }
+
+    async fn mail_counts(&self) -> Result<Vec<MailCount>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT state, kind, channel, n FROM mail_counts WHERE n > 0 ORDER BY state, kind, channel")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)?)))
+                .map_err(map_err)?;
+            rows.map(|r| {
+                let (state, kind, channel, n) = r.map_err(map_err)?;
+                let state = state.parse().map_err(StoreError::Corrupt)?;
+                Ok(MailCount { state, kind, channel, count: n.max(0) as u64 })
+            })
+            .collect()
         })
         .await
     }
@@ -407,6 +468,53 @@ impl Store for SqliteStore {
             rows.map(|r| r.map_err(map_err)).collect()
         })
         .await
+    }
+
+    async fn firing_alerts(&self) -> Result<Vec<Alert>> {
+        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1).await
+    }
+
+    async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
+        self.alerts("notified IS NOT state", "updated_at", limit).await
+    }
+
+    async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
+        self.alerts("1 = 1", "updated_at DESC", limit).await
+    }
+
+    async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            upsert_alerts(&tx, &alerts)?;
+            tx.commit().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "UPDATE alerts SET notified = state, last_sent_at = ?1 \
+                         WHERE kind = ?2 AND subject = ?3 AND state = ?4 AND updated_at = ?5",
+                    )
+                    .map_err(map_err)?;
+                for a in &sent {
+                    stmt.execute(params![ms(at), a.kind.as_str(), a.subject, a.state.as_str(), ms(a.updated_at)])
+                        .map_err(map_err)?;
+                }
+            }
+            tx.commit().map_err(map_err)
+        })
+        .await
+    }
+}
+
+impl SqliteStore {
+    async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
+        self.read(move |conn| query_alerts(conn, filter, order, limit)).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! Row ↔ struct mapping. Times are stored as integer milliseconds since the epoch.
 
 use pcmail_core::Ts;
+use pcmail_core::alert::Alert;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord};
 use rusqlite::Row;
@@ -124,5 +125,40 @@ pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreEr
         status,
         created_at: from_ms(r.get(6)?),
         updated_at: from_ms(r.get(7)?),
+    }))
+}
+
+pub const ALERT_COLUMNS: &str =
+    "kind, subject, state, summary, labels, firing_since, resolved_at, notified, last_sent_at, updated_at";
+
+pub fn alert_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Alert, StoreError>> {
+    let kind: String = r.get(0)?;
+    let subject: String = r.get(1)?;
+    let state: String = r.get(2)?;
+    let labels: String = r.get(4)?;
+    let notified: Option<String> = r.get(7)?;
+    let corrupt = |what: String| Ok(Err(StoreError::Corrupt(format!("alert {kind}/{subject}: {what}"))));
+    let (kind_v, state_v) = match (kind.parse(), state.parse()) {
+        (Ok(k), Ok(s)) => (k, s),
+        (Err(e), _) | (_, Err(e)) => return corrupt(e),
+    };
+    let notified = match notified.map(|n| n.parse()).transpose() {
+        Ok(n) => n,
+        Err(e) => return corrupt(e),
+    };
+    let Ok(labels) = serde_json::from_str(&labels) else {
+        return corrupt("labels are not valid JSON".into());
+    };
+    Ok(Ok(Alert {
+        kind: kind_v,
+        subject: subject.clone(),
+        state: state_v,
+        summary: r.get(3)?,
+        labels,
+        firing_since: from_ms(r.get(5)?),
+        resolved_at: opt_ts(r.get(6)?),
+        notified,
+        last_sent_at: opt_ts(r.get(8)?),
+        updated_at: from_ms(r.get(9)?),
     }))
 }

@@ -64,17 +64,47 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_object ON events(object, id);
 
+    CREATE INDEX mail_new_created ON mail(created_at) WHERE state = 'new';
+    CREATE INDEX mail_delivered_at ON mail(delivered_at) WHERE state = 'delivered';
+
+    -- Counts per (state, kind, channel), kept by triggers so that /metrics and the idle sweep
+    -- never scan the mail table.
+    CREATE TABLE mail_counts (
+        state TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (state, kind, channel)
+    );
+    CREATE TRIGGER mail_counts_insert AFTER INSERT ON mail BEGIN
+        INSERT INTO mail_counts (state, kind, channel, n) VALUES (NEW.state, NEW.kind, NEW.channel, 1)
+            ON CONFLICT(state, kind, channel) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER mail_counts_update AFTER UPDATE OF state, kind, channel ON mail
+        WHEN OLD.state IS NOT NEW.state OR OLD.kind IS NOT NEW.kind OR OLD.channel IS NOT NEW.channel BEGIN
+        UPDATE mail_counts SET n = n - 1 WHERE state = OLD.state AND kind = OLD.kind AND channel = OLD.channel;
+        INSERT INTO mail_counts (state, kind, channel, n) VALUES (NEW.state, NEW.kind, NEW.channel, 1)
+            ON CONFLICT(state, kind, channel) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER mail_counts_delete AFTER DELETE ON mail BEGIN
+        UPDATE mail_counts SET n = n - 1 WHERE state = OLD.state AND kind = OLD.kind AND channel = OLD.channel;
+    END;
+
     CREATE TABLE alerts (
         kind TEXT NOT NULL,
         subject TEXT NOT NULL,
         state TEXT NOT NULL,
-        message TEXT NOT NULL,
-        firing_since INTEGER,
+        summary TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        firing_since INTEGER NOT NULL,
         resolved_at INTEGER,
-        notified_state TEXT,
+        notified TEXT,
+        last_sent_at INTEGER,
         updated_at INTEGER NOT NULL,
         PRIMARY KEY (kind, subject)
     );
+    CREATE INDEX alerts_firing ON alerts(kind) WHERE state = 'firing';
+    CREATE INDEX alerts_unnotified ON alerts(updated_at) WHERE notified IS NOT state;
 
     CREATE TABLE machines (
         name TEXT PRIMARY KEY,
@@ -141,6 +171,11 @@ const REQUIRED: &[(&str, &[&str])] = &[
         &["id", "at", "object", "reason", "message", "actor"],
     ),
     ("machines", &["name", "last_poll_at"]),
+    (
+        "alerts",
+        &["kind", "subject", "state", "summary", "labels", "firing_since", "resolved_at", "notified", "last_sent_at", "updated_at"],
+    ),
+    ("mail_counts", &["state", "kind", "channel", "n"]),
     ("tokens", &["machine", "hash", "created_at"]),
 ];
 
