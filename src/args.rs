@@ -133,6 +133,11 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// The alerts tab: what fired, what resolved, what was notified
+    Alerts {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// One at-least-once poll: fetch mail after my cursor and mark it delivered
     Poll {
         /// Long-poll up to this long for new mail
@@ -158,6 +163,9 @@ pub struct ServeArgs {
     /// Allow plain HTTP on a non-loopback address
     #[arg(long)]
     pub insecure_listen: bool,
+    /// How often every reconciler runs even when nothing asked for it
+    #[arg(long, default_value = "10s")]
+    pub resync: Dur,
 }
 
 #[derive(Debug, Subcommand)]

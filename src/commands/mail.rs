@@ -324,3 +324,27 @@ pub async fn poll(client: &Client, wait: Dur, out: Output) -> anyhow::Result<i32
     write_private(&cursor_path(), &serde_json::to_string_pretty(&cursors)?)?;
     Ok(0)
 }
+
+pub async fn alerts(client: &Client, out: Output) -> anyhow::Result<i32> {
+    let alerts: Vec<pcmail_core::alert::Alert> = client.get("/api/v1/alerts", &[]).await?;
+    if !output::structured(out, &alerts)? {
+        let rows: Vec<Vec<String>> = alerts
+            .iter()
+            .map(|a| {
+                vec![
+                    a.kind.to_string(),
+                    a.subject.clone(),
+                    a.state.as_str().to_string(),
+                    a.notified.map_or("-", |n| n.as_str()).to_string(),
+                    when(Some(a.firing_since)),
+                    cut(&a.summary, 70),
+                ]
+            })
+            .collect();
+        output::table(
+            &["KIND", "SUBJECT", "STATE", "NOTIFIED", "SINCE", "SUMMARY"],
+            &rows,
+        );
+    }
+    Ok(0)
+}

@@ -55,6 +55,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     output,
                 } => mail::status(&client, &id, wait_for.as_deref(), timeout, output).await,
                 Command::Poll { wait, output } => mail::poll(&client, wait, output).await,
+                Command::Alerts { output } => mail::alerts(&client, output).await,
                 Command::Serve(_) | Command::Login { .. } => unreachable!("handled above"),
             }
         }

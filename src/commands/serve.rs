@@ -19,6 +19,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         listen: args.listen,
         apply: args.apply,
         insecure_listen: args.insecure_listen,
+        resync: args.resync.to_std(),
     };
     pcmail_server::serve(config, shutdown_signal())
         .await

@@ -1,11 +1,19 @@
 //! The state every handler and background task shares.
 
-use std::sync::{Arc, RwLock};
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
 
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use pcmail_core::duration::Dur;
 use pcmail_store::SqliteStore;
 use tokio::sync::watch;
 
-use crate::runtime::Runtime;
+use crate::controller::Key;
+use crate::controller::queue::WorkQueue;
+use crate::metrics::Metrics;
+use crate::runtime::{Health, Runtime};
 use crate::{ServeConfig, ServeError, auth};
 
 #[derive(Clone)]
@@ -20,9 +28,19 @@ struct Inner {
     runtime: RwLock<Arc<Runtime>>,
     /// Bumped after every committed mail change: long-polls wait on it instead of sleeping.
     mail_changed: watch::Sender<u64>,
+    /// Bumped after every runtime rebuild: the cron task recomputes its next fire.
+    specs_changed: watch::Sender<u64>,
     shutting_down: watch::Sender<bool>,
     /// Serializes apply/delete so that two admins' changes are each validated against the other's.
     spec_lock: tokio::sync::Mutex<()>,
+    metrics: Metrics,
+    queue: WorkQueue<Key>,
+    resync: Duration,
+    health: Mutex<Health>,
+    /// The notifier's pace, rebuilt when MailPolicy.notify.minInterval changes.
+    notify_limiter: Mutex<Option<(Dur, Arc<DefaultDirectRateLimiter>)>>,
+    http: reqwest::Client,
+    listen: OnceLock<SocketAddr>,
 }
 
 impl App {
@@ -38,14 +56,28 @@ impl App {
             None => format!("sqlite:{}", dir.join("pcmail.db").display()),
         };
         let store = pcmail_store::open(&url).await?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| ServeError::Io(std::io::Error::other(format!("HTTP client: {e}"))))?;
         let app = App {
             inner: Arc::new(Inner {
                 store,
                 admin_token_hash,
                 runtime: RwLock::new(Arc::new(Runtime::default())),
                 mail_changed: watch::channel(0).0,
+                specs_changed: watch::channel(0).0,
                 shutting_down: watch::channel(false).0,
                 spec_lock: tokio::sync::Mutex::new(()),
+                metrics: Metrics::new()
+                    .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?,
+                queue: WorkQueue::new(Duration::from_millis(500), Duration::from_secs(60)),
+                resync: config.resync,
+                health: Mutex::new(Health::default()),
+                notify_limiter: Mutex::new(None),
+                http,
+                listen: OnceLock::new(),
             }),
         };
         crate::specs::sync(&app, crate::now()).await?;
@@ -64,7 +96,7 @@ impl App {
         self.inner
             .runtime
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
@@ -73,7 +105,14 @@ impl App {
             .inner
             .runtime
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(runtime);
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(runtime);
+        self.inner
+            .specs_changed
+            .send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub fn watch_specs(&self) -> watch::Receiver<u64> {
+        self.inner.specs_changed.subscribe()
     }
 
     pub async fn lock_specs(&self) -> tokio::sync::MutexGuard<'_, ()> {
@@ -96,5 +135,73 @@ impl App {
 
     pub fn watch_shutdown(&self) -> watch::Receiver<bool> {
         self.inner.shutting_down.subscribe()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn queue(&self) -> &WorkQueue<Key> {
+        &self.inner.queue
+    }
+
+    pub fn resync_period(&self) -> Duration {
+        self.inner.resync
+    }
+
+    pub fn health(&self) -> Health {
+        self.inner
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the notifier's state; a change is reflected on the MailPolicy's conditions.
+    pub fn set_notify_error(&self, error: Option<String>) {
+        let mut h = self
+            .inner
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if h.notify_error != error {
+            h.notify_error = error;
+            self.queue().add(Key::Specs);
+        }
+    }
+
+    pub fn notify_limiter(&self, min_interval: Dur) -> Arc<DefaultDirectRateLimiter> {
+        let mut slot = self
+            .inner
+            .notify_limiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*slot {
+            Some((d, l)) if *d == min_interval => l.clone(),
+            _ => {
+                let period = min_interval.to_std().max(Duration::from_millis(1));
+                let quota = Quota::with_period(period)
+                    .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN));
+                let limiter = Arc::new(RateLimiter::direct(quota));
+                *slot = Some((min_interval, limiter.clone()));
+                limiter
+            }
+        }
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.inner.http
+    }
+
+    pub fn set_listen_addr(&self, addr: SocketAddr) {
+        let _ = self.inner.listen.set(addr);
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.inner
+            .listen
+            .get()
+            .copied()
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)))
     }
 }

@@ -7,9 +7,10 @@
 mod api;
 mod app;
 mod auth;
-mod controller;
+pub mod controller;
 mod mailbox;
 pub mod manifests;
+mod metrics;
 mod runtime;
 mod specs;
 
@@ -34,6 +35,8 @@ pub struct ServeConfig {
     pub apply: Option<PathBuf>,
     /// Accept plain HTTP on a non-loopback address (C2).
     pub insecure_listen: bool,
+    /// How often every reconciler runs even when nothing asked for it.
+    pub resync: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,11 +92,12 @@ pub async fn serve(
             source,
         })?;
     let local = listener.local_addr()?;
+    app.set_listen_addr(local);
     // Tests and scripts read this line to find a port chosen with :0.
     println!("pcmail-ctl serve listening on http://{local}");
     tracing::info!(%local, data_dir = %config.data_dir.display(), "serving");
 
-    let sweeper = tokio::spawn(controller::run(app.clone()));
+    let controller = tokio::spawn(controller::run(app.clone()));
     let stopping = app.clone();
     axum::serve(listener, api::router(app.clone()))
         .with_graceful_shutdown(async move {
@@ -101,6 +105,10 @@ pub async fn serve(
             stopping.begin_shutdown();
         })
         .await?;
-    sweeper.abort();
+    // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
+    if let Err(e) = controller.await {
+        tracing::error!(error = %e, "controller task failed");
+    }
+    tracing::info!("stopped");
     Ok(())
 }

@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use pcmail_core::Ts;
+use pcmail_core::alert::arrival_notice;
 use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::mail::{
-    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move,
-    plan_expiry, plan_send, send_ids,
+    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send,
+    send_ids,
 };
 use pcmail_store::{MailSelect, MailWrites, Store};
 
@@ -38,6 +39,50 @@ pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: T
     }
 }
 
+/// The state changes one transaction made, counted in `pcmail_mail_transitions_total` once it
+/// has committed.
+#[derive(Debug, Default)]
+pub struct Moves(Vec<(&'static str, &'static str)>);
+
+impl Moves {
+    /// Writes `after` (a new row when `before` is None) with its event, and remembers the move.
+    pub fn record(
+        &mut self,
+        writes: &mut MailWrites,
+        before: Option<&Mail>,
+        after: Mail,
+        actor: &str,
+        now: Ts,
+    ) {
+        writes
+            .events
+            .push(transition_event(before, &after, actor, now));
+        self.0.push((
+            before.map_or("none", |b| b.state.as_str()),
+            after.state.as_str(),
+        ));
+        if before.is_some() {
+            writes.update.push(after);
+        } else {
+            writes.insert.push(after);
+        }
+    }
+
+    /// Counts the committed moves and wakes long-polls if anything moved.
+    pub fn publish(self, app: &App) {
+        if self.0.is_empty() {
+            return;
+        }
+        for (from, to) in self.0 {
+            app.metrics()
+                .mail_transitions
+                .with_label_values(&[from, to])
+                .inc();
+        }
+        app.mail_changed();
+    }
+}
+
 fn random_id() -> Result<String, ApiError> {
     let mut bytes = [0u8; 4];
     getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
@@ -56,7 +101,7 @@ pub async fn send(
     let mut load = vec![candidate_id.clone(), fresh_id.clone()];
     load.extend(parent_id.clone());
     let sender = sender.to_string();
-    let plan = app
+    let (plan, moves, notice) = app
         .store()
         .mail_transaction(MailSelect::Ids(load), move |rows| {
             let find = |id: &str| rows.iter().find(|m| m.id == id);
@@ -73,25 +118,31 @@ pub async fn send(
             };
             match plan_send(&req, &sender, observed, &ctx) {
                 Ok(plan) => {
-                    let mut writes = MailWrites::default();
+                    let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
                     if let Some(m) = &plan.insert {
-                        writes.events.push(transition_event(None, m, &sender, now));
-                        writes.insert.push(m.clone());
+                        writes.alerts.extend(arrival_notice(m, now));
+                        moves.record(&mut writes, None, m.clone(), &sender, now);
                     }
                     if let Some(p) = &plan.parent_update {
-                        let before = parent_id.as_deref().and_then(find);
-                        writes
-                            .events
-                            .push(transition_event(before, p, &sender, now));
-                        writes.update.push(p.clone());
+                        moves.record(
+                            &mut writes,
+                            parent_id.as_deref().and_then(find),
+                            p.clone(),
+                            &sender,
+                            now,
+                        );
                     }
-                    (writes, Ok(plan))
+                    let notice = !writes.alerts.is_empty();
+                    (writes, Ok((plan, moves, notice)))
                 }
                 Err(e) => (MailWrites::default(), Err(e)),
             }
         })
         .await??;
-    app.mail_changed();
+    moves.publish(app);
+    if notice {
+        app.queue().add(crate::controller::Key::Notify);
+    }
     Ok(SendResponse {
         id: plan.id,
         created: plan.outcome == SendOutcome::Created,
@@ -109,7 +160,7 @@ pub async fn step(
     let actor = caller.machine().unwrap_or("admin").to_string();
     let principal = caller.principal.clone();
     let id_owned = id.to_string();
-    let outcome = app
+    let (mail, moves) = app
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.to_string()]), move |mut rows| {
             let Some(mail) = rows.pop() else {
@@ -119,32 +170,22 @@ pub async fn step(
                 );
             };
             if !can_move(&mail, &principal) {
-                return (
-                    MailWrites::default(),
-                    Err(ApiError::forbidden(format!(
-                        "mail {id_owned} is not addressed to you"
-                    ))),
-                );
+                let e = ApiError::forbidden(format!("mail {id_owned} is not addressed to you"));
+                return (MailWrites::default(), Err(e));
             }
+            let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
             match apply_step(&mail, &step, &actor, now) {
                 Some(next) => {
-                    let event = transition_event(Some(&mail), &next, &actor, now);
-                    (
-                        MailWrites {
-                            update: vec![next.clone()],
-                            events: vec![event],
-                            ..Default::default()
-                        },
-                        Ok(next),
-                    )
+                    moves.record(&mut writes, Some(&mail), next.clone(), &actor, now);
+                    (writes, Ok((next, moves)))
                 }
                 // M1: an equal, earlier or post-terminal step answers ok with the current state.
-                None => (MailWrites::default(), Ok(mail)),
+                None => (writes, Ok((mail, moves))),
             }
         })
         .await??;
-    app.mail_changed();
-    Ok(outcome)
+    moves.publish(app);
+    Ok(mail)
 }
 
 /// One M11 cursor poll: the caller's mail after `cursor`, `new` ones marked delivered.
@@ -162,34 +203,29 @@ async fn poll_once(
         cursor,
         limit,
     };
-    let (response, moved) = app
+    let (response, moves) = app
         .store()
         .mail_transaction(select, move |rows| {
             let mut writes = MailWrites {
                 heartbeat: heartbeat.then(|| (who.clone(), now)),
                 ..Default::default()
             };
+            let mut moves = Moves::default();
             let mut out = Vec::with_capacity(rows.len());
             for mail in rows {
                 match apply_step(&mail, &Step::Deliver, &who, now) {
                     Some(next) if mail.state == MailState::New => {
-                        writes
-                            .events
-                            .push(transition_event(Some(&mail), &next, &who, now));
-                        writes.update.push(next.clone());
+                        moves.record(&mut writes, Some(&mail), next.clone(), &who, now);
                         out.push(next);
                     }
                     _ => out.push(mail),
                 }
             }
-            let moved = !writes.update.is_empty();
             let cursor = out.last().map_or(cursor, |m| m.seq);
-            (writes, (PollResponse { mail: out, cursor }, moved))
+            (writes, (PollResponse { mail: out, cursor }, moves))
         })
         .await?;
-    if moved {
-        app.mail_changed();
-    }
+    moves.publish(app);
     Ok(response)
 }
 
@@ -249,44 +285,6 @@ pub async fn wait_for(
             _ = tokio::time::sleep_until(deadline) => {}
             _ = changes.changed() => {}
             _ = shutdown.changed() => {}
-        }
-    }
-}
-
-/// M8: expires every open mail past its expiry, in batches of one transaction each.
-pub async fn sweep_expired(app: &App, now: Ts) -> Result<usize, pcmail_store::StoreError> {
-    const BATCH: usize = 10_000;
-    let mut total = 0;
-    loop {
-        let n = app
-            .store()
-            .mail_transaction(MailSelect::Expiring { now, limit: BATCH }, move |rows| {
-                let expired = plan_expiry(&rows, now);
-                let events = expired
-                    .iter()
-                    .filter_map(|m| {
-                        rows.iter()
-                            .find(|r| r.id == m.id)
-                            .map(|b| transition_event(Some(b), m, "controller", now))
-                    })
-                    .collect();
-                let n = expired.len();
-                (
-                    MailWrites {
-                        update: expired,
-                        events,
-                        ..Default::default()
-                    },
-                    n,
-                )
-            })
-            .await?;
-        total += n;
-        if n > 0 {
-            app.mail_changed();
-        }
-        if n < BATCH {
-            return Ok(total);
         }
     }
 }

@@ -4,60 +4,202 @@
 //! at start behaves exactly like the same spec applied later.
 
 use pcmail_core::Ts;
-use pcmail_core::manifest::spec::{MailPolicySpec, RosterSpec};
-use pcmail_core::manifest::{Kind, Spec, SpecRecord, Status};
+use pcmail_core::cron::parse_tz;
+use pcmail_core::manifest::spec::{
+    FunctionSpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec,
+};
+use pcmail_core::manifest::{Spec, SpecRecord, Status};
+
+use crate::controller::schedules::{CronEntry, key_for};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Runtime {
     /// None until a Roster is applied: the server then refuses to resolve any recipient (M3).
     pub roster: Option<RosterSpec>,
     pub mail_policy: MailPolicySpec,
+    /// The channel of the IntentPolicy (default `telegram`), for `pcmail_intents_pending`.
+    pub intent_channel: String,
+    pub crons: Vec<CronEntry>,
+    pub ledgers: Vec<LedgerSpec>,
+    pub functions: Vec<(String, FunctionSpec)>,
+    pub pools: Vec<(String, WorkerPoolSpec)>,
 }
 
-/// Builds the runtime from the stored specs, and the status each object should now show.
-pub fn build(specs: &[SpecRecord], now: Ts) -> (Runtime, Vec<(Kind, String, Status)>) {
-    let mut runtime = Runtime::default();
+/// Facts from outside the specs that conditions report on.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    /// The last notification failure, cleared by the next success.
+    pub notify_error: Option<String>,
+}
+
+/// Builds the runtime from the stored specs, and the status each object should now show
+/// (only those that differ from what is stored).
+pub fn build(
+    specs: &[SpecRecord],
+    health: &Health,
+    now: Ts,
+) -> (Runtime, Vec<(SpecRecord, Status)>) {
+    let mut rt = Runtime {
+        intent_channel: "telegram".into(),
+        ..Runtime::default()
+    };
     let mut statuses = Vec::new();
     for record in specs {
         let mut status = record.status.clone();
+        status.observed_generation = record.generation;
         match Spec::from_json(record.kind, record.spec.clone()) {
-            Ok(spec) => {
-                let acting = match spec {
-                    Spec::Roster(r) => {
-                        runtime.roster = Some(r);
-                        true
-                    }
-                    Spec::MailPolicy(p) => {
-                        runtime.mail_policy = p;
-                        true
-                    }
-                    _ => false,
-                };
-                status.observed_generation = record.generation;
-                if acting {
-                    status.set_condition("Ready", true, "Applied", "in effect", now);
-                } else {
-                    let message = format!(
-                        "stored and validated; this build does not act on {} objects yet",
-                        record.kind
-                    );
-                    status.set_condition("Ready", false, "ControllerPending", &message, now);
-                }
-            }
+            Ok(spec) => conditions(&mut rt, spec, &record.name, health, &mut status, now),
             Err(e) => {
                 let message = format!("stored spec does not fit this build: {e}");
                 status.set_condition("Ready", false, "InvalidSpec", &message, now);
             }
         }
         if status != record.status {
-            statuses.push((record.kind, record.name.clone(), status));
+            statuses.push((record.clone(), status));
         }
     }
-    (runtime, statuses)
+    (rt, statuses)
+}
+
+fn conditions(
+    rt: &mut Runtime,
+    spec: Spec,
+    name: &str,
+    health: &Health,
+    status: &mut Status,
+    now: Ts,
+) {
+    let kind = spec.kind();
+    let pending = |status: &mut Status, what: &str| {
+        let message = format!("stored and validated; this build does not act on {what} yet");
+        status.set_condition("Ready", false, "ControllerPending", &message, now);
+    };
+    match spec {
+        Spec::Roster(r) => {
+            rt.roster = Some(r);
+            status.set_condition(
+                "Ready",
+                true,
+                "Applied",
+                "recipients resolve against this Roster",
+                now,
+            );
+        }
+        Spec::MailPolicy(p) => {
+            status.set_condition(
+                "Ready",
+                true,
+                "Applied",
+                "in effect for sweeps and sends",
+                now,
+            );
+            match (&p.notify, &health.notify_error) {
+                (Some(_), Some(e)) => {
+                    status.set_condition("Degraded", true, "NotifyFailing", e, now)
+                }
+                (Some(_), None) => status.set_condition(
+                    "Degraded",
+                    false,
+                    "AsExpected",
+                    "notifications are delivered",
+                    now,
+                ),
+                (None, _) => status.set_condition(
+                    "Degraded",
+                    false,
+                    "NoWebhook",
+                    "alerts are kept in the alerts tab and metrics only",
+                    now,
+                ),
+            }
+            rt.mail_policy = p;
+        }
+        Spec::IntentPolicy(p) => {
+            rt.intent_channel = p.channel.clone();
+            pending(status, "IntentPolicy objects (inbound intents)");
+        }
+        Spec::Schedule(s) => schedule(rt, &s, status, now),
+        Spec::Ledger(l) => {
+            rt.ledgers.push(l);
+            pending(status, &format!("{kind} objects"));
+        }
+        Spec::Function(f) => {
+            rt.functions.push((name.to_string(), f));
+            pending(status, &format!("{kind} objects"));
+        }
+        Spec::WorkerPool(w) => {
+            rt.pools.push((name.to_string(), w));
+            pending(status, &format!("{kind} objects"));
+        }
+    }
+}
+
+fn schedule(rt: &mut Runtime, s: &ScheduleSpec, status: &mut Status, now: Ts) {
+    let Ok(tz) = parse_tz(&s.timezone) else {
+        status.set_condition(
+            "Ready",
+            false,
+            "InvalidTimezone",
+            &format!("unknown time zone {}", s.timezone),
+            now,
+        );
+        return;
+    };
+    let mut active = Vec::new();
+    let mut waiting = Vec::new();
+    for e in &s.entries {
+        let role = serde_json::to_value(e.role)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        match (key_for(e.role), e.cron.parse()) {
+            (Some(key), Ok(cron)) => {
+                rt.crons.push(CronEntry { tz, cron, key });
+                active.push(role);
+            }
+            _ => waiting.push(role),
+        }
+    }
+    if active.is_empty() {
+        status.set_condition(
+            "Ready",
+            false,
+            "ControllerPending",
+            &format!("no entry runs in this build yet: {}", waiting.join(", ")),
+            now,
+        );
+    } else {
+        status.set_condition(
+            "Ready",
+            true,
+            "Scheduled",
+            &format!("running: {}", active.join(", ")),
+            now,
+        );
+    }
+    if waiting.is_empty() {
+        status.set_condition(
+            "Degraded",
+            false,
+            "AsExpected",
+            "every entry is scheduled",
+            now,
+        );
+    } else {
+        status.set_condition(
+            "Degraded",
+            true,
+            "RolePending",
+            &format!("waiting for their controllers: {}", waiting.join(", ")),
+            now,
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use pcmail_core::manifest::Kind;
+
     use super::*;
 
     fn at(s: i64) -> Ts {
@@ -77,37 +219,94 @@ mod tests {
         }
     }
 
+    fn ready(s: &Status) -> (&str, &str) {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready");
+        (c.status.as_str(), c.reason.as_str())
+    }
+
     #[test]
     fn observed_generation_follows_generation_and_ready_tells_the_truth() {
         let roster =
             serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
         let pool = serde_json::json!({"workers": 2});
-        let (rt, statuses) = build(
-            &[
-                record(Kind::Roster, 3, roster),
-                record(Kind::WorkerPool, 1, pool),
-            ],
-            at(5),
-        );
+        let specs = [
+            record(Kind::Roster, 3, roster),
+            record(Kind::WorkerPool, 1, pool),
+        ];
+        let (rt, statuses) = build(&specs, &Health::default(), at(5));
         assert_eq!(rt.roster.map(|r| r.owner), Some("pc1".into()));
-        assert_eq!(statuses[0].2.observed_generation, 3);
-        assert_eq!(statuses[0].2.conditions[0].status, "True");
-        assert_eq!(statuses[1].2.conditions[0].reason, "ControllerPending");
+        assert_eq!(statuses[0].1.observed_generation, 3);
+        assert_eq!(ready(&statuses[0].1), ("True", "Applied"));
+        assert_eq!(ready(&statuses[1].1), ("False", "ControllerPending"));
     }
 
     #[test]
     fn unchanged_status_is_not_rewritten() {
         let roster =
             serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
-        let (_, statuses) = build(&[record(Kind::Roster, 1, roster.clone())], at(5));
+        let (_, statuses) = build(
+            &[record(Kind::Roster, 1, roster.clone())],
+            &Health::default(),
+            at(5),
+        );
         let mut settled = record(Kind::Roster, 1, roster);
-        settled.status = statuses[0].2.clone();
-        assert!(build(&[settled], at(9)).1.is_empty());
+        settled.status = statuses[0].1.clone();
+        assert!(build(&[settled], &Health::default(), at(9)).1.is_empty());
+    }
+
+    #[test]
+    fn mail_policy_is_degraded_while_notifications_fail() {
+        let policy = serde_json::json!({"notify": {"webhook": "http://127.0.0.1:9/hook"}});
+        let failing = Health {
+            notify_error: Some("connection refused".into()),
+        };
+        let (_, statuses) = build(&[record(Kind::MailPolicy, 1, policy)], &failing, at(5));
+        let degraded = statuses[0]
+            .1
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .expect("Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "NotifyFailing")
+        );
+    }
+
+    #[test]
+    fn schedule_runs_mail_sweep_and_reports_roles_still_pending() {
+        let spec = serde_json::json!({"timezone": "Asia/Tokyo", "entries": [
+            {"role": "mail-sweep", "cron": "*/1 * * * *"}, {"role": "sync", "cron": "0 2 * * *"}]});
+        let (rt, statuses) = build(
+            &[record(Kind::Schedule, 1, spec)],
+            &Health::default(),
+            at(5),
+        );
+        assert_eq!(rt.crons.len(), 1);
+        assert_eq!(ready(&statuses[0].1), ("True", "Scheduled"));
+        let degraded = statuses[0]
+            .1
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .expect("Degraded");
+        assert!(degraded.message.contains("sync"), "{}", degraded.message);
     }
 
     #[test]
     fn default_mail_policy_applies_without_a_manifest() {
-        let (rt, _) = build(&[], at(0));
-        assert_eq!((rt.mail_policy.max_hop, rt.roster), (3, None));
+        let (rt, _) = build(&[], &Health::default(), at(0));
+        assert_eq!(
+            (
+                rt.mail_policy.max_hop,
+                rt.roster,
+                rt.intent_channel.as_str()
+            ),
+            (3, None, "telegram")
+        );
     }
 }

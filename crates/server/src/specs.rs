@@ -122,13 +122,20 @@ pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), Ap
     Ok(())
 }
 
-/// Rebuilds the runtime from the store and writes the statuses that changed.
+/// Rebuilds the runtime from the store and writes the statuses that changed. The one path
+/// for start-up, every apply and delete, and every resync.
 pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     let specs = app.store().list_specs().await?;
-    let (rt, statuses) = runtime::build(&specs, now);
+    let (rt, statuses) = runtime::build(&specs, &app.health(), now);
+    let ledgers: Vec<_> = rt.ledgers.iter().collect();
+    let functions: Vec<_> = rt.functions.iter().map(|(n, f)| (n.as_str(), f)).collect();
+    let pools: Vec<_> = rt.pools.iter().map(|(n, p)| (n.as_str(), p)).collect();
+    app.metrics().declare_specs(&ledgers, &functions, &pools);
     app.set_runtime(rt);
-    for (kind, name, status) in statuses {
-        app.store().set_spec_status(kind, &name, status).await?;
+    for (record, status) in statuses {
+        app.store()
+            .set_spec_status(record.kind, &record.name, status)
+            .await?;
     }
     Ok(())
 }

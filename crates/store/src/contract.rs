@@ -395,12 +395,24 @@ pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
         .mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut l| {
             let mut m = l.remove(0);
             m.state = MailState::Done;
-            (MailWrites { update: vec![m], ..Default::default() }, ())
+            (
+                MailWrites {
+                    update: vec![m],
+                    ..Default::default()
+                },
+                (),
+            )
         })
         .await
         .expect("update");
     let counts = store.mail_counts().await.expect("counts");
-    let count = |state| counts.iter().filter(|c: &&MailCount| c.state == state).map(|c| c.count).sum::<u64>();
+    let count = |state| {
+        counts
+            .iter()
+            .filter(|c: &&MailCount| c.state == state)
+            .map(|c| c.count)
+            .sum::<u64>()
+    };
     assert_eq!((count(MailState::New), count(MailState::Done)), (2, 1));
     assert!(counts.iter().all(|c| c.kind == "note" && c.channel == "pc"));
 }
@@ -412,12 +424,46 @@ pub async fn m9_selections_find_new_and_delivered_mail_by_age(store: &impl Store
     let mut seen = mail(3, "pc2");
     seen.state = MailState::Seen;
     seen.delivered_at = Some(at(10));
-    insert(store, vec![mail(1, "pc2"), delivered, seen, mail(40, "pc2")]).await;
-    let undelivered = store.select_mail(MailSelect::Undelivered { created_before: at(10), limit: 10 }).await.expect("select");
-    assert_eq!(undelivered.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["mail--00000001"]);
-    let unread = store.select_mail(MailSelect::Unread { delivered_before: at(50), limit: 10 }).await.expect("select");
-    assert_eq!(unread.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["mail--00000002"]);
-    assert!(store.select_mail(MailSelect::Unread { delivered_before: at(49), limit: 10 }).await.expect("select").is_empty());
+    insert(
+        store,
+        vec![mail(1, "pc2"), delivered, seen, mail(40, "pc2")],
+    )
+    .await;
+    let undelivered = store
+        .select_mail(MailSelect::Undelivered {
+            created_before: at(10),
+            limit: 10,
+        })
+        .await
+        .expect("select");
+    assert_eq!(
+        undelivered
+            .iter()
+            .map(|m| m.id.as_str())
+            .collect::<Vec<_>>(),
+        ["mail--00000001"]
+    );
+    let unread = store
+        .select_mail(MailSelect::Unread {
+            delivered_before: at(50),
+            limit: 10,
+        })
+        .await
+        .expect("select");
+    assert_eq!(
+        unread.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        ["mail--00000002"]
+    );
+    assert!(
+        store
+            .select_mail(MailSelect::Unread {
+                delivered_before: at(49),
+                limit: 10
+            })
+            .await
+            .expect("select")
+            .is_empty()
+    );
 }
 
 fn alert(subject: &str, state: AlertState, updated: i64) -> Alert {
@@ -436,31 +482,67 @@ fn alert(subject: &str, state: AlertState, updated: i64) -> Alert {
 }
 
 pub async fn m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent(store: &impl Store) {
-    store.write_alerts(vec![alert("a", AlertState::Firing, 1), alert("b", AlertState::Firing, 1)]).await.expect("write");
+    store
+        .write_alerts(vec![
+            alert("a", AlertState::Firing, 1),
+            alert("b", AlertState::Firing, 1),
+        ])
+        .await
+        .expect("write");
     assert_eq!(store.firing_alerts().await.expect("firing").len(), 2);
     let pending = store.alerts_to_notify(10).await.expect("pending");
     assert_eq!(pending.len(), 2);
     // "b" resolves between loading and marking: its resolution must still be notified.
-    store.write_alerts(vec![alert("b", AlertState::Resolved, 2)]).await.expect("resolve");
+    store
+        .write_alerts(vec![alert("b", AlertState::Resolved, 2)])
+        .await
+        .expect("resolve");
     store.mark_notified(pending, at(3)).await.expect("mark");
     let left = store.alerts_to_notify(10).await.expect("pending");
-    assert_eq!(left.iter().map(|a| (a.subject.as_str(), a.state)).collect::<Vec<_>>(), [("b", AlertState::Resolved)]);
+    assert_eq!(
+        left.iter()
+            .map(|a| (a.subject.as_str(), a.state))
+            .collect::<Vec<_>>(),
+        [("b", AlertState::Resolved)]
+    );
     let all = store.list_alerts(10).await.expect("all");
     let a = all.iter().find(|x| x.subject == "a").expect("a");
-    assert_eq!((a.notified, a.last_sent_at, a.labels.get("to").map(String::as_str)), (Some(AlertState::Firing), Some(at(3)), Some("pc2")));
+    assert_eq!(
+        (
+            a.notified,
+            a.last_sent_at,
+            a.labels.get("to").map(String::as_str)
+        ),
+        (Some(AlertState::Firing), Some(at(3)), Some("pc2"))
+    );
     assert_eq!(store.firing_alerts().await.expect("firing").len(), 1);
 }
 
 pub async fn m10_alert_rows_commit_with_the_mail_they_announce(store: &impl Store) {
-    let notice = Alert { kind: AlertKind::Arrival, state: AlertState::Notice, ..alert("mail--00000001", AlertState::Notice, 1) };
+    let notice = Alert {
+        kind: AlertKind::Arrival,
+        state: AlertState::Notice,
+        ..alert("mail--00000001", AlertState::Notice, 1)
+    };
     let ghost = mail(99, "pc2");
     let failed = store
         .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-            (MailWrites { insert: vec![mail(1, "pc2")], update: vec![ghost], alerts: vec![notice], ..Default::default() }, ())
+            (
+                MailWrites {
+                    insert: vec![mail(1, "pc2")],
+                    update: vec![ghost],
+                    alerts: vec![notice],
+                    ..Default::default()
+                },
+                (),
+            )
         })
         .await;
     assert!(failed.is_err());
-    assert!(store.list_alerts(10).await.expect("alerts").is_empty(), "rolled back with the mail");
+    assert!(
+        store.list_alerts(10).await.expect("alerts").is_empty(),
+        "rolled back with the mail"
+    );
 }
 
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.

@@ -29,6 +29,8 @@ pub fn router(app: App) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/alerts", get(specs::alerts))
         .route("/api/v1/whoami", get(mail::whoami))
         .route("/api/v1/specs", get(specs::list))
         .route(
@@ -49,6 +51,35 @@ pub fn router(app: App) -> Router {
 async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
     app.store().last_polls().await?;
     Ok("ready")
+}
+
+/// Prometheus text format. Counts that live in the store are read here, at scrape time, from
+/// the trigger-kept count table (never a scan of the mail tab).
+async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResponse, ApiError> {
+    let counts = app.store().mail_counts().await?;
+    let m = app.metrics();
+    let by_state: Vec<_> = counts.iter().map(|c| (c.state, c.count)).collect();
+    m.set_mail_counts(&by_state);
+    let channel = app.runtime().intent_channel.clone();
+    let pending: u64 = counts
+        .iter()
+        .filter(|c| c.kind == "intent" && c.channel == channel && !c.state.is_terminal())
+        .map(|c| c.count)
+        .sum();
+    m.intents_pending
+        .with_label_values(&[&channel])
+        .set(pending as i64);
+    m.workqueue_depth.set(app.queue().depth() as i64);
+    let body = m
+        .encode()
+        .map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        body,
+    ))
 }
 
 /// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,

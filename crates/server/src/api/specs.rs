@@ -94,6 +94,15 @@ pub async fn delete(
     ))
 }
 
+/// The alerts tab, most recently changed first (admin).
+pub async fn alerts(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<pcmail_core::alert::Alert>>, ApiError> {
+    admin(&app, &headers).await?;
+    Ok(Json(app.store().list_alerts(500).await?))
+}
+
 /// C2: a machine token is shown once and stored only as its hash; issuing again replaces it.
 pub async fn issue_token(
     State(app): State<App>,

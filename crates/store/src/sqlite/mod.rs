@@ -15,7 +15,9 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
-use rows::{ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
+use rows::{
+    ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row,
+};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 4;
@@ -131,22 +133,47 @@ impl SqliteStore {
 fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     let mut out = Vec::new();
     let mut by_time = |filter: &str, order: &str, t: Ts, limit: usize| -> Result<()> {
-        let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
+        let sql =
+            format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
         let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-        for m in stmt.query_map(params![ms(t), limit as i64], mail_from_row).map_err(map_err)? {
+        for m in stmt
+            .query_map(params![ms(t), limit as i64], mail_from_row)
+            .map_err(map_err)?
+        {
             out.push(m.map_err(map_err)??);
         }
         Ok(())
     };
     match select {
         MailSelect::Expiring { now, limit } => {
-            by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= ?1", "expires_at", *now, *limit)?;
+            by_time(
+                "state IN ('new', 'delivered', 'seen') AND expires_at <= ?1",
+                "expires_at",
+                *now,
+                *limit,
+            )?;
         }
-        MailSelect::Undelivered { created_before, limit } => {
-            by_time("state = 'new' AND created_at <= ?1", "created_at", *created_before, *limit)?;
+        MailSelect::Undelivered {
+            created_before,
+            limit,
+        } => {
+            by_time(
+                "state = 'new' AND created_at <= ?1",
+                "created_at",
+                *created_before,
+                *limit,
+            )?;
         }
-        MailSelect::Unread { delivered_before, limit } => {
-            by_time("state = 'delivered' AND delivered_at <= ?1", "delivered_at", *delivered_before, *limit)?;
+        MailSelect::Unread {
+            delivered_before,
+            limit,
+        } => {
+            by_time(
+                "state = 'delivered' AND delivered_at <= ?1",
+                "delivered_at",
+                *delivered_before,
+                *limit,
+            )?;
         }
         MailSelect::Ids(ids) => {
             let mut stmt = conn
@@ -258,9 +285,12 @@ fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
 }
 
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
-    let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
+    let sql =
+        format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
     let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-    let rows = stmt.query_map([limit as i64], alert_from_row).map_err(map_err)?;
+    let rows = stmt
+        .query_map([limit as i64], alert_from_row)
+        .map_err(map_err)?;
     rows.map(|r| r.map_err(map_err)?).collect()
 }
 
@@ -471,11 +501,13 @@ impl Store for SqliteStore {
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
-        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1).await
+        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1)
+            .await
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("notified IS NOT state", "updated_at", limit).await
+        self.alerts("notified IS NOT state", "updated_at", limit)
+            .await
     }
 
     async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
@@ -484,7 +516,9 @@ impl Store for SqliteStore {
 
     async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
         self.write(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map_err)?;
             upsert_alerts(&tx, &alerts)?;
             tx.commit().map_err(map_err)
         })
@@ -493,7 +527,9 @@ impl Store for SqliteStore {
 
     async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
         self.write(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(map_err)?;
             {
                 let mut stmt = tx
                     .prepare_cached(
@@ -502,8 +538,14 @@ impl Store for SqliteStore {
                     )
                     .map_err(map_err)?;
                 for a in &sent {
-                    stmt.execute(params![ms(at), a.kind.as_str(), a.subject, a.state.as_str(), ms(a.updated_at)])
-                        .map_err(map_err)?;
+                    stmt.execute(params![
+                        ms(at),
+                        a.kind.as_str(),
+                        a.subject,
+                        a.state.as_str(),
+                        ms(a.updated_at)
+                    ])
+                    .map_err(map_err)?;
                 }
             }
             tx.commit().map_err(map_err)
@@ -513,8 +555,14 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
-    async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
-        self.read(move |conn| query_alerts(conn, filter, order, limit)).await
+    async fn alerts(
+        &self,
+        filter: &'static str,
+        order: &'static str,
+        limit: usize,
+    ) -> Result<Vec<Alert>> {
+        self.read(move |conn| query_alerts(conn, filter, order, limit))
+            .await
     }
 }
 

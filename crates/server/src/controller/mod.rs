@@ -1,0 +1,122 @@
+//! The reconcile loop: level-triggered, like kube-runtime's controllers.
+//!
+//! Keys name what to reconcile; every reconciler looks at the whole current state and makes it
+//! right, so running one twice, or late, is harmless. Keys come from the periodic resync (always
+//! on: the safety net for missed changes), from Schedule crons, and from the API when something
+//! changed. One global token bucket paces the loop; per-key backoff paces failures.
+
+pub mod mail_sweep;
+mod notifier;
+pub mod queue;
+pub mod schedules;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::{Quota, RateLimiter};
+use tokio::task::JoinSet;
+
+use crate::App;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Key {
+    /// M8 expiry and M9 alerts, and the gauges they feed.
+    MailSweep,
+    /// M10: post what is not yet notified.
+    Notify,
+    /// Rebuild the runtime from the specs and write each object's status.
+    Specs,
+}
+
+impl Key {
+    pub const ALL: [Key; 3] = [Key::MailSweep, Key::Notify, Key::Specs];
+
+    /// Also the `reconciler` label of the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Key::MailSweep => "mail-sweep",
+            Key::Notify => "notify",
+            Key::Specs => "specs",
+        }
+    }
+}
+
+/// Reconciles per second across all keys, whatever asks for them.
+const GLOBAL_RATE: u32 = 50;
+
+/// Runs until shutdown: stops taking keys, lets running reconciles finish, then returns.
+pub async fn run(app: App) {
+    let queue = app.queue().clone();
+    let mut shutdown = app.watch_shutdown();
+    let limiter = RateLimiter::direct(Quota::per_second(
+        NonZeroU32::new(GLOBAL_RATE).unwrap_or(NonZeroU32::MIN),
+    ));
+    let resync = tokio::spawn(resync(app.clone()));
+    let crons = tokio::spawn(schedules::run(app.clone()));
+    let mut running = JoinSet::new();
+    while let Some(key) = queue.next(&mut shutdown).await {
+        limiter.until_ready().await;
+        app.metrics().workqueue_depth.set(queue.depth() as i64);
+        let app = app.clone();
+        running.spawn(async move {
+            let ok = reconcile(&app, key).await;
+            app.queue().done(&key, ok);
+        });
+        // Reap finished reconciles so the set does not grow.
+        while running.try_join_next().is_some() {}
+    }
+    resync.abort();
+    crons.abort();
+    while running.join_next().await.is_some() {}
+}
+
+async fn reconcile(app: &App, key: Key) -> bool {
+    let timer = app
+        .metrics()
+        .reconcile_duration
+        .with_label_values(&[key.name()])
+        .start_timer();
+    let mut shutdown = app.watch_shutdown();
+    let result = tokio::select! {
+        r = run_key(app, key) => r,
+        // A notification still retrying is abandoned: its row stays unnotified for next start.
+        _ = shutdown.wait_for(|stop| *stop) => Ok(()),
+    };
+    timer.observe_duration();
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            app.metrics()
+                .reconcile_errors
+                .with_label_values(&[key.name()])
+                .inc();
+            tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
+            false
+        }
+    }
+}
+
+async fn run_key(app: &App, key: Key) -> Result<(), String> {
+    let now = crate::now();
+    match key {
+        Key::MailSweep => mail_sweep::run(app, now)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Key::Notify => notifier::run(app, now).await,
+        Key::Specs => crate::specs::sync(app, now)
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+async fn resync(app: App) {
+    let mut tick = tokio::time::interval(app.resync_period().max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for key in Key::ALL {
+            app.queue().add(key);
+        }
+    }
+}

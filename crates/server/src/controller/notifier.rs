@@ -1,0 +1,177 @@
+//! M10: posts alerts and arrival notices that are written but not yet notified.
+//!
+//! Rows are written before anything is posted; a row is marked notified only after its post
+//! succeeded, and only in the state that was posted. So a crash or a dead webhook delays
+//! notifications but loses none, and a state already posted is not posted again.
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use pcmail_core::Ts;
+use pcmail_core::alert::{AlertState, alertmanager_api_body, webhook_body};
+use pcmail_core::manifest::spec::NotifyFormat;
+use pcmail_store::Store;
+
+use super::Key;
+use crate::App;
+
+/// Alerts per post; more are posted by the next run, which is queued at once.
+const BATCH: usize = 100;
+/// `alertmanager-api`: firing alerts are re-sent this often, with `endsAt` three periods ahead,
+/// so Alertmanager keeps them active while they fire and lets them lapse if we stop.
+const RESEND: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
+
+#[derive(Debug)]
+struct PostError {
+    message: String,
+    retryable: bool,
+    retry_after: Option<Duration>,
+}
+
+pub async fn run(app: &App, now: Ts) -> Result<(), String> {
+    let store = app.store();
+    let rt = app.runtime();
+    let mut batch = store
+        .alerts_to_notify(BATCH)
+        .await
+        .map_err(|e| e.to_string())?;
+    let more = batch.len() == BATCH;
+    let Some(notify) = rt.mail_policy.notify.clone() else {
+        // No webhook: the alerts tab and metrics are the record (DESIGN M10).
+        if !batch.is_empty() {
+            app.metrics()
+                .notifications
+                .with_label_values(&["skipped"])
+                .inc_by(batch.len() as u64);
+            store
+                .mark_notified(batch, now)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        return requeue_if(app, more);
+    };
+    let api = notify.format == NotifyFormat::AlertmanagerApi;
+    if api {
+        let due = store
+            .firing_alerts()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|a| {
+                !a.needs_notification() && a.last_sent_at.is_none_or(|t| now - t >= RESEND)
+            });
+        batch.extend(due.take(BATCH.saturating_sub(batch.len())));
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let external = format!("http://{}", app.listen_addr());
+    let (url, body) = if api {
+        let base = notify.webhook.trim_end_matches('/');
+        let url = if base.ends_with("/api/v2/alerts") {
+            base.to_string()
+        } else {
+            format!("{base}/api/v2/alerts")
+        };
+        (
+            url,
+            alertmanager_api_body(&batch, &external, now, RESEND * 3),
+        )
+    } else {
+        (
+            notify.webhook.clone(),
+            webhook_body(notify.format, &batch, &external),
+        )
+    };
+    app.notify_limiter(notify.min_interval).until_ready().await;
+    match post(app, &url, &body).await {
+        Ok(()) => {
+            app.metrics()
+                .notifications
+                .with_label_values(&["sent"])
+                .inc_by(batch.len() as u64);
+            app.set_notify_error(None);
+            let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
+            tracing::info!(count = batch.len(), ?sent_states, "notified");
+            store
+                .mark_notified(batch, crate::now())
+                .await
+                .map_err(|e| e.to_string())?;
+            requeue_if(app, more)
+        }
+        Err(e) => {
+            app.set_notify_error(Some(format!("{url}: {}", e.message)));
+            Err(format!(
+                "posting {} notification(s) to {url}: {}",
+                batch.len(),
+                e.message
+            ))
+        }
+    }
+}
+
+fn requeue_if(app: &App, more: bool) -> Result<(), String> {
+    if more {
+        app.queue().add(Key::Notify);
+    }
+    Ok(())
+}
+
+/// One post with retries: exponential backoff with jitter, honouring Retry-After on 429/503.
+/// 4xx other than 408/429 are not retried here (the queue's backoff retries them later).
+async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), PostError> {
+    let attempt = || async {
+        let resp = app
+            .http()
+            .post(url)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| PostError {
+                message: e.to_string(),
+                retryable: true,
+                retry_after: None,
+            })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| Duration::from_secs(s).min(RETRY_AFTER_CAP));
+        let retryable =
+            status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
+        Err(PostError {
+            message: format!("answered {status}"),
+            retryable,
+            retry_after,
+        })
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(30))
+        .with_max_times(4)
+        .with_jitter();
+    attempt
+        .retry(backoff)
+        .when(|e: &PostError| e.retryable)
+        .adjust(|e: &PostError, d| e.retry_after.or(d))
+        .notify(|e: &PostError, d| {
+            app.metrics()
+                .notifications
+                .with_label_values(&["failed"])
+                .inc();
+            tracing::warn!(error = %e.message, retry_in = ?d, "notification post failed");
+        })
+        .await
+        .inspect_err(|_| {
+            app.metrics()
+                .notifications
+                .with_label_values(&["failed"])
+                .inc()
+        })
+}

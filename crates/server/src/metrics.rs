@@ -1,0 +1,272 @@
+//! Every metric of DESIGN §9, registered once. Labels are bounded: machine labels, states,
+//! kinds and spec names — never mail ids or titles.
+//!
+//! Gauges are set for every known label value (0 included), so a dashboard query returns a
+//! series even when nothing is wrong, and a breach that clears drops to 0 rather than vanishing.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use pcmail_core::alert::{AlertKind, Breaches};
+use pcmail_core::mail::MailState;
+use pcmail_core::manifest::spec::{FunctionSpec, LedgerSpec, WorkerPoolSpec};
+use prometheus::GaugeVec;
+
+pub struct Metrics {
+    registry: Registry,
+    pub mail: IntGaugeVec,
+    pub mail_undelivered: IntGaugeVec,
+    pub mail_unread_sla_breached: IntGaugeVec,
+    pub mail_transitions: IntCounterVec,
+    pub alerts_firing: IntGaugeVec,
+    pub notifications: IntCounterVec,
+    pub machine_last_poll: GaugeVec,
+    pub intents_pending: IntGaugeVec,
+    pub ledger_rows: IntGaugeVec,
+    pub ledger_runs: IntCounterVec,
+    pub ledger_failures: IntCounterVec,
+    pub jobs: IntGaugeVec,
+    pub job_claims: IntCounterVec,
+    pub job_rescues: IntCounterVec,
+    pub job_failures: IntCounterVec,
+    pub reconcile_duration: HistogramVec,
+    pub reconcile_errors: IntCounterVec,
+    pub workqueue_depth: IntGauge,
+    pub workers: IntGaugeVec,
+    pub build_info: IntGaugeVec,
+}
+
+/// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
+/// ledger and job controllers fill them.
+const LEDGER_STATES: [&str; 6] = [
+    "todo",
+    "running",
+    "review",
+    "done",
+    "dropped",
+    "needs-human",
+];
+const JOB_STATES: [&str; 6] = [
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "dead",
+    "cancelled",
+];
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry.register(Box::new(m.clone()))?;
+                m
+            }};
+        }
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name, help), labels)
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
+        let m = Metrics {
+            mail: reg!(gauge("pcmail_mail", "Mail by state.", &["state"])?),
+            mail_undelivered: reg!(gauge(
+                "pcmail_mail_undelivered",
+                "Mail still new after undeliveredAfter, by recipient.",
+                &["to"]
+            )?),
+            mail_unread_sla_breached: reg!(gauge(
+                "pcmail_mail_unread_sla_breached",
+                "Mail delivered but unread past its SLA, by recipient and urgency.",
+                &["to", "urgency"]
+            )?),
+            mail_transitions: reg!(counter(
+                "pcmail_mail_transitions_total",
+                "Mail state transitions.",
+                &["from", "to"]
+            )?),
+            alerts_firing: reg!(gauge(
+                "pcmail_alerts_firing",
+                "Alerts firing, by kind.",
+                &["kind"]
+            )?),
+            notifications: reg!(counter(
+                "pcmail_notifications_total",
+                "Notification posts by outcome.",
+                &["outcome"]
+            )?),
+            machine_last_poll: reg!(GaugeVec::new(
+                Opts::new(
+                    "pcmail_machine_last_poll_timestamp_seconds",
+                    "Unix time of each machine's last poll."
+                ),
+                &["machine"]
+            )?),
+            intents_pending: reg!(gauge(
+                "pcmail_intents_pending",
+                "Inbound messages not yet answered, by channel.",
+                &["channel"]
+            )?),
+            ledger_rows: reg!(gauge(
+                "pcmail_ledger_rows",
+                "Ledger rows by project and state.",
+                &["project", "state"]
+            )?),
+            ledger_runs: reg!(counter(
+                "pcmail_ledger_runs_total",
+                "Ledger function runs by outcome.",
+                &["function", "outcome"]
+            )?),
+            ledger_failures: reg!(counter(
+                "pcmail_ledger_failures_total",
+                "Ledger run failures by project.",
+                &["project"]
+            )?),
+            jobs: reg!(gauge(
+                "pcmail_jobs",
+                "Jobs by queue and state.",
+                &["queue", "state"]
+            )?),
+            job_claims: reg!(counter(
+                "pcmail_job_claims_total",
+                "Jobs claimed.",
+                &["queue"]
+            )?),
+            job_rescues: reg!(counter(
+                "pcmail_job_rescues_total",
+                "Expired leases rescued.",
+                &["queue"]
+            )?),
+            job_failures: reg!(counter(
+                "pcmail_job_failures_total",
+                "Job attempts that failed.",
+                &["queue"]
+            )?),
+            reconcile_duration: reg!(HistogramVec::new(
+                HistogramOpts::new("pcmail_reconcile_duration_seconds", "Time per reconcile.")
+                    .buckets(vec![
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        10.0
+                    ]),
+                &["reconciler"]
+            )?),
+            reconcile_errors: reg!(counter(
+                "pcmail_reconcile_errors_total",
+                "Reconciles that failed.",
+                &["reconciler"]
+            )?),
+            workqueue_depth: reg!(IntGauge::new(
+                "pcmail_workqueue_depth",
+                "Keys waiting in the work queue."
+            )?),
+            workers: reg!(gauge(
+                "pcmail_workers",
+                "Workers running, by pool.",
+                &["pool"]
+            )?),
+            build_info: reg!(gauge(
+                "pcmail_build_info",
+                "Build information.",
+                &["version"]
+            )?),
+            registry,
+        };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        for outcome in ["sent", "failed", "skipped"] {
+            m.notifications.with_label_values(&[outcome]);
+        }
+        for r in ["mail-sweep", "notify", "specs"] {
+            m.reconcile_errors.with_label_values(&[r]);
+        }
+        Ok(m)
+    }
+
+    pub fn encode(&self) -> Result<String, prometheus::Error> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Mail counts by state, every state present.
+    pub fn set_mail_counts(&self, counts: &[(MailState, u64)]) {
+        for s in MailState::ALL {
+            let n: u64 = counts
+                .iter()
+                .filter(|(st, _)| *st == s)
+                .map(|(_, n)| n)
+                .sum();
+            self.mail.with_label_values(&[s.as_str()]).set(n as i64);
+        }
+    }
+
+    /// The sweep's breach counts, with 0 for every Roster machine that has none.
+    pub fn set_breaches(&self, b: &Breaches, machines: &[String]) {
+        self.mail_undelivered.reset();
+        self.mail_unread_sla_breached.reset();
+        for m in machines {
+            self.mail_undelivered.with_label_values(&[m]).set(0);
+            for u in ["urgent", "normal"] {
+                self.mail_unread_sla_breached
+                    .with_label_values(&[m, u])
+                    .set(0);
+            }
+        }
+        for (to, n) in &b.undelivered {
+            self.mail_undelivered
+                .with_label_values(&[to])
+                .set(*n as i64);
+        }
+        for ((to, urgency), n) in &b.unread {
+            self.mail_unread_sla_breached
+                .with_label_values(&[to, urgency])
+                .set(*n as i64);
+        }
+        for kind in AlertKind::ALL
+            .into_iter()
+            .filter(|k| *k != AlertKind::Arrival)
+        {
+            let n = b.firing.get(&kind).copied().unwrap_or(0);
+            self.alerts_firing
+                .with_label_values(&[kind.as_str()])
+                .set(n as i64);
+        }
+    }
+
+    /// Zero-valued series for every ledger, function, queue and pool the specs declare.
+    pub fn declare_specs(
+        &self,
+        ledgers: &[&LedgerSpec],
+        functions: &[(&str, &FunctionSpec)],
+        pools: &[(&str, &WorkerPoolSpec)],
+    ) {
+        for l in ledgers {
+            for s in LEDGER_STATES {
+                self.ledger_rows.with_label_values(&[&l.project, s]).add(0);
+            }
+            self.ledger_failures.with_label_values(&[&l.project]);
+        }
+        for (name, _) in functions {
+            for outcome in ["ok", "failed", "timeout"] {
+                self.ledger_runs.with_label_values(&[name, outcome]);
+            }
+        }
+        for (name, pool) in pools {
+            self.workers.with_label_values(&[name]).add(0);
+            for q in &pool.queues {
+                for s in JOB_STATES {
+                    self.jobs.with_label_values(&[q, s]).add(0);
+                }
+                self.job_claims.with_label_values(&[q]);
+                self.job_rescues.with_label_values(&[q]);
+                self.job_failures.with_label_values(&[q]);
+            }
+        }
+    }
+}
