@@ -9,11 +9,7 @@ use pcmail_core::duration::Dur;
 use pcmail_core::mail::MailKind;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "pcmail-ctl",
-    version,
-    about = "Keeps several PCs' AI coding agents and their supervisors in step"
-)]
+#[command(name = "pcmail-ctl", version, about = "Keeps several PCs' AI coding agents and their supervisors in step")]
 pub struct Cli {
     #[command(flatten)]
     pub conn: Connection,

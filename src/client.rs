@@ -25,10 +25,7 @@ pub struct ClientConfig {
 pub fn home() -> PathBuf {
     match std::env::var_os("PCMAIL_HOME") {
         Some(h) if !h.is_empty() => PathBuf::from(h),
-        _ => std::env::var_os("HOME").map_or_else(
-            || PathBuf::from(".pcmail"),
-            |h| PathBuf::from(h).join(".pcmail"),
-        ),
+        _ => std::env::var_os("HOME").map_or_else(|| PathBuf::from(".pcmail"), |h| PathBuf::from(h).join(".pcmail")),
     }
 }
 
@@ -39,9 +36,9 @@ pub fn config_path() -> PathBuf {
 fn load_config() -> anyhow::Result<Option<ClientConfig>> {
     let path = config_path();
     match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| {
-            format!("{} is not a valid client config", path.display())
-        })?)),
+        Ok(text) => Ok(Some(
+            serde_json::from_str(&text).with_context(|| format!("{} is not a valid client config", path.display()))?,
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
@@ -77,12 +74,7 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .context("cannot build the HTTP client")?;
-        Ok(Client {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            token,
-            as_machine: conn.as_machine.clone(),
-        })
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token, as_machine: conn.as_machine.clone() })
     }
 
     pub fn base(&self) -> &str {
@@ -97,10 +89,7 @@ impl Client {
         let resp = req.send().await.map_err(|e| {
             CliError::new(
                 Exit::Error,
-                format!(
-                    "cannot reach the server at {}: {e} (is `pcmail-ctl serve` running?)",
-                    self.base
-                ),
+                format!("cannot reach the server at {}: {e} (is `pcmail-ctl serve` running?)", self.base),
             )
         })?;
         let status = resp.status();
@@ -117,41 +106,23 @@ impl Client {
                 details: body.error.details,
             },
             Err(_) => CliError::new(
-                if status.as_u16() == 401 || status.as_u16() == 403 {
-                    Exit::Unauthorized
-                } else {
-                    Exit::Error
-                },
-                format!(
-                    "server answered {status}: {}",
-                    String::from_utf8_lossy(&bytes).trim()
-                ),
+                if status.as_u16() == 401 || status.as_u16() == 403 { Exit::Unauthorized } else { Exit::Error },
+                format!("server answered {status}: {}", String::from_utf8_lossy(&bytes).trim()),
             ),
         }
         .into())
     }
 
-    pub async fn get<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        query: &[(&str, String)],
-    ) -> anyhow::Result<T> {
-        self.send(self.http.get(format!("{}{path}", self.base)).query(query))
-            .await
+    pub async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+        self.send(self.http.get(format!("{}{path}", self.base)).query(query)).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> anyhow::Result<T> {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
-            .await
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body)).await
     }
 
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.send(self.http.delete(format!("{}{path}", self.base)))
-            .await
+        self.send(self.http.delete(format!("{}{path}", self.base))).await
     }
 }
 
@@ -165,9 +136,7 @@ pub fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<(
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut f = options
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    let mut f = options.open(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
     f.write_all(contents.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;

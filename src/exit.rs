@@ -36,12 +36,7 @@ pub struct CliError {
 
 impl CliError {
     pub fn new(exit: Exit, message: impl Into<String>) -> Self {
-        CliError {
-            exit,
-            code: None,
-            message: message.into(),
-            details: vec![],
-        }
+        CliError { exit, code: None, message: message.into(), details: vec![] }
     }
 }
 
@@ -55,8 +50,7 @@ impl std::error::Error for CliError {}
 
 /// The binary's edge: anything not already a CliError is a plain error (exit 1).
 pub fn exit_code(err: &anyhow::Error) -> i32 {
-    err.downcast_ref::<CliError>()
-        .map_or(Exit::Error, |e| e.exit) as i32
+    err.downcast_ref::<CliError>().map_or(Exit::Error, |e| e.exit) as i32
 }
 
 pub fn print(err: &anyhow::Error) {

@@ -51,11 +51,7 @@ pub fn cut(s: &str, max: usize) -> String {
     if one_line.chars().count() <= max {
         one_line
     } else {
-        one_line
-            .chars()
-            .take(max.saturating_sub(1))
-            .chain(['…'])
-            .collect()
+        one_line.chars().take(max.saturating_sub(1)).chain(['…']).collect()
     }
 }
 

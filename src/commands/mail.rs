@@ -20,16 +20,11 @@ fn text_arg(value: &str) -> anyhow::Result<String> {
         return Ok(value.to_string());
     }
     let mut bytes = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut bytes)
-        .context("reading the body from stdin")?;
+    std::io::stdin().read_to_end(&mut bytes).context("reading the body from stdin")?;
     String::from_utf8(bytes).map_err(|e| {
         CliError::new(
             Exit::Error,
-            format!(
-                "the body on stdin is not valid UTF-8 (at byte {})",
-                e.utf8_error().valid_up_to()
-            ),
+            format!("the body on stdin is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
         )
         .into()
     })
@@ -42,8 +37,7 @@ fn random_mail_id() -> anyhow::Result<String> {
 }
 
 fn is_code(err: &anyhow::Error, code: ErrorCode) -> bool {
-    err.downcast_ref::<CliError>()
-        .is_some_and(|e| e.code == Some(code))
+    err.downcast_ref::<CliError>().is_some_and(|e| e.code == Some(code))
 }
 
 /// M4: the id is drawn here; on a duplicate the client draws again once and resends.
@@ -62,14 +56,7 @@ async fn post_mail(client: &Client, mut req: SendRequest) -> anyhow::Result<Send
 
 pub async fn send(client: &Client, args: SendArgs) -> anyhow::Result<i32> {
     if let Some(parent) = &args.reply_to {
-        return reply_with(
-            client,
-            parent,
-            text_arg(&args.body)?,
-            args.auto,
-            Some(args.subject),
-        )
-        .await;
+        return reply_with(client, parent, text_arg(&args.body)?, args.auto, Some(args.subject)).await;
     }
     let req = SendRequest {
         id: None,
@@ -137,28 +124,13 @@ fn mail_rows(mails: &[Mail], sent: bool) -> Vec<Vec<String>> {
 
 pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyhow::Result<i32> {
     let mailbox = if sent { "sent" } else { "inbox" };
-    let mails: Vec<Mail> = client
-        .get(
-            "/api/v1/mail",
-            &[("box", mailbox.into()), ("all", all.to_string())],
-        )
-        .await?;
+    let mails: Vec<Mail> = client.get("/api/v1/mail", &[("box", mailbox.into()), ("all", all.to_string())]).await?;
     if !output::structured(out, &mails)? {
         if mails.is_empty() {
-            eprintln!(
-                "no {} mail",
-                if all { "" } else { "open " }.to_string() + mailbox
-            );
+            eprintln!("no {} mail", if all { "" } else { "open " }.to_string() + mailbox);
         } else {
             output::table(
-                &[
-                    "ID",
-                    if sent { "TO" } else { "FROM" },
-                    "KIND",
-                    "STATE",
-                    "CREATED",
-                    "SUBJECT",
-                ],
+                &["ID", if sent { "TO" } else { "FROM" }, "KIND", "STATE", "CREATED", "SUBJECT"],
                 &mail_rows(&mails, sent),
             );
         }
@@ -167,18 +139,12 @@ pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyho
 }
 
 pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32> {
-    let mail: Mail = client
-        .post(&format!("/api/v1/mail/{id}/seen"), &serde_json::json!({}))
-        .await?;
+    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/seen"), &serde_json::json!({})).await?;
     if !output::structured(out, &mail)? {
         println!("id:      {}", mail.id);
         println!("from:    {}", mail.from);
         println!("to:      {}", mail.to);
-        println!(
-            "kind:    {}{}",
-            mail.kind,
-            if mail.urgent { " (urgent)" } else { "" }
-        );
+        println!("kind:    {}{}", mail.kind, if mail.urgent { " (urgent)" } else { "" });
         if let Some(parent) = &mail.reply_to {
             println!("reply to: {parent}");
         }
@@ -190,15 +156,8 @@ pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32>
     Ok(0)
 }
 
-pub async fn step(
-    client: &Client,
-    id: &str,
-    action: &str,
-    body: serde_json::Value,
-) -> anyhow::Result<i32> {
-    let mail: Mail = client
-        .post(&format!("/api/v1/mail/{id}/{action}"), &body)
-        .await?;
+pub async fn step(client: &Client, id: &str, action: &str, body: serde_json::Value) -> anyhow::Result<i32> {
+    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{action}"), &body).await?;
     println!("{} {}", mail.id, mail.state);
     Ok(0)
 }
@@ -212,10 +171,8 @@ pub async fn status(
     timeout: Dur,
     out: Output,
 ) -> anyhow::Result<i32> {
-    let target: Option<MailState> = wait_for
-        .map(|w| w.parse())
-        .transpose()
-        .map_err(|e: String| CliError::new(Exit::Error, e))?;
+    let target: Option<MailState> =
+        wait_for.map(|w| w.parse()).transpose().map_err(|e: String| CliError::new(Exit::Error, e))?;
     let deadline = std::time::Instant::now() + timeout.to_std();
     let status = loop {
         let mut query = Vec::new();
@@ -225,9 +182,7 @@ pub async fn status(
             query.push(("timeout", format!("{}ms", left.as_millis().min(60_000))));
         }
         let status: MailStatus = client.get(&format!("/api/v1/mail/{id}"), &query).await?;
-        let reached = target.is_none_or(|t| {
-            status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal()
-        });
+        let reached = target.is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
         if reached || std::time::Instant::now() >= deadline {
             break status;
         }
@@ -238,16 +193,8 @@ pub async fn status(
         println!("state: {}", m.state);
         let rows = vec![
             vec!["created".into(), when(Some(m.created_at)), m.from.clone()],
-            vec![
-                "delivered".into(),
-                when(m.delivered_at),
-                m.delivered_by.clone().unwrap_or_default(),
-            ],
-            vec![
-                "seen".into(),
-                when(m.seen_at),
-                m.seen_by.clone().unwrap_or_default(),
-            ],
+            vec!["delivered".into(), when(m.delivered_at), m.delivered_by.clone().unwrap_or_default()],
+            vec!["seen".into(), when(m.seen_at), m.seen_by.clone().unwrap_or_default()],
             vec![
                 match m.state {
                     MailState::Failed => "failed".into(),
@@ -266,16 +213,11 @@ pub async fn status(
             println!("fail reason: {r}");
         }
     }
-    let reached = target
-        .is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
+    let reached = target.is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
     if !reached {
         return Err(CliError::new(
             Exit::Timeout,
-            format!(
-                "{id} is still {} after {timeout}, not {}",
-                status.mail.state,
-                wait_for.unwrap_or_default()
-            ),
+            format!("{id} is still {} after {timeout}, not {}", status.mail.state, wait_for.unwrap_or_default()),
         )
         .into());
     }
@@ -288,8 +230,7 @@ fn cursor_path() -> std::path::PathBuf {
 
 fn load_cursors() -> anyhow::Result<BTreeMap<String, i64>> {
     match std::fs::read_to_string(cursor_path()) {
-        Ok(t) => serde_json::from_str(&t)
-            .with_context(|| format!("{} is corrupt", cursor_path().display())),
+        Ok(t) => serde_json::from_str(&t).with_context(|| format!("{} is corrupt", cursor_path().display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
         Err(e) => Err(e).context("reading the poll cursor"),
     }
@@ -299,12 +240,8 @@ fn load_cursors() -> anyhow::Result<BTreeMap<String, i64>> {
 /// a poll whose answer was lost is simply repeated.
 pub async fn poll(client: &Client, wait: Dur, out: Output) -> anyhow::Result<i32> {
     let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
-    let machine = who.machine.ok_or_else(|| {
-        CliError::new(
-            Exit::Error,
-            "poll needs a machine: use a machine token or --as",
-        )
-    })?;
+    let machine =
+        who.machine.ok_or_else(|| CliError::new(Exit::Error, "poll needs a machine: use a machine token or --as"))?;
     let key = format!("{}|{machine}", client.base());
     let mut cursors = load_cursors()?;
     let cursor = cursors.get(&key).copied().unwrap_or(0);
@@ -314,10 +251,7 @@ pub async fn poll(client: &Client, wait: Dur, out: Output) -> anyhow::Result<i32
         if response.mail.is_empty() {
             eprintln!("no new mail");
         } else {
-            output::table(
-                &["ID", "FROM", "KIND", "STATE", "CREATED", "SUBJECT"],
-                &mail_rows(&response.mail, false),
-            );
+            output::table(&["ID", "FROM", "KIND", "STATE", "CREATED", "SUBJECT"], &mail_rows(&response.mail, false));
         }
     }
     cursors.insert(key, response.cursor);
@@ -341,10 +275,7 @@ pub async fn alerts(client: &Client, out: Output) -> anyhow::Result<i32> {
                 ]
             })
             .collect();
-        output::table(
-            &["KIND", "SUBJECT", "STATE", "NOTIFIED", "SINCE", "SUMMARY"],
-            &rows,
-        );
+        output::table(&["KIND", "SUBJECT", "STATE", "NOTIFIED", "SINCE", "SUMMARY"], &rows);
     }
     Ok(0)
 }

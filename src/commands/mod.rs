@@ -21,39 +21,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             match command {
                 Command::Apply { file, dry_run } => specs::apply(&client, &file, dry_run).await,
                 Command::Diff { file } => specs::diff(&client, &file).await,
-                Command::Get { kind, name, output } => {
-                    specs::get(&client, &kind, name.as_deref(), output).await
-                }
-                Command::Describe { kind, name, output } => {
-                    specs::describe(&client, &kind, &name, output).await
-                }
+                Command::Get { kind, name, output } => specs::get(&client, &kind, name.as_deref(), output).await,
+                Command::Describe { kind, name, output } => specs::describe(&client, &kind, &name, output).await,
                 Command::Delete { kind, name } => specs::delete(&client, &kind, &name).await,
-                Command::Token {
-                    command: TokenCommand::Issue { machine },
-                } => {
-                    let t: TokenResponse = client
-                        .post("/api/v1/tokens", &TokenRequest { machine })
-                        .await?;
+                Command::Token { command: TokenCommand::Issue { machine } } => {
+                    let t: TokenResponse = client.post("/api/v1/tokens", &TokenRequest { machine }).await?;
                     eprintln!("token for {} (shown once; store it now):", t.machine);
                     println!("{}", t.token);
                     Ok(0)
                 }
                 Command::Send(args) => mail::send(&client, args).await,
-                Command::Inbox { all, sent, output } => {
-                    mail::inbox(&client, all, sent, output).await
-                }
+                Command::Inbox { all, sent, output } => mail::inbox(&client, all, sent, output).await,
                 Command::Read { id, output } => mail::read(&client, &id, output).await,
                 Command::Ack { id } => mail::step(&client, &id, "ack", serde_json::json!({})).await,
                 Command::Fail { id, reason } => {
                     mail::step(&client, &id, "fail", serde_json::json!({"reason": reason})).await
                 }
                 Command::Reply { id, body, auto } => mail::reply(&client, &id, &body, auto).await,
-                Command::Status {
-                    id,
-                    wait_for,
-                    timeout,
-                    output,
-                } => mail::status(&client, &id, wait_for.as_deref(), timeout, output).await,
+                Command::Status { id, wait_for, timeout, output } => {
+                    mail::status(&client, &id, wait_for.as_deref(), timeout, output).await
+                }
                 Command::Poll { wait, output } => mail::poll(&client, wait, output).await,
                 Command::Alerts { output } => mail::alerts(&client, output).await,
                 Command::Serve(_) | Command::Login { .. } => unreachable!("handled above"),
@@ -64,21 +51,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 
 /// Checks the token against the server before saving it, so a typo is caught now.
 async fn login(server: String, token: String) -> anyhow::Result<i32> {
-    let conn = crate::args::Connection {
-        server: Some(server.clone()),
-        token: Some(token.clone()),
-        as_machine: None,
-    };
+    let conn = crate::args::Connection { server: Some(server.clone()), token: Some(token.clone()), as_machine: None };
     let who: WhoAmI = Client::new(&conn)?.get("/api/v1/whoami", &[]).await?;
     let config = ClientConfig { server, token };
     let path = config_path();
-    write_private(&path, &serde_json::to_string_pretty(&config)?)
-        .context("saving the client config")?;
+    write_private(&path, &serde_json::to_string_pretty(&config)?).context("saving the client config")?;
     let identity = who.machine.unwrap_or_else(|| "admin".into());
-    eprintln!(
-        "logged in to {} as {identity}; config saved to {}",
-        config.server,
-        path.display()
-    );
+    eprintln!("logged in to {} as {identity}; config saved to {}", config.server, path.display());
     Ok(0)
 }

@@ -7,10 +7,7 @@ use crate::args::ServeArgs;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let config = ServeConfig {
@@ -21,9 +18,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         insecure_listen: args.insecure_listen,
         resync: args.resync.to_std(),
     };
-    pcmail_server::serve(config, shutdown_signal())
-        .await
-        .context("serve")?;
+    pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)
 }
 

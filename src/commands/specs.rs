@@ -12,34 +12,21 @@ use crate::exit::{CliError, Exit};
 use crate::output;
 
 fn read(path: &Path) -> anyhow::Result<Vec<ManifestFile>> {
-    pcmail_server::manifests::read_path(path)
-        .map_err(|e| CliError::new(Exit::Error, e.to_string()).into())
+    pcmail_server::manifests::read_path(path).map_err(|e| CliError::new(Exit::Error, e.to_string()).into())
 }
 
 fn kind(s: &str) -> anyhow::Result<Kind> {
     Kind::from_cli(s).ok_or_else(|| {
         let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
-        CliError::new(
-            Exit::Error,
-            format!("unknown kind {s:?}; known kinds: {}", known.join(", ")),
-        )
-        .into()
+        CliError::new(Exit::Error, format!("unknown kind {s:?}; known kinds: {}", known.join(", "))).into()
     })
 }
 
 pub async fn apply(client: &Client, path: &Path, dry_run: bool) -> anyhow::Result<i32> {
     let files = read(path)?;
-    let results: Vec<ApplyResult> = client
-        .post("/api/v1/apply", &ApplyRequest { files, dry_run })
-        .await?;
+    let results: Vec<ApplyResult> = client.post("/api/v1/apply", &ApplyRequest { files, dry_run }).await?;
     for r in results {
-        println!(
-            "{}/{} {}{}",
-            r.kind,
-            r.name,
-            r.outcome,
-            if dry_run { " (dry run)" } else { "" }
-        );
+        println!("{}/{} {}{}", r.kind, r.name, r.outcome, if dry_run { " (dry run)" } else { "" });
     }
     Ok(0)
 }
@@ -48,15 +35,7 @@ pub async fn apply(client: &Client, path: &Path, dry_run: bool) -> anyhow::Resul
 pub async fn diff(client: &Client, path: &Path) -> anyhow::Result<i32> {
     let outcome: anyhow::Result<Vec<ApplyResult>> = async {
         let files = read(path)?;
-        client
-            .post(
-                "/api/v1/diff",
-                &ApplyRequest {
-                    files,
-                    dry_run: true,
-                },
-            )
-            .await
+        client.post("/api/v1/diff", &ApplyRequest { files, dry_run: true }).await
     }
     .await;
     let results = match outcome {
@@ -67,37 +46,18 @@ pub async fn diff(client: &Client, path: &Path) -> anyhow::Result<i32> {
         }
     };
     let mut changed = false;
-    for r in results
-        .iter()
-        .filter(|r| r.outcome != ApplyOutcome::Unchanged)
-    {
+    for r in results.iter().filter(|r| r.outcome != ApplyOutcome::Unchanged) {
         changed = true;
-        println!(
-            "=== {}/{} ({})",
-            r.kind,
-            r.name,
-            if r.outcome == ApplyOutcome::Created {
-                "new"
-            } else {
-                "changed"
-            }
-        );
+        println!("=== {}/{} ({})", r.kind, r.name, if r.outcome == ApplyOutcome::Created { "new" } else { "changed" });
         print!("{}", r.diff);
     }
     Ok(i32::from(changed))
 }
 
-pub async fn get(
-    client: &Client,
-    kind_name: &str,
-    name: Option<&str>,
-    out: Output,
-) -> anyhow::Result<i32> {
+pub async fn get(client: &Client, kind_name: &str, name: Option<&str>, out: Output) -> anyhow::Result<i32> {
     let k = kind(kind_name)?;
     if let Some(name) = name {
-        let mut object: Value = client
-            .get(&format!("/api/v1/specs/{}/{name}", k.lower()), &[])
-            .await?;
+        let mut object: Value = client.get(&format!("/api/v1/specs/{}/{name}", k.lower()), &[]).await?;
         if let Some(map) = object.as_object_mut() {
             map.remove("events");
         }
@@ -107,10 +67,7 @@ pub async fn get(
         return Ok(0);
     }
     let all: Vec<Value> = client.get("/api/v1/specs", &[]).await?;
-    let objects: Vec<Value> = all
-        .into_iter()
-        .filter(|o| o["kind"] == k.as_str())
-        .collect();
+    let objects: Vec<Value> = all.into_iter().filter(|o| o["kind"] == k.as_str()).collect();
     if !output::structured(out, &objects)? {
         if objects.is_empty() {
             eprintln!("no {} objects", k.lower());
@@ -129,10 +86,7 @@ fn print_table(objects: &[Value]) {
                 .as_array()
                 .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
                 .map(|c| {
-                    (
-                        c["status"].as_str().unwrap_or("-").to_string(),
-                        c["reason"].as_str().unwrap_or("").to_string(),
-                    )
+                    (c["status"].as_str().unwrap_or("-").to_string(), c["reason"].as_str().unwrap_or("").to_string())
                 })
                 .unwrap_or(("Unknown".into(), String::new()));
             vec![
@@ -144,29 +98,16 @@ fn print_table(objects: &[Value]) {
             ]
         })
         .collect();
-    output::table(
-        &["NAME", "GENERATION", "OBSERVED", "READY", "REASON"],
-        &rows,
-    );
+    output::table(&["NAME", "GENERATION", "OBSERVED", "READY", "REASON"], &rows);
 }
 
-pub async fn describe(
-    client: &Client,
-    kind_name: &str,
-    name: &str,
-    out: Output,
-) -> anyhow::Result<i32> {
+pub async fn describe(client: &Client, kind_name: &str, name: &str, out: Output) -> anyhow::Result<i32> {
     let k = kind(kind_name)?;
-    let mut object: Value = client
-        .get(&format!("/api/v1/specs/{}/{name}", k.lower()), &[])
-        .await?;
+    let mut object: Value = client.get(&format!("/api/v1/specs/{}/{name}", k.lower()), &[]).await?;
     if output::structured(out, &object)? {
         return Ok(0);
     }
-    let events = object
-        .as_object_mut()
-        .and_then(|m| m.remove("events"))
-        .unwrap_or_default();
+    let events = object.as_object_mut().and_then(|m| m.remove("events")).unwrap_or_default();
     print!("{}", serde_yaml_ng::to_string(&object)?);
     println!("events:");
     let rows: Vec<Vec<String>> = events
@@ -192,9 +133,7 @@ pub async fn describe(
 
 pub async fn delete(client: &Client, kind_name: &str, name: &str) -> anyhow::Result<i32> {
     let k = kind(kind_name)?;
-    let _: Value = client
-        .delete(&format!("/api/v1/specs/{}/{name}", k.lower()))
-        .await?;
+    let _: Value = client.delete(&format!("/api/v1/specs/{}/{name}", k.lower())).await?;
     println!("{}/{name} deleted", k.lower());
     Ok(0)
 }

@@ -16,6 +16,8 @@ pub struct Server {
     pub url: String,
     child: Option<Child>,
     apply: Option<PathBuf>,
+    listen: String,
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -25,30 +27,29 @@ impl Server {
     }
 
     pub fn start_with(apply: Option<PathBuf>) -> Server {
+        Server::start_opts(apply, "127.0.0.1:0", &[])
+    }
+
+    /// A fixed `listen` keeps the address across restarts (for a scraping Prometheus).
+    pub fn start_opts(apply: Option<PathBuf>, listen: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut s = Server {
-            dir,
-            url: String::new(),
-            child: None,
-            apply,
-        };
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut s = Server { dir, url: String::new(), child: None, apply, listen: listen.to_string(), extra };
         s.spawn();
         s
     }
 
     fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        cmd.args(["serve", "--listen", &self.listen])
+            .args(&self.extra)
+            .arg("--data-dir")
             .arg(self.dir.path().join("data"));
         if let Some(a) = &self.apply {
             cmd.arg("--apply").arg(a);
         }
-        let mut child = cmd
-            .env("PCMAIL_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn serve");
+        let mut child =
+            cmd.env("PCMAIL_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn serve");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -58,18 +59,13 @@ impl Server {
             }
             for _ in lines {}
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("serve did not report its address");
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("serve did not report its address");
         self.url = line.rsplit(' ').next().expect("address").to_string();
         self.child = Some(child);
     }
 
     pub fn admin_token(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("data/admin.token"))
-            .expect("admin token")
-            .trim()
-            .to_string()
+        std::fs::read_to_string(self.dir.path().join("data/admin.token")).expect("admin token").trim().to_string()
     }
 
     /// SIGKILL, as a crash or the OOM killer would.
@@ -78,6 +74,16 @@ impl Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// SIGTERM, as systemd stops a service; answers the exit code and how long it took.
+    pub fn terminate(&mut self) -> (Option<i32>, Duration) {
+        let mut child = self.child.take().expect("running");
+        let started = std::time::Instant::now();
+        let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+        assert!(sent.success());
+        let status = child.wait().expect("wait");
+        (status.code(), started.elapsed())
     }
 
     pub fn restart(&mut self) {
@@ -91,10 +97,7 @@ impl Server {
     }
 
     pub fn ctl_stdin(&self, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let home = self
-            .dir
-            .path()
-            .join(format!("home-{}", &token[token.len().saturating_sub(8)..]));
+        let home = self.dir.path().join(format!("home-{}", &token[token.len().saturating_sub(8)..]));
         let mut child = Command::new(BIN)
             .args(args)
             .env("PCMAIL_SERVER", &self.url)
@@ -109,12 +112,7 @@ impl Server {
             .expect("spawn ctl");
         if let Some(input) = stdin {
             use std::io::Write;
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(input)
-                .expect("write stdin");
+            child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
         }
         drop(child.stdin.take());
         child.wait_with_output().expect("ctl output")
@@ -127,11 +125,7 @@ impl Server {
     /// Issues a machine token for `machine` and returns it.
     pub fn token(&self, machine: &str) -> String {
         let out = self.admin(&["token", "issue", machine]);
-        assert!(
-            out.status.success(),
-            "token issue {machine}: {}",
-            stderr(&out)
-        );
+        assert!(out.status.success(), "token issue {machine}: {}", stderr(&out));
         stdout(&out).trim().to_string()
     }
 
@@ -161,16 +155,28 @@ pub fn code(o: &Output) -> i32 {
 /// Runs a CLI verb that must succeed and returns its stdout, trimmed.
 #[track_caller]
 pub fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {}: {}{}",
-        code(&o),
-        stdout(&o),
-        stderr(&o)
-    );
+    assert!(o.status.success(), "exit {}: {}{}", code(&o), stdout(&o), stderr(&o));
     stdout(&o).trim().to_string()
 }
 
 pub fn json(o: Output) -> serde_json::Value {
     serde_json::from_str(&ok(o)).expect("json output")
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics after `secs` seconds.
+#[track_caller]
+pub fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out after {secs}s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -3,32 +3,15 @@
 use crate::harness::*;
 
 fn state(s: &Server, token: &str, id: &str) -> String {
-    json(s.ctl(token, &["status", id, "-o", "json"]))["mail"]["state"]
-        .as_str()
-        .expect("state")
-        .to_string()
+    json(s.ctl(token, &["status", id, "-o", "json"]))["mail"]["state"].as_str().expect("state").to_string()
 }
 
 #[test]
 fn m11_m12_m7_note_to_oneself_is_delivered_by_next_poll_then_seen_then_done() {
     let s = Server::start();
     let desk = s.token("desk");
-    let id = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "desk",
-            "--subject",
-            "自分へのメモ",
-            "--body",
-            "remember",
-        ],
-    ));
-    assert!(
-        id.starts_with("mail--") && id.len() == 14,
-        "send prints the id alone: {id:?}"
-    );
+    let id = ok(s.ctl(&desk, &["send", "--to", "desk", "--subject", "自分へのメモ", "--body", "remember"]));
+    assert!(id.starts_with("mail--") && id.len() == 14, "send prints the id alone: {id:?}");
     assert_eq!(state(&s, &desk, &id), "new");
 
     let polled = json(s.ctl(&desk, &["poll", "-o", "json"]));
@@ -36,10 +19,7 @@ fn m11_m12_m7_note_to_oneself_is_delivered_by_next_poll_then_seen_then_done() {
     assert_eq!(state(&s, &desk, &id), "delivered");
 
     let read = ok(s.ctl(&desk, &["read", &id]));
-    assert!(
-        read.contains("remember") && read.contains("自分へのメモ"),
-        "{read}"
-    );
+    assert!(read.contains("remember") && read.contains("自分へのメモ"), "{read}");
     let status = json(s.ctl(&desk, &["status", &id, "-o", "json"]));
     assert_eq!(status["mail"]["state"], "seen");
     assert_eq!(status["mail"]["seenBy"], "desk");
@@ -47,12 +27,7 @@ fn m11_m12_m7_note_to_oneself_is_delivered_by_next_poll_then_seen_then_done() {
     ok(s.ctl(&desk, &["ack", &id]));
     let status = json(s.ctl(&desk, &["status", &id, "-o", "json"]));
     assert_eq!(status["mail"]["state"], "done");
-    let reasons: Vec<_> = status["events"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .map(|e| e["reason"].clone())
-        .collect();
+    let reasons: Vec<_> = status["events"].as_array().expect("events").iter().map(|e| e["reason"].clone()).collect();
     assert_eq!(reasons, ["Sent", "Delivered", "Seen", "Done"]);
     // M1: a late seen after done answers ok and changes nothing.
     ok(s.ctl(&desk, &["read", &id]));
@@ -63,10 +38,7 @@ fn m11_m12_m7_note_to_oneself_is_delivered_by_next_poll_then_seen_then_done() {
 fn m11_a_lost_poll_answer_is_redelivered_from_the_old_cursor() {
     let s = Server::start();
     let (desk, laptop) = (s.token("desk"), s.token("laptop"));
-    let id = ok(s.ctl(
-        &desk,
-        &["send", "--to", "laptop", "--subject", "s", "--body", "b"],
-    ));
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "b"]));
     let client = s.http();
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let poll = |cursor: i64| {
@@ -85,15 +57,8 @@ fn m11_a_lost_poll_answer_is_redelivered_from_the_old_cursor() {
     let first = poll(0);
     let again = poll(0);
     assert_eq!(first["mail"][0]["id"], id.as_str());
-    assert_eq!(
-        again["mail"][0]["id"],
-        id.as_str(),
-        "re-polling the old cursor re-delivers"
-    );
-    assert_eq!(
-        again["mail"][0]["deliveredAt"], first["mail"][0]["deliveredAt"],
-        "first stamp kept"
-    );
+    assert_eq!(again["mail"][0]["id"], id.as_str(), "re-polling the old cursor re-delivers");
+    assert_eq!(again["mail"][0]["deliveredAt"], first["mail"][0]["deliveredAt"], "first stamp kept");
     let after = poll(first["cursor"].as_i64().expect("cursor"));
     assert_eq!(after["mail"].as_array().map(Vec::len), Some(0));
 }
@@ -121,10 +86,7 @@ fn m11_long_poll_returns_as_soon_as_mail_arrives() {
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let id = ok(s.ctl(
-        &desk,
-        &["send", "--to", "laptop", "--subject", "s", "--body", "b"],
-    ));
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "b"]));
     let got = waiter.join().expect("waiter");
     assert_eq!(got["mail"][0]["id"], id.as_str());
     assert_eq!(got["mail"][0]["state"], "delivered");
@@ -138,88 +100,34 @@ fn m11_long_poll_returns_as_soon_as_mail_arrives() {
 fn m3_partial_address_exits_4_lists_candidates_and_sends_nothing() {
     let s = Server::start();
     let desk = s.token("desk");
-    let out = s.ctl(
-        &desk,
-        &["send", "--to", "lap", "--subject", "s", "--body", "b"],
-    );
+    let out = s.ctl(&desk, &["send", "--to", "lap", "--subject", "s", "--body", "b"]);
     assert_eq!(code(&out), 4, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("candidate: laptop"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("candidate: laptop"), "{}", stderr(&out));
     assert_eq!(stdout(&out), "");
     let laptop = s.token("laptop");
     let inbox = json(s.ctl(&laptop, &["inbox", "--all", "-o", "json"]));
     assert_eq!(inbox.as_array().map(Vec::len), Some(0), "nothing was sent");
     // Exact hostname and alias resolve to the canonical label.
-    let id = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "LAPTOP-KIM",
-            "--subject",
-            "s",
-            "--body",
-            "b",
-        ],
-    ));
-    assert_eq!(
-        json(s.ctl(&desk, &["status", &id, "-o", "json"]))["mail"]["to"],
-        "laptop"
-    );
+    let id = ok(s.ctl(&desk, &["send", "--to", "LAPTOP-KIM", "--subject", "s", "--body", "b"]));
+    assert_eq!(json(s.ctl(&desk, &["status", &id, "-o", "json"]))["mail"]["to"], "laptop");
 }
 
 #[test]
 fn m3_server_fails_closed_without_a_roster() {
     let s = Server::start_with(None);
-    let out = s.ctl(
-        &s.admin_token(),
-        &[
-            "--as",
-            "desk",
-            "send",
-            "--to",
-            "desk",
-            "--subject",
-            "s",
-            "--body",
-            "b",
-        ],
-    );
+    let out = s.ctl(&s.admin_token(), &["--as", "desk", "send", "--to", "desk", "--subject", "s", "--body", "b"]);
     assert_eq!(code(&out), 4, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("no Roster is applied"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("no Roster is applied"), "{}", stderr(&out));
 }
 
 #[test]
 fn m5_auto_reply_to_auto_mail_exits_3_and_reply_to_a_reply_exits_3() {
     let s = Server::start();
     let (desk, laptop) = (s.token("desk"), s.token("laptop"));
-    let auto = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "laptop",
-            "--subject",
-            "bot",
-            "--body",
-            "b",
-            "--auto",
-        ],
-    ));
+    let auto = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "bot", "--body", "b", "--auto"]));
     let out = s.ctl(&laptop, &["reply", &auto, "--body", "bot answer", "--auto"]);
     assert_eq!(code(&out), 3, "{}", stderr(&out));
-    assert_eq!(
-        state(&s, &laptop, &auto),
-        "new",
-        "a refused reply moves nothing"
-    );
+    assert_eq!(state(&s, &laptop, &auto), "new", "a refused reply moves nothing");
 
     let human = ok(s.ctl(&laptop, &["reply", &auto, "--body", "a person answers"]));
     let out = s.ctl(&desk, &["reply", &human, "--body", "thanks"]);
@@ -231,28 +139,13 @@ fn m5_auto_reply_to_auto_mail_exits_3_and_reply_to_a_reply_exits_3() {
 fn m6_m7_reply_sets_parent_done_and_same_body_gets_same_id_new_body_new_id() {
     let s = Server::start();
     let (desk, laptop) = (s.token("desk"), s.token("laptop"));
-    let parent = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "laptop",
-            "--kind",
-            "request",
-            "--subject",
-            "review",
-            "--body",
-            "pls",
-        ],
-    ));
+    let parent =
+        ok(s.ctl(&desk, &["send", "--to", "laptop", "--kind", "request", "--subject", "review", "--body", "pls"]));
     let ack = ok(s.ctl(&laptop, &["reply", &parent, "--body", "received"]));
     let again = ok(s.ctl(&laptop, &["reply", &parent, "--body", "received"]));
     assert_eq!(ack, again, "the same reply is idempotent");
     let real = ok(s.ctl(&laptop, &["reply", &parent, "--body", "LGTM with two nits"]));
-    assert_ne!(
-        real, ack,
-        "a different body is not swallowed by the receipt-ack"
-    );
+    assert_ne!(real, ack, "a different body is not swallowed by the receipt-ack");
 
     let status = json(s.ctl(&desk, &["status", &parent, "-o", "json"]));
     assert_eq!(status["mail"]["state"], "done");
@@ -267,14 +160,8 @@ fn m6_m7_reply_sets_parent_done_and_same_body_gets_same_id_new_body_new_id() {
 fn m12_status_wait_for_returns_when_seen_and_times_out_with_exit_5() {
     let s = Server::start();
     let (desk, laptop) = (s.token("desk"), s.token("laptop"));
-    let id = ok(s.ctl(
-        &desk,
-        &["send", "--to", "laptop", "--subject", "s", "--body", "b"],
-    ));
-    let out = s.ctl(
-        &desk,
-        &["status", &id, "--wait-for", "seen", "--timeout", "1s"],
-    );
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "b"]));
+    let out = s.ctl(&desk, &["status", &id, "--wait-for", "seen", "--timeout", "1s"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
 
     let reader = {
@@ -292,19 +179,7 @@ fn m12_status_wait_for_returns_when_seen_and_times_out_with_exit_5() {
         })
     };
     let started = std::time::Instant::now();
-    let out = s.ctl(
-        &desk,
-        &[
-            "status",
-            &id,
-            "--wait-for",
-            "seen",
-            "--timeout",
-            "30s",
-            "-o",
-            "json",
-        ],
-    );
+    let out = s.ctl(&desk, &["status", &id, "--wait-for", "seen", "--timeout", "30s", "-o", "json"]);
     assert!(reader.join().expect("reader").status.success());
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
@@ -323,24 +198,15 @@ fn m7_fail_with_reason_and_body_from_stdin() {
     ));
     let status = json(s.ctl(&desk, &["status", &id, "-o", "json"]));
     assert_eq!(status["mail"]["body"], "長い本文\n2行目");
-    ok(s.ctl(
-        &laptop,
-        &["fail", &id, "--reason", "cannot build on this PC"],
-    ));
+    ok(s.ctl(&laptop, &["fail", &id, "--reason", "cannot build on this PC"]));
     let status = json(s.ctl(&desk, &["status", &id, "-o", "json"]));
     assert_eq!(
-        (
-            status["mail"]["state"].as_str(),
-            status["mail"]["failReason"].as_str()
-        ),
+        (status["mail"]["state"].as_str(), status["mail"]["failReason"].as_str()),
         (Some("failed"), Some("cannot build on this PC"))
     );
 
-    let bad = s.ctl_stdin(
-        &desk,
-        &["send", "--to", "laptop", "--subject", "s", "--body", "-"],
-        Some(&[0x66, 0xff, 0xfe]),
-    );
+    let bad =
+        s.ctl_stdin(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "-"], Some(&[0x66, 0xff, 0xfe]));
     assert_eq!(code(&bad), 1);
     assert!(stderr(&bad).contains("not valid UTF-8"), "{}", stderr(&bad));
 }
@@ -349,21 +215,36 @@ fn m7_fail_with_reason_and_body_from_stdin() {
 fn acknowledged_send_survives_sigkill_of_serve() {
     let mut s = Server::start();
     let desk = s.token("desk");
-    let id = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "laptop",
-            "--subject",
-            "durable",
-            "--body",
-            "b",
-        ],
-    ));
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "durable", "--body", "b"]));
     s.kill9();
     s.restart();
     let status = json(s.ctl(&desk, &["status", &id, "-o", "json"]));
     assert_eq!(status["mail"]["subject"], "durable");
     assert_eq!(status["mail"]["state"], "new");
+}
+
+#[test]
+fn sigterm_stops_serve_promptly_and_answers_long_polls_in_flight() {
+    let mut s = Server::start();
+    let laptop = s.token("laptop");
+    let poller = {
+        let (url, laptop) = (s.url.clone(), laptop.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().expect("rt");
+            rt.block_on(async {
+                let r = reqwest::Client::new()
+                    .get(format!("{url}/api/v1/poll?cursor=0&wait=60s"))
+                    .bearer_auth(&laptop)
+                    .send()
+                    .await
+                    .expect("poll");
+                r.status().as_u16()
+            })
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, took) = s.terminate();
+    assert_eq!(code, Some(0), "a clean exit");
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    assert_eq!(poller.join().expect("poller"), 200, "the long-poll was answered, not cut");
 }

@@ -4,5 +4,7 @@
 
 mod harness;
 mod mail;
+mod monitoring;
 mod security;
 mod specs;
+mod webhook;

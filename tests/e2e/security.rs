@@ -12,27 +12,14 @@ fn c2_missing_or_wrong_token_is_401_and_exit_6() {
     let rt = rt();
     let (none, wrong) = rt.block_on(async {
         let c = s.http();
-        let none = c
-            .get(format!("{}/api/v1/mail", s.url))
-            .send()
-            .await
-            .expect("send");
-        let wrong = c
-            .get(format!("{}/api/v1/mail", s.url))
-            .bearer_auth("pcm_wrong")
-            .send()
-            .await
-            .expect("send");
+        let none = c.get(format!("{}/api/v1/mail", s.url)).send().await.expect("send");
+        let wrong = c.get(format!("{}/api/v1/mail", s.url)).bearer_auth("pcm_wrong").send().await.expect("send");
         (none.status().as_u16(), wrong.status().as_u16())
     });
     assert_eq!((none, wrong), (401, 401));
     let out = s.ctl("pcm_wrong", &["inbox"]);
     assert_eq!(code(&out), 6, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("token not recognized"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("token not recognized"), "{}", stderr(&out));
 }
 
 #[test]
@@ -40,10 +27,7 @@ fn c2_token_is_shown_once_and_stored_hashed_reissue_revokes_the_old() {
     let s = Server::start();
     let first = s.token("laptop");
     let db = std::fs::read(s.dir.path().join("data/pcmail.db")).expect("db");
-    assert!(
-        !String::from_utf8_lossy(&db).contains(&first),
-        "the token itself is never stored"
-    );
+    assert!(!String::from_utf8_lossy(&db).contains(&first), "the token itself is never stored");
     let second = s.token("laptop");
     assert_eq!(code(&s.ctl(&first, &["inbox"])), 6);
     ok(s.ctl(&second, &["inbox"]));
@@ -53,18 +37,7 @@ fn c2_token_is_shown_once_and_stored_hashed_reissue_revokes_the_old() {
 fn c3_a_machine_cannot_read_move_or_see_mail_between_two_others() {
     let s = Server::start();
     let (desk, laptop, builder) = (s.token("desk"), s.token("laptop"), s.token("builder"));
-    let id = ok(s.ctl(
-        &desk,
-        &[
-            "send",
-            "--to",
-            "laptop",
-            "--subject",
-            "private",
-            "--body",
-            "b",
-        ],
-    ));
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "private", "--body", "b"]));
     for args in [
         vec!["status", id.as_str()],
         vec!["read", id.as_str()],
@@ -123,45 +96,18 @@ fn c4_bad_bodies_get_4xx_naming_the_problem_and_store_nothing() {
         })
     };
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
-        (
-            "oversize request",
-            vec![b' '; 300 * 1024],
-            413,
-            "larger than",
-        ),
+        ("oversize request", vec![b' '; 300 * 1024], 413, "larger than"),
         (
             "oversize mail body",
-            serde_json::to_vec(
-                &serde_json::json!({"to": "laptop", "subject": "s", "body": "x".repeat(70_000)}),
-            )
-            .expect("json"),
+            serde_json::to_vec(&serde_json::json!({"to": "laptop", "subject": "s", "body": "x".repeat(70_000)}))
+                .expect("json"),
             422,
             "limit of 65536",
         ),
-        (
-            "invalid UTF-8",
-            b"{\"to\": \"laptop\", \"subject\": \"\xff\xfe\"}".to_vec(),
-            400,
-            "not valid UTF-8",
-        ),
-        (
-            "unknown field",
-            br#"{"to": "laptop", "subject": "s", "bodee": "x"}"#.to_vec(),
-            400,
-            "unknown field `bodee`",
-        ),
-        (
-            "malformed JSON",
-            br#"{"to": "laptop""#.to_vec(),
-            400,
-            "invalid JSON",
-        ),
-        (
-            "bad id",
-            br#"{"id": "mail--XYZ", "to": "laptop", "subject": "s"}"#.to_vec(),
-            422,
-            "8 lowercase hex",
-        ),
+        ("invalid UTF-8", b"{\"to\": \"laptop\", \"subject\": \"\xff\xfe\"}".to_vec(), 400, "not valid UTF-8"),
+        ("unknown field", br#"{"to": "laptop", "subject": "s", "bodee": "x"}"#.to_vec(), 400, "unknown field `bodee`"),
+        ("malformed JSON", br#"{"to": "laptop""#.to_vec(), 400, "invalid JSON"),
+        ("bad id", br#"{"id": "mail--XYZ", "to": "laptop", "subject": "s"}"#.to_vec(), 422, "8 lowercase hex"),
     ];
     for (what, body, status, needle) in cases {
         let (got, text) = post(body);
@@ -169,11 +115,7 @@ fn c4_bad_bodies_get_4xx_naming_the_problem_and_store_nothing() {
         assert!(text.contains(needle), "{what}: {text}");
     }
     let admin_view = json(s.admin(&["--as", "laptop", "inbox", "--all", "-o", "json"]));
-    assert_eq!(
-        admin_view.as_array().map(Vec::len),
-        Some(0),
-        "nothing was stored"
-    );
+    assert_eq!(admin_view.as_array().map(Vec::len), Some(0), "nothing was stored");
 }
 
 #[test]
@@ -194,28 +136,9 @@ fn c4_health_and_readiness_answer_and_unknown_routes_are_json_404() {
     let rt = rt();
     let (health, ready, missing) = rt.block_on(async {
         let c = s.http();
-        let h = c
-            .get(format!("{}/healthz", s.url))
-            .send()
-            .await
-            .expect("healthz")
-            .status()
-            .as_u16();
-        let r = c
-            .get(format!("{}/readyz", s.url))
-            .send()
-            .await
-            .expect("readyz")
-            .status()
-            .as_u16();
-        let m = c
-            .get(format!("{}/api/v2/nothing", s.url))
-            .send()
-            .await
-            .expect("404")
-            .text()
-            .await
-            .expect("text");
+        let h = c.get(format!("{}/healthz", s.url)).send().await.expect("healthz").status().as_u16();
+        let r = c.get(format!("{}/readyz", s.url)).send().await.expect("readyz").status().as_u16();
+        let m = c.get(format!("{}/api/v2/nothing", s.url)).send().await.expect("404").text().await.expect("text");
         (h, r, m)
     });
     assert_eq!((health, ready), (200, 200));

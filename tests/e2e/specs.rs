@@ -4,8 +4,7 @@ use std::path::Path;
 
 use crate::harness::*;
 
-const GOOD_POLICY: &str =
-    "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata:\n  name: default\nspec:\n  ttl: 24h\n";
+const GOOD_POLICY: &str = "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata:\n  name: default\nspec:\n  ttl: 24h\n";
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
@@ -21,34 +20,19 @@ fn objects(s: &Server, kind: &str) -> serde_json::Value {
 fn apply_reports_created_configured_unchanged_and_generation_follows_spec() {
     let s = Server::start_with(None);
     let f = write(s.dir.path(), "p.yaml", GOOD_POLICY);
-    assert_eq!(
-        ok(s.admin(&["apply", "-f", &f])),
-        "mailpolicy/default created"
-    );
-    assert_eq!(
-        ok(s.admin(&["apply", "-f", &f])),
-        "mailpolicy/default unchanged"
-    );
+    assert_eq!(ok(s.admin(&["apply", "-f", &f])), "mailpolicy/default created");
+    assert_eq!(ok(s.admin(&["apply", "-f", &f])), "mailpolicy/default unchanged");
     let obj = json(s.admin(&["get", "mailpolicy", "default", "-o", "json"]));
     assert_eq!(
-        (
-            obj["metadata"]["generation"].as_u64(),
-            obj["status"]["observedGeneration"].as_u64()
-        ),
+        (obj["metadata"]["generation"].as_u64(), obj["status"]["observedGeneration"].as_u64()),
         (Some(1), Some(1))
     );
 
     write(s.dir.path(), "p.yaml", &GOOD_POLICY.replace("24h", "48h"));
-    assert_eq!(
-        ok(s.admin(&["apply", "-f", &f])),
-        "mailpolicy/default configured"
-    );
+    assert_eq!(ok(s.admin(&["apply", "-f", &f])), "mailpolicy/default configured");
     let obj = json(s.admin(&["get", "mailpolicy", "default", "-o", "json"]));
     assert_eq!(
-        (
-            obj["metadata"]["generation"].as_u64(),
-            obj["status"]["observedGeneration"].as_u64()
-        ),
+        (obj["metadata"]["generation"].as_u64(), obj["status"]["observedGeneration"].as_u64()),
         (Some(2), Some(2))
     );
     assert_eq!(obj["spec"]["ttl"], "2d");
@@ -57,10 +41,7 @@ fn apply_reports_created_configured_unchanged_and_generation_follows_spec() {
     // `get -o yaml` output applies back unchanged.
     let yaml = ok(s.admin(&["get", "mailpolicy", "default", "-o", "yaml"]));
     let back = write(s.dir.path(), "back.yaml", &yaml);
-    assert_eq!(
-        ok(s.admin(&["apply", "-f", &back])),
-        "mailpolicy/default unchanged"
-    );
+    assert_eq!(ok(s.admin(&["apply", "-f", &back])), "mailpolicy/default unchanged");
 }
 
 #[test]
@@ -70,40 +51,20 @@ fn dry_run_and_diff_change_nothing_and_diff_exits_0_1_or_2() {
     let out = s.admin(&["diff", "-f", &examples]);
     assert_eq!(code(&out), 0, "examples are applied: {}", stdout(&out));
 
-    let f = write(
-        s.dir.path(),
-        "p.yaml",
-        &GOOD_POLICY.replace("default", "other"),
-    );
+    let f = write(s.dir.path(), "p.yaml", &GOOD_POLICY.replace("default", "other"));
     let out = s.admin(&["apply", "-f", &f, "--dry-run"]);
-    assert_eq!(
-        code(&out),
-        1,
-        "a second MailPolicy is refused even in a dry run: {}",
-        stderr(&out)
-    );
+    assert_eq!(code(&out), 1, "a second MailPolicy is refused even in a dry run: {}", stderr(&out));
 
     let g = write(
         s.dir.path(),
         "g.yaml",
         "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: default}\nspec: {ttl: 1h}\n",
     );
-    assert_eq!(
-        ok(s.admin(&["apply", "-f", &g, "--dry-run"])),
-        "mailpolicy/default configured (dry run)"
-    );
+    assert_eq!(ok(s.admin(&["apply", "-f", &g, "--dry-run"])), "mailpolicy/default configured (dry run)");
     let out = s.admin(&["diff", "-f", &g]);
     assert_eq!(code(&out), 1);
-    assert!(
-        stdout(&out).contains("- ttl: 3d") && stdout(&out).contains("+ ttl: 1h"),
-        "{}",
-        stdout(&out)
-    );
-    assert_eq!(
-        objects(&s, "mailpolicy")[0]["spec"]["ttl"],
-        "3d",
-        "neither dry run nor diff applied"
-    );
+    assert!(stdout(&out).contains("- ttl: 3d") && stdout(&out).contains("+ ttl: 1h"), "{}", stdout(&out));
+    assert_eq!(objects(&s, "mailpolicy")[0]["spec"]["ttl"], "3d", "neither dry run nor diff applied");
 
     let broken = write(s.dir.path(), "b.yaml", "kind: [\n");
     assert_eq!(code(&s.admin(&["diff", "-f", &broken])), 2);
@@ -119,16 +80,8 @@ fn malformed_manifests_exit_1_name_file_line_column_and_apply_nothing() {
             "apiVersion: pcmail/v1\nkind: Function\nmetadata:\n  name: f\n   mode: x\nspec: {}\n",
             ":12:8:",
         ),
-        (
-            "unknown kind",
-            "apiVersion: pcmail/v1\nkind: Pod\nmetadata: {name: p}\nspec: {}\n",
-            ":9:7:",
-        ),
-        (
-            "unknown field",
-            "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: x}\nspec:\n  tll: 1h\n",
-            ":12:3:",
-        ),
+        ("unknown kind", "apiVersion: pcmail/v1\nkind: Pod\nmetadata: {name: p}\nspec: {}\n", ":9:7:"),
+        ("unknown field", "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: x}\nspec:\n  tll: 1h\n", ":12:3:"),
         (
             "bad duration",
             "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: w}\nspec:\n  workers: 2\n  leaseDuration: 60 seconds\n",
@@ -145,10 +98,7 @@ fn malformed_manifests_exit_1_name_file_line_column_and_apply_nothing() {
         let out = s.admin(&["apply", "-f", &f]);
         assert_eq!(code(&out), 1, "{what}: {}", stderr(&out));
         let err = stderr(&out);
-        assert!(
-            err.contains(&format!("{f}{position}")),
-            "{what}: expected {f}{position} in {err}"
-        );
+        assert!(err.contains(&format!("{f}{position}")), "{what}: expected {f}{position} in {err}");
         assert_eq!(
             objects(&s, "mailpolicy").as_array().map(Vec::len),
             Some(0),
@@ -161,24 +111,14 @@ fn malformed_manifests_exit_1_name_file_line_column_and_apply_nothing() {
 fn describe_shows_status_and_events_and_delete_removes() {
     let s = Server::start();
     let out = ok(s.admin(&["describe", "roster", "office"]));
-    assert!(
-        out.contains("observedGeneration: 1") && out.contains("Created"),
-        "{out}"
-    );
+    assert!(out.contains("observedGeneration: 1") && out.contains("Created"), "{out}");
     let table = ok(s.admin(&["get", "workerpools"]));
     assert!(table.contains("ControllerPending"), "{table}");
-    assert_eq!(
-        ok(s.admin(&["delete", "workerpool", "default"])),
-        "workerpool/default deleted"
-    );
+    assert_eq!(ok(s.admin(&["delete", "workerpool", "default"])), "workerpool/default deleted");
     assert_eq!(objects(&s, "workerpool").as_array().map(Vec::len), Some(0));
     let out = s.admin(&["delete", "workerpool", "default"]);
     assert_eq!(code(&out), 1);
-    assert!(
-        stderr(&out).contains("workerpool/default not found"),
-        "{}",
-        stderr(&out)
-    );
+    assert!(stderr(&out).contains("workerpool/default not found"), "{}", stderr(&out));
 }
 
 #[test]

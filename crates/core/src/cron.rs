@@ -31,10 +31,7 @@ impl std::str::FromStr for Cron {
     type Err = CronError;
 
     fn from_str(expr: &str) -> Result<Cron, CronError> {
-        let err = |reason: String| CronError {
-            expr: expr.to_string(),
-            reason,
-        };
+        let err = |reason: String| CronError { expr: expr.to_string(), reason };
         let fields: Vec<&str> = expr.split_whitespace().collect();
         if fields.len() != 5 {
             return Err(err(format!(
@@ -46,8 +43,7 @@ impl std::str::FromStr for Cron {
         let bounds = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
         let mut sets = [0u64; 5];
         for (i, field) in fields.iter().enumerate() {
-            sets[i] = parse_field(field, bounds[i])
-                .map_err(|r| err(format!("{} field {field:?}: {r}", names[i])))?;
+            sets[i] = parse_field(field, bounds[i]).map_err(|r| err(format!("{} field {field:?}: {r}", names[i])))?;
         }
         // Sunday is both 0 and 7.
         if sets[4] & (1 << 7) != 0 {
@@ -75,10 +71,7 @@ fn parse_field(field: &str, (lo, hi): (u32, u32)) -> Result<u64, String> {
         if step == 0 {
             return Err("step must be at least 1".into());
         }
-        let num = |s: &str| {
-            s.parse::<u32>()
-                .map_err(|_| format!("{s:?} is not a number"))
-        };
+        let num = |s: &str| s.parse::<u32>().map_err(|_| format!("{s:?} is not a number"));
         let (a, b) = match range {
             "*" => (lo, hi),
             r => match r.split_once('-') {
@@ -113,8 +106,7 @@ impl Cron {
     /// exist (spring-forward gaps) are skipped; ambiguous ones (fall-back) fire at the earlier.
     pub fn next_after(&self, after: Ts, tz: Tz) -> Option<Ts> {
         let local = after.with_timezone(&tz).naive_local();
-        let mut t = local.date().and_hms_opt(local.hour(), local.minute(), 0)?
-            + chrono::TimeDelta::minutes(1);
+        let mut t = local.date().and_hms_opt(local.hour(), local.minute(), 0)? + chrono::TimeDelta::minutes(1);
         // Four years of days bounds the search, covering 29 February.
         let limit = t + chrono::TimeDelta::days(366 * 4);
         while t < limit {
@@ -148,9 +140,7 @@ fn next_day(t: NaiveDateTime) -> Option<NaiveDateTime> {
 
 /// Parses an IANA time zone name such as `Asia/Tokyo` or `UTC`.
 pub fn parse_tz(name: &str) -> Result<Tz, String> {
-    name.parse::<Tz>().map_err(|_| {
-        format!("unknown time zone {name:?}; use an IANA name such as Asia/Tokyo or UTC")
-    })
+    name.parse::<Tz>().map_err(|_| format!("unknown time zone {name:?}; use an IANA name such as Asia/Tokyo or UTC"))
 }
 
 #[cfg(test)]
@@ -162,65 +152,36 @@ mod tests {
     }
 
     fn next(expr: &str, tz: &str, after: &str) -> Option<Ts> {
-        expr.parse::<Cron>()
-            .expect("valid")
-            .next_after(utc(after), parse_tz(tz).expect("tz"))
+        expr.parse::<Cron>().expect("valid").next_after(utc(after), parse_tz(tz).expect("tz"))
     }
 
     #[test]
     fn l14_every_ten_minutes_fires_on_the_next_multiple() {
-        assert_eq!(
-            next("*/10 * * * *", "UTC", "2026-11-30T02:03:00Z"),
-            Some(utc("2026-11-30T02:10:00Z"))
-        );
-        assert_eq!(
-            next("*/10 * * * *", "UTC", "2026-11-30T02:10:00Z"),
-            Some(utc("2026-11-30T02:20:00Z"))
-        );
+        assert_eq!(next("*/10 * * * *", "UTC", "2026-11-30T02:03:00Z"), Some(utc("2026-11-30T02:10:00Z")));
+        assert_eq!(next("*/10 * * * *", "UTC", "2026-11-30T02:10:00Z"), Some(utc("2026-11-30T02:20:00Z")));
     }
 
     #[test]
     fn l14_night_schedule_fires_in_its_own_time_zone() {
         // 02:00 in Tokyo is 17:00 UTC the day before.
-        assert_eq!(
-            next("0 2 * * *", "Asia/Tokyo", "2026-11-30T03:00:00Z"),
-            Some(utc("2026-11-30T17:00:00Z"))
-        );
+        assert_eq!(next("0 2 * * *", "Asia/Tokyo", "2026-11-30T03:00:00Z"), Some(utc("2026-11-30T17:00:00Z")));
     }
 
     #[test]
     fn dst_gap_is_skipped_and_overlap_fires_once_at_the_earlier() {
         // New York springs forward on 2026-03-08: 02:30 local does not exist that day.
-        assert_eq!(
-            next("30 2 * * *", "America/New_York", "2026-03-08T00:00:00Z"),
-            Some(utc("2026-03-09T06:30:00Z"))
-        );
+        assert_eq!(next("30 2 * * *", "America/New_York", "2026-03-08T00:00:00Z"), Some(utc("2026-03-09T06:30:00Z")));
         // It falls back on 2026-11-01: 01:30 local happens twice; the first is 05:30 UTC.
-        assert_eq!(
-            next("30 1 * * *", "America/New_York", "2026-11-01T00:00:00Z"),
-            Some(utc("2026-11-01T05:30:00Z"))
-        );
+        assert_eq!(next("30 1 * * *", "America/New_York", "2026-11-01T00:00:00Z"), Some(utc("2026-11-01T05:30:00Z")));
     }
 
     #[test]
     fn lists_ranges_weekdays_and_sunday_as_7() {
         // 2026-11-30 is a Monday.
-        assert_eq!(
-            next("0 9 * * 1-5", "UTC", "2026-11-28T00:00:00Z"),
-            Some(utc("2026-11-30T09:00:00Z"))
-        );
-        assert_eq!(
-            next("0 9 * * 7", "UTC", "2026-11-30T00:00:00Z"),
-            Some(utc("2026-12-06T09:00:00Z"))
-        );
-        assert_eq!(
-            next("15,45 * * * *", "UTC", "2026-11-30T02:20:00Z"),
-            Some(utc("2026-11-30T02:45:00Z"))
-        );
-        assert_eq!(
-            next("0 0 29 2 *", "UTC", "2026-03-01T00:00:00Z"),
-            Some(utc("2028-02-29T00:00:00Z"))
-        );
+        assert_eq!(next("0 9 * * 1-5", "UTC", "2026-11-28T00:00:00Z"), Some(utc("2026-11-30T09:00:00Z")));
+        assert_eq!(next("0 9 * * 7", "UTC", "2026-11-30T00:00:00Z"), Some(utc("2026-12-06T09:00:00Z")));
+        assert_eq!(next("15,45 * * * *", "UTC", "2026-11-30T02:20:00Z"), Some(utc("2026-11-30T02:45:00Z")));
+        assert_eq!(next("0 0 29 2 *", "UTC", "2026-03-01T00:00:00Z"), Some(utc("2028-02-29T00:00:00Z")));
     }
 
     #[test]

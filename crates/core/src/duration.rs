@@ -44,10 +44,7 @@ impl FromStr for Dur {
     type Err = DurationError;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let err = |reason| DurationError {
-            input: input.to_string(),
-            reason,
-        };
+        let err = |reason| DurationError { input: input.to_string(), reason };
         let s = input.trim();
         if s.is_empty() {
             return Err(err("empty"));
@@ -55,15 +52,11 @@ impl FromStr for Dur {
         let mut total: u64 = 0;
         let mut rest = s;
         while !rest.is_empty() {
-            let digits = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
             if digits == 0 {
                 return Err(err("expected a number"));
             }
-            let n: u64 = rest[..digits]
-                .parse()
-                .map_err(|_| err("number too large"))?;
+            let n: u64 = rest[..digits].parse().map_err(|_| err("number too large"))?;
             rest = &rest[digits..];
             let (unit_ms, unit_len) = if rest.starts_with("ms") {
                 (1, 2)
@@ -78,10 +71,7 @@ impl FromStr for Dur {
                 }
             };
             rest = &rest[unit_len..];
-            total = n
-                .checked_mul(unit_ms)
-                .and_then(|v| total.checked_add(v))
-                .ok_or_else(|| err("too large"))?;
+            total = n.checked_mul(unit_ms).and_then(|v| total.checked_add(v)).ok_or_else(|| err("too large"))?;
         }
         Ok(Dur(total))
     }
@@ -90,13 +80,7 @@ impl FromStr for Dur {
 impl fmt::Display for Dur {
     /// The shortest exact notation, so that a parsed and re-printed spec is stable.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let units = [
-            (86_400_000, "d"),
-            (3_600_000, "h"),
-            (60_000, "m"),
-            (1_000, "s"),
-            (1, "ms"),
-        ];
+        let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")];
         if self.0 == 0 {
             return f.write_str("0s");
         }

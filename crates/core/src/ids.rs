@@ -17,21 +17,16 @@ pub fn reply_id(parent_id: &str, sender: &str) -> String {
 
 /// Whether `id` has the shape of M4; anything else is refused at the API's edge.
 pub fn is_mail_id(id: &str) -> bool {
-    id.strip_prefix(MAIL_PREFIX).is_some_and(|h| {
-        h.len() == 8
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    id.strip_prefix(MAIL_PREFIX)
+        .is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// SHA-256 of a secret, hex; tokens are stored only in this form.
@@ -48,13 +43,7 @@ mod tests {
         let id = mail_id([0xde, 0xad, 0xBE, 0x01]);
         assert_eq!(id, "mail--deadbe01");
         assert!(is_mail_id(&id));
-        for bad in [
-            "mail--DEADBE01",
-            "mail--deadbe0",
-            "mail-deadbe01",
-            "mail--deadbe0g",
-            "",
-        ] {
+        for bad in ["mail--DEADBE01", "mail--deadbe0", "mail-deadbe01", "mail--deadbe0g", ""] {
             assert!(!is_mail_id(bad), "{bad}");
         }
     }
@@ -63,10 +52,7 @@ mod tests {
     fn m6_reply_id_is_first_8_hex_of_sha256_parent_colon_sender() {
         // `printf 'mail--00000001:pc2' | sha256sum` starts with 72de21c0.
         assert_eq!(reply_id("mail--00000001", "pc2"), "mail--72de21c0");
-        assert_ne!(
-            reply_id("mail--00000001", "pc2"),
-            reply_id("mail--00000001", "pc3")
-        );
+        assert_ne!(reply_id("mail--00000001", "pc2"), reply_id("mail--00000001", "pc3"));
         assert!(is_mail_id(&reply_id("mail--00000001", "pc2")));
     }
 }

@@ -8,15 +8,10 @@ use crate::manifest::spec::{Machine, RosterSpec};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
-    #[error(
-        "no Roster is applied, so no recipient can be resolved; apply one with `pcmail-ctl apply -f`"
-    )]
+    #[error("no Roster is applied, so no recipient can be resolved; apply one with `pcmail-ctl apply -f`")]
     NoRoster,
     #[error("recipient {query:?} does not exactly match any machine in the Roster")]
-    Unresolved {
-        query: String,
-        candidates: Vec<String>,
-    },
+    Unresolved { query: String, candidates: Vec<String> },
 }
 
 impl ResolveError {
@@ -44,18 +39,13 @@ pub fn resolve(roster: Option<&RosterSpec>, query: &str) -> Result<String, Resol
     let hit = |m: &&Machine| {
         m.label.to_lowercase() == q_lower
             || m.number.to_string() == q
-            || m.hostname
-                .as_ref()
-                .is_some_and(|h| h.to_lowercase() == q_lower)
+            || m.hostname.as_ref().is_some_and(|h| h.to_lowercase() == q_lower)
             || m.aliases.iter().any(|a| a.to_lowercase() == q_lower)
     };
     let mut hits = roster.machines.iter().filter(hit);
     match (hits.next(), hits.next()) {
         (Some(m), None) => Ok(m.label.clone()),
-        _ => Err(ResolveError::Unresolved {
-            query: q.to_string(),
-            candidates: candidates(roster, q),
-        }),
+        _ => Err(ResolveError::Unresolved { query: q.to_string(), candidates: candidates(roster, q) }),
     }
 }
 
@@ -84,11 +74,7 @@ pub fn candidates(roster: &RosterSpec, query: &str) -> Vec<String> {
         })
         .collect();
     scored.sort();
-    scored
-        .into_iter()
-        .take(3)
-        .map(|(_, l)| l.to_string())
-        .collect()
+    scored.into_iter().take(3).map(|(_, l)| l.to_string()).collect()
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -97,9 +83,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -139,10 +123,7 @@ mod tests {
     #[test]
     fn m3_partial_address_never_delivers() {
         let err = resolve(Some(&roster()), "kim").expect_err("partial must not resolve");
-        assert_eq!(
-            err.candidates(),
-            ["kim-desk".to_string(), "kim-laptop".to_string()]
-        );
+        assert_eq!(err.candidates(), ["kim-desk".to_string(), "kim-laptop".to_string()]);
         assert!(resolve(Some(&roster()), "le").is_err());
         assert!(resolve(Some(&roster()), "").is_err());
     }
@@ -150,10 +131,7 @@ mod tests {
     #[test]
     fn m3_near_misses_are_offered_as_candidates() {
         let err = resolve(Some(&roster()), "kim-dsk").expect_err("typo");
-        assert_eq!(
-            err.candidates().first().map(String::as_str),
-            Some("kim-desk")
-        );
+        assert_eq!(err.candidates().first().map(String::as_str), Some("kim-desk"));
     }
 
     #[test]

@@ -46,10 +46,7 @@ struct Inner {
 impl App {
     pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::DataDir {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
         let admin_token_hash = auth::ensure_admin_token(dir)?;
         let url = match &config.store_url {
             Some(u) => u.clone(),
@@ -70,8 +67,7 @@ impl App {
                 specs_changed: watch::channel(0).0,
                 shutting_down: watch::channel(false).0,
                 spec_lock: tokio::sync::Mutex::new(()),
-                metrics: Metrics::new()
-                    .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?,
+                metrics: Metrics::new().map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?,
                 queue: WorkQueue::new(Duration::from_millis(500), Duration::from_secs(60)),
                 resync: config.resync,
                 health: Mutex::new(Health::default()),
@@ -93,22 +89,12 @@ impl App {
     }
 
     pub fn runtime(&self) -> Arc<Runtime> {
-        self.inner
-            .runtime
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.inner.runtime.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     pub fn set_runtime(&self, runtime: Runtime) {
-        *self
-            .inner
-            .runtime
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::new(runtime);
-        self.inner
-            .specs_changed
-            .send_modify(|v| *v = v.wrapping_add(1));
+        *self.inner.runtime.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(runtime);
+        self.inner.specs_changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     pub fn watch_specs(&self) -> watch::Receiver<u64> {
@@ -120,9 +106,7 @@ impl App {
     }
 
     pub fn mail_changed(&self) {
-        self.inner
-            .mail_changed
-            .send_modify(|v| *v = v.wrapping_add(1));
+        self.inner.mail_changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     pub fn watch_mail(&self) -> watch::Receiver<u64> {
@@ -150,20 +134,12 @@ impl App {
     }
 
     pub fn health(&self) -> Health {
-        self.inner
-            .health
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.inner.health.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Records the notifier's state; a change is reflected on the MailPolicy's conditions.
     pub fn set_notify_error(&self, error: Option<String>) {
-        let mut h = self
-            .inner
-            .health
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut h = self.inner.health.lock().unwrap_or_else(PoisonError::into_inner);
         if h.notify_error != error {
             h.notify_error = error;
             self.queue().add(Key::Specs);
@@ -171,17 +147,12 @@ impl App {
     }
 
     pub fn notify_limiter(&self, min_interval: Dur) -> Arc<DefaultDirectRateLimiter> {
-        let mut slot = self
-            .inner
-            .notify_limiter
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.inner.notify_limiter.lock().unwrap_or_else(PoisonError::into_inner);
         match &*slot {
             Some((d, l)) if *d == min_interval => l.clone(),
             _ => {
                 let period = min_interval.to_std().max(Duration::from_millis(1));
-                let quota = Quota::with_period(period)
-                    .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN));
+                let quota = Quota::with_period(period).unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN));
                 let limiter = Arc::new(RateLimiter::direct(quota));
                 *slot = Some((min_interval, limiter.clone()));
                 limiter
@@ -198,10 +169,6 @@ impl App {
     }
 
     pub fn listen_addr(&self) -> SocketAddr {
-        self.inner
-            .listen
-            .get()
-            .copied()
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)))
+        self.inner.listen.get().copied().unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)))
     }
 }

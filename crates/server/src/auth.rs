@@ -33,19 +33,12 @@ impl Caller {
 
     /// The machine this request acts as, or a 400 telling the admin to name one.
     pub fn require_machine(&self) -> Result<&str, ApiError> {
-        self.machine().ok_or_else(|| {
-            ApiError::bad_request(
-                "the admin token acts as no machine here; name one with --as MACHINE",
-            )
-        })
+        self.machine()
+            .ok_or_else(|| ApiError::bad_request("the admin token acts as no machine here; name one with --as MACHINE"))
     }
 
     pub fn require_admin(&self) -> Result<(), ApiError> {
-        if self.admin {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden("this needs the admin token"))
-        }
+        if self.admin { Ok(()) } else { Err(ApiError::forbidden("this needs the admin token")) }
     }
 }
 
@@ -58,40 +51,29 @@ pub fn new_token(prefix: &str) -> Result<String, getrandom::Error> {
 /// Writes `admin.token` (0600) on first start; returns the hash of the token in force.
 pub fn ensure_admin_token(dir: &Path) -> Result<String, ServeError> {
     let path = dir.join(ADMIN_TOKEN_FILE);
-    let io_err = |source| ServeError::DataDir {
-        path: path.clone(),
-        source,
-    };
+    let io_err = |source| ServeError::DataDir { path: path.clone(), source };
     match std::fs::read_to_string(&path) {
         Ok(t) if !t.trim().is_empty() => return Ok(sha256_hex(t.trim())),
         Ok(_) => {
-            return Err(io_err(std::io::Error::other(
-                "admin.token is empty; delete it to have a new one written",
-            )));
+            return Err(io_err(std::io::Error::other("admin.token is empty; delete it to have a new one written")));
         }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(e)),
         Err(_) => {}
     }
-    let token =
-        new_token("pcm_admin_").map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+    let token = new_token("pcm_admin_").map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let mut file = options.open(&path).map_err(io_err)?;
-    file.write_all(format!("{token}\n").as_bytes())
-        .map_err(io_err)?;
+    file.write_all(format!("{token}\n").as_bytes()).map_err(io_err)?;
     file.sync_all().map_err(io_err)?;
     Ok(sha256_hex(&token))
 }
 
 /// Compares two equal-length secrets' hashes without an early exit.
 fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiError> {
@@ -101,44 +83,29 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiE
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            ApiError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`")
-        })?;
+        .ok_or_else(|| ApiError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`"))?;
     let hash = sha256_hex(token);
-    let as_machine = headers
-        .get(AS_HEADER)
-        .map(|v| v.to_str().unwrap_or_default().to_string());
+    let as_machine = headers.get(AS_HEADER).map(|v| v.to_str().unwrap_or_default().to_string());
     if constant_time_eq(&hash, app.admin_token_hash()) {
         let principal = match as_machine {
             None => Principal::Admin,
             Some(name) => {
                 let rt = app.runtime();
-                let label =
-                    roster::resolve(rt.roster.as_ref(), &name).map_err(ApiError::from_resolve)?;
+                let label = roster::resolve(rt.roster.as_ref(), &name).map_err(ApiError::from_resolve)?;
                 Principal::Machine(label)
             }
         };
-        return Ok(Caller {
-            principal,
-            admin: true,
-        });
+        return Ok(Caller { principal, admin: true });
     }
     // Lookup by the hash of a 192-bit random secret: its timing tells an attacker nothing.
     match app.store().machine_for_token(&hash).await? {
         Some(machine) => {
             if as_machine.is_some_and(|m| !m.eq_ignore_ascii_case(&machine)) {
-                return Err(ApiError::forbidden(
-                    "a machine token acts only as its own machine",
-                ));
+                return Err(ApiError::forbidden("a machine token acts only as its own machine"));
             }
-            Ok(Caller {
-                principal: Principal::Machine(machine),
-                admin: false,
-            })
+            Ok(Caller { principal: Principal::Machine(machine), admin: false })
         }
-        None => Err(ApiError::unauthorized(
-            "token not recognized; it may have been reissued",
-        )),
+        None => Err(ApiError::unauthorized("token not recognized; it may have been reissued")),
     }
 }
 
@@ -162,10 +129,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join(ADMIN_TOKEN_FILE))
-                .expect("meta")
-                .permissions()
-                .mode();
+            let mode = std::fs::metadata(dir.path().join(ADMIN_TOKEN_FILE)).expect("meta").permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
     }

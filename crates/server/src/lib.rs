@@ -46,15 +46,9 @@ pub enum ServeError {
     )]
     InsecureListen(SocketAddr),
     #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Listen { addr: SocketAddr, source: std::io::Error },
     #[error("data dir {path}: {source}")]
-    DataDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    DataDir { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] pcmail_store::StoreError),
     #[error("--apply {path}: {message}")]
@@ -74,23 +68,15 @@ pub async fn serve(
     }
     let app = App::start(&config).await?;
     if let Some(path) = &config.apply {
-        let files = manifests::read_path(path).map_err(|e| ServeError::Apply {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let files =
+            manifests::read_path(path).map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
         specs::apply(&app, files, false, crate::now())
             .await
-            .map_err(|e| ServeError::Apply {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| ServeError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let local = listener.local_addr()?;
     app.set_listen_addr(local);
     // Tests and scripts read this line to find a port chosen with :0.

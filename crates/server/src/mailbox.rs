@@ -8,8 +8,7 @@ use pcmail_core::alert::arrival_notice;
 use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::mail::{
-    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send,
-    send_ids,
+    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
 };
 use pcmail_store::{MailSelect, MailWrites, Store};
 
@@ -20,23 +19,14 @@ use crate::auth::Caller;
 /// The event that records one mail's move, for `status`'s timeline.
 pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: Ts) -> Event {
     let (reason, message) = match before {
-        None => (
-            "Sent".to_string(),
-            format!("{} → {} ({})", after.from, after.to, after.kind),
-        ),
+        None => ("Sent".to_string(), format!("{} → {} ({})", after.from, after.to, after.kind)),
         Some(b) => {
             let mut reason = after.state.as_str().to_string();
             reason[..1].make_ascii_uppercase();
             (reason, format!("{} → {}", b.state, after.state))
         }
     };
-    Event {
-        at: now,
-        object: format!("mail/{}", after.id),
-        reason,
-        message,
-        actor: actor.to_string(),
-    }
+    Event { at: now, object: format!("mail/{}", after.id), reason, message, actor: actor.to_string() }
 }
 
 /// The state changes one transaction made, counted in `pcmail_mail_transitions_total` once it
@@ -46,21 +36,9 @@ pub struct Moves(Vec<(&'static str, &'static str)>);
 
 impl Moves {
     /// Writes `after` (a new row when `before` is None) with its event, and remembers the move.
-    pub fn record(
-        &mut self,
-        writes: &mut MailWrites,
-        before: Option<&Mail>,
-        after: Mail,
-        actor: &str,
-        now: Ts,
-    ) {
-        writes
-            .events
-            .push(transition_event(before, &after, actor, now));
-        self.0.push((
-            before.map_or("none", |b| b.state.as_str()),
-            after.state.as_str(),
-        ));
+    pub fn record(&mut self, writes: &mut MailWrites, before: Option<&Mail>, after: Mail, actor: &str, now: Ts) {
+        writes.events.push(transition_event(before, &after, actor, now));
+        self.0.push((before.map_or("none", |b| b.state.as_str()), after.state.as_str()));
         if before.is_some() {
             writes.update.push(after);
         } else {
@@ -74,10 +52,7 @@ impl Moves {
             return;
         }
         for (from, to) in self.0 {
-            app.metrics()
-                .mail_transitions
-                .with_label_values(&[from, to])
-                .inc();
+            app.metrics().mail_transitions.with_label_values(&[from, to]).inc();
         }
         app.mail_changed();
     }
@@ -89,12 +64,7 @@ fn random_id() -> Result<String, ApiError> {
     Ok(ids::mail_id(bytes))
 }
 
-pub async fn send(
-    app: &App,
-    sender: &str,
-    req: SendRequest,
-    now: Ts,
-) -> Result<SendResponse, ApiError> {
+pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<SendResponse, ApiError> {
     let rt = app.runtime();
     let fresh_id = random_id()?;
     let (candidate_id, parent_id) = send_ids(&req, sender, &fresh_id);
@@ -110,12 +80,8 @@ pub async fn send(
                 parent: parent_id.as_deref().and_then(find),
                 fresh_taken: find(&fresh_id).is_some(),
             };
-            let ctx = SendContext {
-                roster: rt.roster.as_ref(),
-                policy: &rt.mail_policy,
-                now,
-                fresh_id: fresh_id.clone(),
-            };
+            let ctx =
+                SendContext { roster: rt.roster.as_ref(), policy: &rt.mail_policy, now, fresh_id: fresh_id.clone() };
             match plan_send(&req, &sender, observed, &ctx) {
                 Ok(plan) => {
                     let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
@@ -124,13 +90,7 @@ pub async fn send(
                         moves.record(&mut writes, None, m.clone(), &sender, now);
                     }
                     if let Some(p) = &plan.parent_update {
-                        moves.record(
-                            &mut writes,
-                            parent_id.as_deref().and_then(find),
-                            p.clone(),
-                            &sender,
-                            now,
-                        );
+                        moves.record(&mut writes, parent_id.as_deref().and_then(find), p.clone(), &sender, now);
                     }
                     let notice = !writes.alerts.is_empty();
                     (writes, Ok((plan, moves, notice)))
@@ -143,20 +103,11 @@ pub async fn send(
     if notice {
         app.queue().add(crate::controller::Key::Notify);
     }
-    Ok(SendResponse {
-        id: plan.id,
-        created: plan.outcome == SendOutcome::Created,
-    })
+    Ok(SendResponse { id: plan.id, created: plan.outcome == SendOutcome::Created })
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.
-pub async fn step(
-    app: &App,
-    caller: &Caller,
-    id: &str,
-    step: Step,
-    now: Ts,
-) -> Result<Mail, ApiError> {
+pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> Result<Mail, ApiError> {
     let actor = caller.machine().unwrap_or("admin").to_string();
     let principal = caller.principal.clone();
     let id_owned = id.to_string();
@@ -164,10 +115,7 @@ pub async fn step(
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.to_string()]), move |mut rows| {
             let Some(mail) = rows.pop() else {
-                return (
-                    MailWrites::default(),
-                    Err(ApiError::not_found(format!("mail {id_owned} not found"))),
-                );
+                return (MailWrites::default(), Err(ApiError::not_found(format!("mail {id_owned} not found"))));
             };
             if !can_move(&mail, &principal) {
                 let e = ApiError::forbidden(format!("mail {id_owned} is not addressed to you"));
@@ -198,18 +146,11 @@ async fn poll_once(
     now: Ts,
 ) -> Result<PollResponse, ApiError> {
     let who = machine.to_string();
-    let select = MailSelect::After {
-        to: who.clone(),
-        cursor,
-        limit,
-    };
+    let select = MailSelect::After { to: who.clone(), cursor, limit };
     let (response, moves) = app
         .store()
         .mail_transaction(select, move |rows| {
-            let mut writes = MailWrites {
-                heartbeat: heartbeat.then(|| (who.clone(), now)),
-                ..Default::default()
-            };
+            let mut writes = MailWrites { heartbeat: heartbeat.then(|| (who.clone(), now)), ..Default::default() };
             let mut moves = Moves::default();
             let mut out = Vec::with_capacity(rows.len());
             for mail in rows {
@@ -245,10 +186,7 @@ pub async fn poll(
         changes.mark_unchanged();
         let response = poll_once(app, machine, cursor, limit, first, crate::now()).await?;
         first = false;
-        if !response.mail.is_empty()
-            || tokio::time::Instant::now() >= deadline
-            || *shutdown.borrow()
-        {
+        if !response.mail.is_empty() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(response);
         }
         tokio::select! {
@@ -260,24 +198,15 @@ pub async fn poll(
 }
 
 /// M12: waits until the mail reaches `target` (or any terminal state), or `wait` passes.
-pub async fn wait_for(
-    app: &App,
-    id: &str,
-    target: Option<MailState>,
-    wait: Duration,
-) -> Result<Mail, ApiError> {
+pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Duration) -> Result<Mail, ApiError> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut changes = app.watch_mail();
     let mut shutdown = app.watch_shutdown();
     loop {
         changes.mark_unchanged();
-        let mail = app
-            .store()
-            .get_mail(id)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
-        let reached =
-            target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());
+        let mail =
+            app.store().get_mail(id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+        let reached = target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());
         if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);
         }

@@ -23,24 +23,17 @@ pub fn read_path(path: &Path) -> std::io::Result<Vec<ManifestFile>> {
             let content = String::from_utf8(bytes).map_err(|e| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{}: not valid UTF-8 (at byte {})",
-                        p.display(),
-                        e.utf8_error().valid_up_to()
-                    ),
+                    format!("{}: not valid UTF-8 (at byte {})", p.display(), e.utf8_error().valid_up_to()),
                 )
             })?;
-            Ok(ManifestFile {
-                name: p.display().to_string(),
-                content,
-            })
+            Ok(ManifestFile { name: p.display().to_string(), content })
         })
         .collect()
 }
 
 fn collect(path: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     if meta.is_file() {
         out.push(path.to_path_buf());
     } else {

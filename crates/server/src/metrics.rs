@@ -5,8 +5,7 @@
 //! series even when nothing is wrong, and a breach that clears drops to 0 rather than vanishing.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use pcmail_core::alert::{AlertKind, Breaches};
@@ -40,22 +39,8 @@ pub struct Metrics {
 
 /// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
 /// ledger and job controllers fill them.
-const LEDGER_STATES: [&str; 6] = [
-    "todo",
-    "running",
-    "review",
-    "done",
-    "dropped",
-    "needs-human",
-];
-const JOB_STATES: [&str; 6] = [
-    "queued",
-    "running",
-    "succeeded",
-    "failed",
-    "dead",
-    "cancelled",
-];
+const LEDGER_STATES: [&str; 6] = ["todo", "running", "review", "done", "dropped", "needs-human"];
+const JOB_STATES: [&str; 6] = ["queued", "running", "succeeded", "failed", "dead", "cancelled"];
 
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
@@ -67,12 +52,8 @@ impl Metrics {
                 m
             }};
         }
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            IntGaugeVec::new(Opts::new(name, help), labels)
-        };
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            IntCounterVec::new(Opts::new(name, help), labels)
-        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name, help), labels);
+        let counter = |name: &str, help: &str, labels: &[&str]| IntCounterVec::new(Opts::new(name, help), labels);
         let m = Metrics {
             mail: reg!(gauge("pcmail_mail", "Mail by state.", &["state"])?),
             mail_undelivered: reg!(gauge(
@@ -90,21 +71,10 @@ impl Metrics {
                 "Mail state transitions.",
                 &["from", "to"]
             )?),
-            alerts_firing: reg!(gauge(
-                "pcmail_alerts_firing",
-                "Alerts firing, by kind.",
-                &["kind"]
-            )?),
-            notifications: reg!(counter(
-                "pcmail_notifications_total",
-                "Notification posts by outcome.",
-                &["outcome"]
-            )?),
+            alerts_firing: reg!(gauge("pcmail_alerts_firing", "Alerts firing, by kind.", &["kind"])?),
+            notifications: reg!(counter("pcmail_notifications_total", "Notification posts by outcome.", &["outcome"])?),
             machine_last_poll: reg!(GaugeVec::new(
-                Opts::new(
-                    "pcmail_machine_last_poll_timestamp_seconds",
-                    "Unix time of each machine's last poll."
-                ),
+                Opts::new("pcmail_machine_last_poll_timestamp_seconds", "Unix time of each machine's last poll."),
                 &["machine"]
             )?),
             intents_pending: reg!(gauge(
@@ -112,11 +82,7 @@ impl Metrics {
                 "Inbound messages not yet answered, by channel.",
                 &["channel"]
             )?),
-            ledger_rows: reg!(gauge(
-                "pcmail_ledger_rows",
-                "Ledger rows by project and state.",
-                &["project", "state"]
-            )?),
+            ledger_rows: reg!(gauge("pcmail_ledger_rows", "Ledger rows by project and state.", &["project", "state"])?),
             ledger_runs: reg!(counter(
                 "pcmail_ledger_runs_total",
                 "Ledger function runs by outcome.",
@@ -127,32 +93,13 @@ impl Metrics {
                 "Ledger run failures by project.",
                 &["project"]
             )?),
-            jobs: reg!(gauge(
-                "pcmail_jobs",
-                "Jobs by queue and state.",
-                &["queue", "state"]
-            )?),
-            job_claims: reg!(counter(
-                "pcmail_job_claims_total",
-                "Jobs claimed.",
-                &["queue"]
-            )?),
-            job_rescues: reg!(counter(
-                "pcmail_job_rescues_total",
-                "Expired leases rescued.",
-                &["queue"]
-            )?),
-            job_failures: reg!(counter(
-                "pcmail_job_failures_total",
-                "Job attempts that failed.",
-                &["queue"]
-            )?),
+            jobs: reg!(gauge("pcmail_jobs", "Jobs by queue and state.", &["queue", "state"])?),
+            job_claims: reg!(counter("pcmail_job_claims_total", "Jobs claimed.", &["queue"])?),
+            job_rescues: reg!(counter("pcmail_job_rescues_total", "Expired leases rescued.", &["queue"])?),
+            job_failures: reg!(counter("pcmail_job_failures_total", "Job attempts that failed.", &["queue"])?),
             reconcile_duration: reg!(HistogramVec::new(
                 HistogramOpts::new("pcmail_reconcile_duration_seconds", "Time per reconcile.")
-                    .buckets(vec![
-                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                        10.0
-                    ]),
+                    .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
                 &["reconciler"]
             )?),
             reconcile_errors: reg!(counter(
@@ -160,27 +107,22 @@ impl Metrics {
                 "Reconciles that failed.",
                 &["reconciler"]
             )?),
-            workqueue_depth: reg!(IntGauge::new(
-                "pcmail_workqueue_depth",
-                "Keys waiting in the work queue."
-            )?),
-            workers: reg!(gauge(
-                "pcmail_workers",
-                "Workers running, by pool.",
-                &["pool"]
-            )?),
-            build_info: reg!(gauge(
-                "pcmail_build_info",
-                "Build information.",
-                &["version"]
-            )?),
+            workqueue_depth: reg!(IntGauge::new("pcmail_workqueue_depth", "Keys waiting in the work queue.")?),
+            workers: reg!(gauge("pcmail_workers", "Workers running, by pool.", &["pool"])?),
+            build_info: reg!(gauge("pcmail_build_info", "Build information.", &["version"])?),
             registry,
         };
-        m.build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
+        m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for outcome in ["sent", "failed", "skipped"] {
             m.notifications.with_label_values(&[outcome]);
+        }
+        // Every forward move of M1 (and "none" for a new mail), so rates exist from the start.
+        let from =
+            std::iter::once("none").chain([MailState::New, MailState::Delivered, MailState::Seen].map(|s| s.as_str()));
+        for (i, f) in from.enumerate() {
+            for t in MailState::ALL.iter().filter(|t| t.rank() as usize >= i) {
+                m.mail_transitions.with_label_values(&[f, t.as_str()]);
+            }
         }
         for r in ["mail-sweep", "notify", "specs"] {
             m.reconcile_errors.with_label_values(&[r]);
@@ -197,11 +139,7 @@ impl Metrics {
     /// Mail counts by state, every state present.
     pub fn set_mail_counts(&self, counts: &[(MailState, u64)]) {
         for s in MailState::ALL {
-            let n: u64 = counts
-                .iter()
-                .filter(|(st, _)| *st == s)
-                .map(|(_, n)| n)
-                .sum();
+            let n: u64 = counts.iter().filter(|(st, _)| *st == s).map(|(_, n)| n).sum();
             self.mail.with_label_values(&[s.as_str()]).set(n as i64);
         }
     }
@@ -213,39 +151,39 @@ impl Metrics {
         for m in machines {
             self.mail_undelivered.with_label_values(&[m]).set(0);
             for u in ["urgent", "normal"] {
-                self.mail_unread_sla_breached
-                    .with_label_values(&[m, u])
-                    .set(0);
+                self.mail_unread_sla_breached.with_label_values(&[m, u]).set(0);
             }
         }
         for (to, n) in &b.undelivered {
-            self.mail_undelivered
-                .with_label_values(&[to])
-                .set(*n as i64);
+            self.mail_undelivered.with_label_values(&[to]).set(*n as i64);
         }
         for ((to, urgency), n) in &b.unread {
-            self.mail_unread_sla_breached
-                .with_label_values(&[to, urgency])
-                .set(*n as i64);
+            self.mail_unread_sla_breached.with_label_values(&[to, urgency]).set(*n as i64);
         }
-        for kind in AlertKind::ALL
-            .into_iter()
-            .filter(|k| *k != AlertKind::Arrival)
-        {
+        for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
             let n = b.firing.get(&kind).copied().unwrap_or(0);
-            self.alerts_firing
-                .with_label_values(&[kind.as_str()])
-                .set(n as i64);
+            self.alerts_firing.with_label_values(&[kind.as_str()]).set(n as i64);
         }
     }
 
-    /// Zero-valued series for every ledger, function, queue and pool the specs declare.
+    /// Series for every machine, ledger, function, queue and pool the specs declare, created at
+    /// 0 if absent (an existing value is left for the sweep to update).
     pub fn declare_specs(
         &self,
+        machines: &[String],
         ledgers: &[&LedgerSpec],
         functions: &[(&str, &FunctionSpec)],
         pools: &[(&str, &WorkerPoolSpec)],
     ) {
+        for m in machines {
+            self.mail_undelivered.with_label_values(&[m]).add(0);
+            for u in ["urgent", "normal"] {
+                self.mail_unread_sla_breached.with_label_values(&[m, u]).add(0);
+            }
+        }
+        for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
+            self.alerts_firing.with_label_values(&[kind.as_str()]).add(0);
+        }
         for l in ledgers {
             for s in LEDGER_STATES {
                 self.ledger_rows.with_label_values(&[&l.project, s]).add(0);

@@ -5,9 +5,7 @@
 
 use pcmail_core::Ts;
 use pcmail_core::cron::parse_tz;
-use pcmail_core::manifest::spec::{
-    FunctionSpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec,
-};
+use pcmail_core::manifest::spec::{FunctionSpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec};
 use pcmail_core::manifest::{Spec, SpecRecord, Status};
 
 use crate::controller::schedules::{CronEntry, key_for};
@@ -34,15 +32,8 @@ pub struct Health {
 
 /// Builds the runtime from the stored specs, and the status each object should now show
 /// (only those that differ from what is stored).
-pub fn build(
-    specs: &[SpecRecord],
-    health: &Health,
-    now: Ts,
-) -> (Runtime, Vec<(SpecRecord, Status)>) {
-    let mut rt = Runtime {
-        intent_channel: "telegram".into(),
-        ..Runtime::default()
-    };
+pub fn build(specs: &[SpecRecord], health: &Health, now: Ts) -> (Runtime, Vec<(SpecRecord, Status)>) {
+    let mut rt = Runtime { intent_channel: "telegram".into(), ..Runtime::default() };
     let mut statuses = Vec::new();
     for record in specs {
         let mut status = record.status.clone();
@@ -61,14 +52,7 @@ pub fn build(
     (rt, statuses)
 }
 
-fn conditions(
-    rt: &mut Runtime,
-    spec: Spec,
-    name: &str,
-    health: &Health,
-    status: &mut Status,
-    now: Ts,
-) {
+fn conditions(rt: &mut Runtime, spec: Spec, name: &str, health: &Health, status: &mut Status, now: Ts) {
     let kind = spec.kind();
     let pending = |status: &mut Status, what: &str| {
         let message = format!("stored and validated; this build does not act on {what} yet");
@@ -77,33 +61,15 @@ fn conditions(
     match spec {
         Spec::Roster(r) => {
             rt.roster = Some(r);
-            status.set_condition(
-                "Ready",
-                true,
-                "Applied",
-                "recipients resolve against this Roster",
-                now,
-            );
+            status.set_condition("Ready", true, "Applied", "recipients resolve against this Roster", now);
         }
         Spec::MailPolicy(p) => {
-            status.set_condition(
-                "Ready",
-                true,
-                "Applied",
-                "in effect for sweeps and sends",
-                now,
-            );
+            status.set_condition("Ready", true, "Applied", "in effect for sweeps and sends", now);
             match (&p.notify, &health.notify_error) {
-                (Some(_), Some(e)) => {
-                    status.set_condition("Degraded", true, "NotifyFailing", e, now)
+                (Some(_), Some(e)) => status.set_condition("Degraded", true, "NotifyFailing", e, now),
+                (Some(_), None) => {
+                    status.set_condition("Degraded", false, "AsExpected", "notifications are delivered", now)
                 }
-                (Some(_), None) => status.set_condition(
-                    "Degraded",
-                    false,
-                    "AsExpected",
-                    "notifications are delivered",
-                    now,
-                ),
                 (None, _) => status.set_condition(
                     "Degraded",
                     false,
@@ -136,22 +102,13 @@ fn conditions(
 
 fn schedule(rt: &mut Runtime, s: &ScheduleSpec, status: &mut Status, now: Ts) {
     let Ok(tz) = parse_tz(&s.timezone) else {
-        status.set_condition(
-            "Ready",
-            false,
-            "InvalidTimezone",
-            &format!("unknown time zone {}", s.timezone),
-            now,
-        );
+        status.set_condition("Ready", false, "InvalidTimezone", &format!("unknown time zone {}", s.timezone), now);
         return;
     };
     let mut active = Vec::new();
     let mut waiting = Vec::new();
     for e in &s.entries {
-        let role = serde_json::to_value(e.role)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
+        let role = serde_json::to_value(e.role).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
         match (key_for(e.role), e.cron.parse()) {
             (Some(key), Ok(cron)) => {
                 rt.crons.push(CronEntry { tz, cron, key });
@@ -169,22 +126,10 @@ fn schedule(rt: &mut Runtime, s: &ScheduleSpec, status: &mut Status, now: Ts) {
             now,
         );
     } else {
-        status.set_condition(
-            "Ready",
-            true,
-            "Scheduled",
-            &format!("running: {}", active.join(", ")),
-            now,
-        );
+        status.set_condition("Ready", true, "Scheduled", &format!("running: {}", active.join(", ")), now);
     }
     if waiting.is_empty() {
-        status.set_condition(
-            "Degraded",
-            false,
-            "AsExpected",
-            "every entry is scheduled",
-            now,
-        );
+        status.set_condition("Degraded", false, "AsExpected", "every entry is scheduled", now);
     } else {
         status.set_condition(
             "Degraded",
@@ -220,23 +165,15 @@ mod tests {
     }
 
     fn ready(s: &Status) -> (&str, &str) {
-        let c = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .expect("Ready");
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready");
         (c.status.as_str(), c.reason.as_str())
     }
 
     #[test]
     fn observed_generation_follows_generation_and_ready_tells_the_truth() {
-        let roster =
-            serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
+        let roster = serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
         let pool = serde_json::json!({"workers": 2});
-        let specs = [
-            record(Kind::Roster, 3, roster),
-            record(Kind::WorkerPool, 1, pool),
-        ];
+        let specs = [record(Kind::Roster, 3, roster), record(Kind::WorkerPool, 1, pool)];
         let (rt, statuses) = build(&specs, &Health::default(), at(5));
         assert_eq!(rt.roster.map(|r| r.owner), Some("pc1".into()));
         assert_eq!(statuses[0].1.observed_generation, 3);
@@ -246,13 +183,8 @@ mod tests {
 
     #[test]
     fn unchanged_status_is_not_rewritten() {
-        let roster =
-            serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
-        let (_, statuses) = build(
-            &[record(Kind::Roster, 1, roster.clone())],
-            &Health::default(),
-            at(5),
-        );
+        let roster = serde_json::json!({"owner": "pc1", "machines": [{"number": 1, "label": "pc1"}]});
+        let (_, statuses) = build(&[record(Kind::Roster, 1, roster.clone())], &Health::default(), at(5));
         let mut settled = record(Kind::Roster, 1, roster);
         settled.status = statuses[0].1.clone();
         assert!(build(&[settled], &Health::default(), at(9)).1.is_empty());
@@ -261,52 +193,26 @@ mod tests {
     #[test]
     fn mail_policy_is_degraded_while_notifications_fail() {
         let policy = serde_json::json!({"notify": {"webhook": "http://127.0.0.1:9/hook"}});
-        let failing = Health {
-            notify_error: Some("connection refused".into()),
-        };
+        let failing = Health { notify_error: Some("connection refused".into()) };
         let (_, statuses) = build(&[record(Kind::MailPolicy, 1, policy)], &failing, at(5));
-        let degraded = statuses[0]
-            .1
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded")
-            .expect("Degraded");
-        assert_eq!(
-            (degraded.status.as_str(), degraded.reason.as_str()),
-            ("True", "NotifyFailing")
-        );
+        let degraded = statuses[0].1.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "NotifyFailing"));
     }
 
     #[test]
     fn schedule_runs_mail_sweep_and_reports_roles_still_pending() {
         let spec = serde_json::json!({"timezone": "Asia/Tokyo", "entries": [
             {"role": "mail-sweep", "cron": "*/1 * * * *"}, {"role": "sync", "cron": "0 2 * * *"}]});
-        let (rt, statuses) = build(
-            &[record(Kind::Schedule, 1, spec)],
-            &Health::default(),
-            at(5),
-        );
+        let (rt, statuses) = build(&[record(Kind::Schedule, 1, spec)], &Health::default(), at(5));
         assert_eq!(rt.crons.len(), 1);
         assert_eq!(ready(&statuses[0].1), ("True", "Scheduled"));
-        let degraded = statuses[0]
-            .1
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded")
-            .expect("Degraded");
+        let degraded = statuses[0].1.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
         assert!(degraded.message.contains("sync"), "{}", degraded.message);
     }
 
     #[test]
     fn default_mail_policy_applies_without_a_manifest() {
         let (rt, _) = build(&[], &Health::default(), at(0));
-        assert_eq!(
-            (
-                rt.mail_policy.max_hop,
-                rt.roster,
-                rt.intent_channel.as_str()
-            ),
-            (3, None, "telegram")
-        );
+        assert_eq!((rt.mail_policy.max_hop, rt.roster, rt.intent_channel.as_str()), (3, None, "telegram"));
     }
 }

@@ -4,8 +4,7 @@
 use pcmail_core::Ts;
 use pcmail_core::api::{ApplyResult, Event, ManifestFile};
 use pcmail_core::manifest::{
-    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply,
-    validate_documents,
+    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, validate_documents,
 };
 use pcmail_store::{SpecWrites, Store};
 
@@ -21,25 +20,14 @@ fn parse_all(files: &[ManifestFile]) -> Result<Vec<Document>, Vec<ManifestError>
             Err(e) => errors.extend(e),
         }
     }
-    if errors.is_empty() {
-        Ok(docs)
-    } else {
-        Err(errors)
-    }
+    if errors.is_empty() { Ok(docs) } else { Err(errors) }
 }
 
 /// Validates everything first; any error applies nothing (all-or-nothing, DESIGN §3).
-pub async fn apply(
-    app: &App,
-    files: Vec<ManifestFile>,
-    dry_run: bool,
-    now: Ts,
-) -> Result<Vec<ApplyResult>, ApiError> {
+pub async fn apply(app: &App, files: Vec<ManifestFile>, dry_run: bool, now: Ts) -> Result<Vec<ApplyResult>, ApiError> {
     let docs = parse_all(&files).map_err(ApiError::invalid_manifest)?;
     if docs.is_empty() {
-        return Err(ApiError::bad_request(
-            "no objects found in the given manifests",
-        ));
+        return Err(ApiError::bad_request("no objects found in the given manifests"));
     }
     let _serialized = app.lock_specs().await;
     let existing = app.store().list_specs().await?;
@@ -63,33 +51,19 @@ pub async fn apply(
         })
         .collect();
     if !dry_run {
-        let changed: Vec<_> = steps
-            .into_iter()
-            .filter(|s| s.outcome != ApplyOutcome::Unchanged)
-            .collect();
+        let changed: Vec<_> = steps.into_iter().filter(|s| s.outcome != ApplyOutcome::Unchanged).collect();
         let events = changed
             .iter()
             .map(|s| Event {
                 at: now,
                 object: format!("{}/{}", s.record.kind.lower(), s.record.name),
-                reason: if s.outcome == ApplyOutcome::Created {
-                    "Created"
-                } else {
-                    "Configured"
-                }
-                .into(),
+                reason: if s.outcome == ApplyOutcome::Created { "Created" } else { "Configured" }.into(),
                 message: format!("generation {}", s.record.generation),
                 actor: "admin".into(),
             })
             .collect();
         let upsert = changed.into_iter().map(|s| s.record).collect();
-        app.store()
-            .write_specs(SpecWrites {
-                upsert,
-                delete: vec![],
-                events,
-            })
-            .await?;
+        app.store().write_specs(SpecWrites { upsert, delete: vec![], events }).await?;
         sync(app, now).await?;
     }
     Ok(results)
@@ -99,10 +73,7 @@ pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), Ap
     let _serialized = app.lock_specs().await;
     let existing = app.store().list_specs().await?;
     if !existing.iter().any(|r| r.kind == kind && r.name == name) {
-        return Err(ApiError::not_found(format!(
-            "{}/{name} not found",
-            kind.lower()
-        )));
+        return Err(ApiError::not_found(format!("{}/{name} not found", kind.lower())));
     }
     let event = Event {
         at: now,
@@ -112,11 +83,7 @@ pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), Ap
         actor: "admin".into(),
     };
     app.store()
-        .write_specs(SpecWrites {
-            upsert: vec![],
-            delete: vec![(kind, name.into())],
-            events: vec![event],
-        })
+        .write_specs(SpecWrites { upsert: vec![], delete: vec![(kind, name.into())], events: vec![event] })
         .await?;
     sync(app, now).await?;
     Ok(())
@@ -130,12 +97,11 @@ pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     let ledgers: Vec<_> = rt.ledgers.iter().collect();
     let functions: Vec<_> = rt.functions.iter().map(|(n, f)| (n.as_str(), f)).collect();
     let pools: Vec<_> = rt.pools.iter().map(|(n, p)| (n.as_str(), p)).collect();
-    app.metrics().declare_specs(&ledgers, &functions, &pools);
+    let machines: Vec<String> = rt.roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect();
+    app.metrics().declare_specs(&machines, &ledgers, &functions, &pools);
     app.set_runtime(rt);
     for (record, status) in statuses {
-        app.store()
-            .set_spec_status(record.kind, &record.name, status)
-            .await?;
+        app.store().set_spec_status(record.kind, &record.name, status).await?;
     }
     Ok(())
 }

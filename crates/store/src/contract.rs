@@ -47,15 +47,7 @@ fn mail(n: u32, to: &str) -> Mail {
 
 async fn insert(store: &impl Store, mails: Vec<Mail>) {
     store
-        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-            (
-                MailWrites {
-                    insert: mails,
-                    ..Default::default()
-                },
-                (),
-            )
-        })
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| (MailWrites { insert: mails, ..Default::default() }, ()))
         .await
         .expect("insert");
 }
@@ -77,31 +69,12 @@ pub async fn mail_round_trips_every_field(store: &impl Store) {
 }
 
 pub async fn m11_after_cursor_returns_only_the_recipients_mail_in_order(store: &impl Store) {
-    insert(
-        store,
-        vec![
-            mail(1, "pc2"),
-            mail(2, "pc3"),
-            mail(3, "pc2"),
-            mail(4, "pc2"),
-        ],
-    )
-    .await;
-    let sel = |cursor, limit| MailSelect::After {
-        to: "pc2".into(),
-        cursor,
-        limit,
-    };
-    let all = store
-        .mail_transaction(sel(0, 10), |m| (MailWrites::default(), m))
-        .await
-        .expect("select");
+    insert(store, vec![mail(1, "pc2"), mail(2, "pc3"), mail(3, "pc2"), mail(4, "pc2")]).await;
+    let sel = |cursor, limit| MailSelect::After { to: "pc2".into(), cursor, limit };
+    let all = store.mail_transaction(sel(0, 10), |m| (MailWrites::default(), m)).await.expect("select");
     let ids: Vec<_> = all.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["mail--00000001", "mail--00000003", "mail--00000004"]);
-    let page = store
-        .mail_transaction(sel(all[0].seq, 1), |m| (MailWrites::default(), m))
-        .await
-        .expect("select");
+    let page = store.mail_transaction(sel(all[0].seq, 1), |m| (MailWrites::default(), m)).await.expect("select");
     assert_eq!(page.len(), 1);
     assert_eq!(page[0].id, "mail--00000003");
 }
@@ -110,25 +83,11 @@ pub async fn transaction_writes_are_all_or_nothing(store: &impl Store) {
     let ghost = mail(99, "pc2");
     let res = store
         .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-            (
-                MailWrites {
-                    insert: vec![mail(1, "pc2")],
-                    update: vec![ghost],
-                    ..Default::default()
-                },
-                (),
-            )
+            (MailWrites { insert: vec![mail(1, "pc2")], update: vec![ghost], ..Default::default() }, ())
         })
         .await;
-    assert!(
-        res.is_err(),
-        "updating a missing row must fail the transaction"
-    );
-    assert_eq!(
-        store.get_mail("mail--00000001").await.expect("get"),
-        None,
-        "the insert must be rolled back"
-    );
+    assert!(res.is_err(), "updating a missing row must fail the transaction");
+    assert_eq!(store.get_mail("mail--00000001").await.expect("get"), None, "the insert must be rolled back");
 }
 
 pub async fn duplicate_id_insert_fails_and_keeps_the_original(store: &impl Store) {
@@ -137,67 +96,37 @@ pub async fn duplicate_id_insert_fails_and_keeps_the_original(store: &impl Store
     other.body = "other".into();
     let res = store
         .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-            (
-                MailWrites {
-                    insert: vec![other],
-                    ..Default::default()
-                },
-                (),
-            )
+            (MailWrites { insert: vec![other], ..Default::default() }, ())
         })
         .await;
     assert!(res.is_err());
-    let kept = store
-        .get_mail("mail--00000001")
-        .await
-        .expect("get")
-        .expect("present");
+    let kept = store.get_mail("mail--00000001").await.expect("get").expect("present");
     assert_eq!((kept.to.as_str(), kept.body.as_str()), ("pc2", "body"));
 }
 
 pub async fn updates_replace_the_row_and_record_events(store: &impl Store) {
     insert(store, vec![mail(1, "pc2")]).await;
     store
-        .mail_transaction(
-            MailSelect::Ids(vec!["mail--00000001".into()]),
-            |mut loaded| {
-                let mut m = loaded.remove(0);
-                m.state = MailState::Seen;
-                m.seen_at = Some(at(7));
-                let event = Event {
-                    at: at(7),
-                    object: format!("mail/{}", m.id),
-                    reason: "Seen".into(),
-                    message: "new → seen".into(),
-                    actor: "pc2".into(),
-                };
-                (
-                    MailWrites {
-                        update: vec![m],
-                        events: vec![event],
-                        ..Default::default()
-                    },
-                    (),
-                )
-            },
-        )
+        .mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut loaded| {
+            let mut m = loaded.remove(0);
+            m.state = MailState::Seen;
+            m.seen_at = Some(at(7));
+            let event = Event {
+                at: at(7),
+                object: format!("mail/{}", m.id),
+                reason: "Seen".into(),
+                message: "new → seen".into(),
+                actor: "pc2".into(),
+            };
+            (MailWrites { update: vec![m], events: vec![event], ..Default::default() }, ())
+        })
         .await
         .expect("update");
-    let m = store
-        .get_mail("mail--00000001")
-        .await
-        .expect("get")
-        .expect("present");
+    let m = store.get_mail("mail--00000001").await.expect("get").expect("present");
     assert_eq!((m.state, m.seen_at), (MailState::Seen, Some(at(7))));
-    let events = store
-        .events_for("mail/mail--00000001")
-        .await
-        .expect("events");
+    let events = store.events_for("mail/mail--00000001").await.expect("events");
     assert_eq!(events.len(), 1);
-    assert_eq!(
-        (events[0].reason.as_str(), events[0].actor.as_str()),
-        ("Seen", "pc2")
-    );
+    assert_eq!((events[0].reason.as_str(), events[0].actor.as_str()), ("Seen", "pc2"));
 }
 
 pub async fn concurrent_transactions_never_lose_an_update(store: &(impl Store + Clone)) {
@@ -210,13 +139,7 @@ pub async fn concurrent_transactions_never_lose_an_update(store: &(impl Store + 
                 s.mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut l| {
                     let mut m = l.remove(0);
                     m.hop += 1;
-                    (
-                        MailWrites {
-                            update: vec![m],
-                            ..Default::default()
-                        },
-                        (),
-                    )
+                    (MailWrites { update: vec![m], ..Default::default() }, ())
                 })
                 .await
                 .expect("increment");
@@ -226,14 +149,7 @@ pub async fn concurrent_transactions_never_lose_an_update(store: &(impl Store + 
     for t in tasks {
         t.await.expect("task");
     }
-    assert_eq!(
-        store
-            .get_mail("mail--00000001")
-            .await
-            .expect("get")
-            .map(|m| m.hop),
-        Some(100)
-    );
+    assert_eq!(store.get_mail("mail--00000001").await.expect("get").map(|m| m.hop), Some(100));
 }
 
 pub async fn m8_expiring_selects_only_open_mail_due_by_now(store: &impl Store) {
@@ -241,13 +157,7 @@ pub async fn m8_expiring_selects_only_open_mail_due_by_now(store: &impl Store) {
     done.state = MailState::Done;
     insert(store, vec![mail(1, "pc2"), done, mail(3, "pc2")]).await;
     let due = store
-        .mail_transaction(
-            MailSelect::Expiring {
-                now: at(1002),
-                limit: 100,
-            },
-            |m| (MailWrites::default(), m),
-        )
+        .mail_transaction(MailSelect::Expiring { now: at(1002), limit: 100 }, |m| (MailWrites::default(), m))
         .await
         .expect("select");
     let ids: Vec<_> = due.iter().map(|m| m.id.as_str()).collect();
@@ -257,30 +167,11 @@ pub async fn m8_expiring_selects_only_open_mail_due_by_now(store: &impl Store) {
 pub async fn list_mail_filters_newest_first(store: &impl Store) {
     let mut seen = mail(3, "pc2");
     seen.state = MailState::Seen;
-    insert(
-        store,
-        vec![mail(1, "pc2"), mail(2, "pc3"), seen, mail(4, "pc2")],
-    )
-    .await;
-    let q = MailQuery {
-        to: Some("pc2".into()),
-        states: vec![MailState::New],
-        limit: 10,
-        ..Default::default()
-    };
-    let ids: Vec<_> = store
-        .list_mail(q)
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|m| m.id)
-        .collect();
+    insert(store, vec![mail(1, "pc2"), mail(2, "pc3"), seen, mail(4, "pc2")]).await;
+    let q = MailQuery { to: Some("pc2".into()), states: vec![MailState::New], limit: 10, ..Default::default() };
+    let ids: Vec<_> = store.list_mail(q).await.expect("list").into_iter().map(|m| m.id).collect();
     assert_eq!(ids, ["mail--00000004", "mail--00000001"]);
-    let q = MailQuery {
-        from: Some("pc1".into()),
-        limit: 2,
-        ..Default::default()
-    };
+    let q = MailQuery { from: Some("pc1".into()), limit: 2, ..Default::default() };
     assert_eq!(store.list_mail(q).await.expect("list").len(), 2);
 }
 
@@ -288,21 +179,12 @@ pub async fn heartbeat_keeps_the_latest_poll(store: &impl Store) {
     for t in [10, 30, 20] {
         store
             .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-                (
-                    MailWrites {
-                        heartbeat: Some(("pc2".into(), at(t))),
-                        ..Default::default()
-                    },
-                    (),
-                )
+                (MailWrites { heartbeat: Some(("pc2".into(), at(t))), ..Default::default() }, ())
             })
             .await
             .expect("heartbeat");
     }
-    assert_eq!(
-        store.last_polls().await.expect("polls"),
-        vec![("pc2".to_string(), at(30))]
-    );
+    assert_eq!(store.last_polls().await.expect("polls"), vec![("pc2".to_string(), at(30))]);
 }
 
 fn record(kind: Kind, name: &str, generation: u64) -> SpecRecord {
@@ -320,53 +202,25 @@ fn record(kind: Kind, name: &str, generation: u64) -> SpecRecord {
 
 pub async fn specs_upsert_delete_and_status(store: &impl Store) {
     let writes = SpecWrites {
-        upsert: vec![
-            record(Kind::MailPolicy, "default", 1),
-            record(Kind::Function, "f", 1),
-        ],
+        upsert: vec![record(Kind::MailPolicy, "default", 1), record(Kind::Function, "f", 1)],
         ..Default::default()
     };
     store.write_specs(writes).await.expect("write");
     store
-        .write_specs(SpecWrites {
-            upsert: vec![record(Kind::MailPolicy, "default", 2)],
-            ..Default::default()
-        })
+        .write_specs(SpecWrites { upsert: vec![record(Kind::MailPolicy, "default", 2)], ..Default::default() })
         .await
         .expect("update");
-    let mut status = Status {
-        observed_generation: 2,
-        conditions: vec![],
-    };
+    let mut status = Status { observed_generation: 2, conditions: vec![] };
     status.set_condition("Ready", true, "Applied", "ok", at(3));
-    store
-        .set_spec_status(Kind::MailPolicy, "default", status.clone())
-        .await
-        .expect("status");
-    store
-        .set_spec_status(Kind::MailPolicy, "gone", status.clone())
-        .await
-        .expect("missing is fine");
+    store.set_spec_status(Kind::MailPolicy, "default", status.clone()).await.expect("status");
+    store.set_spec_status(Kind::MailPolicy, "gone", status.clone()).await.expect("missing is fine");
     let specs = store.list_specs().await.expect("list");
     assert_eq!(specs.len(), 2);
-    let mp = specs
-        .iter()
-        .find(|r| r.kind == Kind::MailPolicy)
-        .expect("present");
-    assert_eq!(
-        (
-            mp.generation,
-            &mp.status,
-            mp.labels.get("team").map(String::as_str)
-        ),
-        (2, &status, Some("a"))
-    );
+    let mp = specs.iter().find(|r| r.kind == Kind::MailPolicy).expect("present");
+    assert_eq!((mp.generation, &mp.status, mp.labels.get("team").map(String::as_str)), (2, &status, Some("a")));
 
     store
-        .write_specs(SpecWrites {
-            delete: vec![(Kind::Function, "f".into())],
-            ..Default::default()
-        })
+        .write_specs(SpecWrites { delete: vec![(Kind::Function, "f".into())], ..Default::default() })
         .await
         .expect("delete");
     assert_eq!(store.list_specs().await.expect("list").len(), 1);
@@ -374,19 +228,10 @@ pub async fn specs_upsert_delete_and_status(store: &impl Store) {
 
 pub async fn c2_tokens_are_found_by_hash_and_reissue_replaces(store: &impl Store) {
     store.put_token("pc1", "hash-a", at(1)).await.expect("put");
-    assert_eq!(
-        store.machine_for_token("hash-a").await.expect("find"),
-        Some("pc1".into())
-    );
-    store
-        .put_token("pc1", "hash-b", at(2))
-        .await
-        .expect("reissue");
+    assert_eq!(store.machine_for_token("hash-a").await.expect("find"), Some("pc1".into()));
+    store.put_token("pc1", "hash-b", at(2)).await.expect("reissue");
     assert_eq!(store.machine_for_token("hash-a").await.expect("find"), None);
-    assert_eq!(
-        store.machine_for_token("hash-b").await.expect("find"),
-        Some("pc1".into())
-    );
+    assert_eq!(store.machine_for_token("hash-b").await.expect("find"), Some("pc1".into()));
 }
 
 pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
@@ -395,24 +240,12 @@ pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
         .mail_transaction(MailSelect::Ids(vec!["mail--00000001".into()]), |mut l| {
             let mut m = l.remove(0);
             m.state = MailState::Done;
-            (
-                MailWrites {
-                    update: vec![m],
-                    ..Default::default()
-                },
-                (),
-            )
+            (MailWrites { update: vec![m], ..Default::default() }, ())
         })
         .await
         .expect("update");
     let counts = store.mail_counts().await.expect("counts");
-    let count = |state| {
-        counts
-            .iter()
-            .filter(|c: &&MailCount| c.state == state)
-            .map(|c| c.count)
-            .sum::<u64>()
-    };
+    let count = |state| counts.iter().filter(|c: &&MailCount| c.state == state).map(|c| c.count).sum::<u64>();
     assert_eq!((count(MailState::New), count(MailState::Done)), (2, 1));
     assert!(counts.iter().all(|c| c.kind == "note" && c.channel == "pc"));
 }
@@ -424,45 +257,14 @@ pub async fn m9_selections_find_new_and_delivered_mail_by_age(store: &impl Store
     let mut seen = mail(3, "pc2");
     seen.state = MailState::Seen;
     seen.delivered_at = Some(at(10));
-    insert(
-        store,
-        vec![mail(1, "pc2"), delivered, seen, mail(40, "pc2")],
-    )
-    .await;
-    let undelivered = store
-        .select_mail(MailSelect::Undelivered {
-            created_before: at(10),
-            limit: 10,
-        })
-        .await
-        .expect("select");
-    assert_eq!(
-        undelivered
-            .iter()
-            .map(|m| m.id.as_str())
-            .collect::<Vec<_>>(),
-        ["mail--00000001"]
-    );
-    let unread = store
-        .select_mail(MailSelect::Unread {
-            delivered_before: at(50),
-            limit: 10,
-        })
-        .await
-        .expect("select");
-    assert_eq!(
-        unread.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
-        ["mail--00000002"]
-    );
+    insert(store, vec![mail(1, "pc2"), delivered, seen, mail(40, "pc2")]).await;
+    let undelivered =
+        store.select_mail(MailSelect::Undelivered { created_before: at(10), limit: 10 }).await.expect("select");
+    assert_eq!(undelivered.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["mail--00000001"]);
+    let unread = store.select_mail(MailSelect::Unread { delivered_before: at(50), limit: 10 }).await.expect("select");
+    assert_eq!(unread.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["mail--00000002"]);
     assert!(
-        store
-            .select_mail(MailSelect::Unread {
-                delivered_before: at(49),
-                limit: 10
-            })
-            .await
-            .expect("select")
-            .is_empty()
+        store.select_mail(MailSelect::Unread { delivered_before: at(49), limit: 10 }).await.expect("select").is_empty()
     );
 }
 
@@ -483,47 +285,29 @@ fn alert(subject: &str, state: AlertState, updated: i64) -> Alert {
 
 pub async fn m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent(store: &impl Store) {
     store
-        .write_alerts(vec![
-            alert("a", AlertState::Firing, 1),
-            alert("b", AlertState::Firing, 1),
-        ])
+        .write_alerts(vec![alert("a", AlertState::Firing, 1), alert("b", AlertState::Firing, 1)])
         .await
         .expect("write");
     assert_eq!(store.firing_alerts().await.expect("firing").len(), 2);
     let pending = store.alerts_to_notify(10).await.expect("pending");
     assert_eq!(pending.len(), 2);
     // "b" resolves between loading and marking: its resolution must still be notified.
-    store
-        .write_alerts(vec![alert("b", AlertState::Resolved, 2)])
-        .await
-        .expect("resolve");
+    store.write_alerts(vec![alert("b", AlertState::Resolved, 2)]).await.expect("resolve");
     store.mark_notified(pending, at(3)).await.expect("mark");
     let left = store.alerts_to_notify(10).await.expect("pending");
-    assert_eq!(
-        left.iter()
-            .map(|a| (a.subject.as_str(), a.state))
-            .collect::<Vec<_>>(),
-        [("b", AlertState::Resolved)]
-    );
+    assert_eq!(left.iter().map(|a| (a.subject.as_str(), a.state)).collect::<Vec<_>>(), [("b", AlertState::Resolved)]);
     let all = store.list_alerts(10).await.expect("all");
     let a = all.iter().find(|x| x.subject == "a").expect("a");
     assert_eq!(
-        (
-            a.notified,
-            a.last_sent_at,
-            a.labels.get("to").map(String::as_str)
-        ),
+        (a.notified, a.last_sent_at, a.labels.get("to").map(String::as_str)),
         (Some(AlertState::Firing), Some(at(3)), Some("pc2"))
     );
     assert_eq!(store.firing_alerts().await.expect("firing").len(), 1);
 }
 
 pub async fn m10_alert_rows_commit_with_the_mail_they_announce(store: &impl Store) {
-    let notice = Alert {
-        kind: AlertKind::Arrival,
-        state: AlertState::Notice,
-        ..alert("mail--00000001", AlertState::Notice, 1)
-    };
+    let notice =
+        Alert { kind: AlertKind::Arrival, state: AlertState::Notice, ..alert("mail--00000001", AlertState::Notice, 1) };
     let ghost = mail(99, "pc2");
     let failed = store
         .mail_transaction(MailSelect::Ids(vec![]), move |_| {
@@ -539,10 +323,7 @@ pub async fn m10_alert_rows_commit_with_the_mail_they_announce(store: &impl Stor
         })
         .await;
     assert!(failed.is_err());
-    assert!(
-        store.list_alerts(10).await.expect("alerts").is_empty(),
-        "rolled back with the mail"
-    );
+    assert!(store.list_alerts(10).await.expect("alerts").is_empty(), "rolled back with the mail");
 }
 
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.

@@ -43,11 +43,7 @@ pub enum MailSelect {
     /// These ids; missing ones are simply absent from the loaded rows.
     Ids(Vec<String>),
     /// M11: a recipient's mail after its cursor, in delivery order.
-    After {
-        to: String,
-        cursor: i64,
-        limit: usize,
-    },
+    After { to: String, cursor: i64, limit: usize },
     /// M8: mail not yet terminal whose expiry is at or before `now`.
     Expiring { now: Ts, limit: usize },
     /// M9: mail still `new` that was created at or before `created_before`.
@@ -73,10 +69,7 @@ pub struct MailWrites {
 
 impl MailWrites {
     pub fn is_empty(&self) -> bool {
-        self.insert.is_empty()
-            && self.update.is_empty()
-            && self.events.is_empty()
-            && self.heartbeat.is_none()
+        self.insert.is_empty() && self.update.is_empty() && self.events.is_empty() && self.heartbeat.is_none()
     }
 }
 
@@ -110,11 +103,7 @@ pub struct SpecWrites {
 pub trait Store: Send + Sync + 'static {
     /// Loads the selected rows, hands them to `plan`, and applies the writes it returns, all in
     /// one transaction with no other writer in between.
-    fn mail_transaction<R, F>(
-        &self,
-        select: MailSelect,
-        plan: F,
-    ) -> impl Future<Output = Result<R>> + Send
+    fn mail_transaction<R, F>(&self, select: MailSelect, plan: F) -> impl Future<Output = Result<R>> + Send
     where
         F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
         R: Send + 'static;
@@ -130,20 +119,10 @@ pub trait Store: Send + Sync + 'static {
     fn list_specs(&self) -> impl Future<Output = Result<Vec<SpecRecord>>> + Send;
     fn write_specs(&self, writes: SpecWrites) -> impl Future<Output = Result<()>> + Send;
     /// Writes only the status of one object; a missing object is not an error (it was deleted).
-    fn set_spec_status(
-        &self,
-        kind: Kind,
-        name: &str,
-        status: Status,
-    ) -> impl Future<Output = Result<()>> + Send;
+    fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> impl Future<Output = Result<()>> + Send;
 
     /// Stores the hash of `machine`'s token, replacing its previous one.
-    fn put_token(
-        &self,
-        machine: &str,
-        hash: &str,
-        now: Ts,
-    ) -> impl Future<Output = Result<()>> + Send;
+    fn put_token(&self, machine: &str, hash: &str, now: Ts) -> impl Future<Output = Result<()>> + Send;
     fn machine_for_token(&self, hash: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     /// Each machine's last poll (A5, M9 receiver-down).
     fn last_polls(&self) -> impl Future<Output = Result<Vec<(String, Ts)>>> + Send;
@@ -166,23 +145,14 @@ pub trait Store: Send + Sync + 'static {
 pub async fn open(url: &str) -> Result<SqliteStore> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
-            return Err(StoreError::BadUrl {
-                url: url.into(),
-                reason: "sqlite: needs a file path".into(),
-            });
+            return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
         }
         return SqliteStore::open(path).await;
     }
-    let reason = if url.starts_with("postgres://")
-        || url.starts_with("postgresql://")
-        || url.starts_with("sheets://")
-    {
+    let reason = if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sheets://") {
         "this build has only the sqlite adapter"
     } else {
         "expected sqlite:PATH"
     };
-    Err(StoreError::BadUrl {
-        url: url.into(),
-        reason: reason.into(),
-    })
+    Err(StoreError::BadUrl { url: url.into(), reason: reason.into() })
 }

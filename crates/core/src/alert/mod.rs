@@ -29,12 +29,8 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 4] = [
-        AlertKind::UnreadSla,
-        AlertKind::Undelivered,
-        AlertKind::ReceiverDown,
-        AlertKind::Arrival,
-    ];
+    pub const ALL: [AlertKind; 4] =
+        [AlertKind::UnreadSla, AlertKind::Undelivered, AlertKind::ReceiverDown, AlertKind::Arrival];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -65,10 +61,7 @@ impl fmt::Display for AlertKind {
 impl FromStr for AlertKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        AlertKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown alert kind {s:?}"))
+        AlertKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown alert kind {s:?}"))
     }
 }
 
@@ -132,12 +125,7 @@ pub fn is_undelivered(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
 }
 
 pub fn unread_sla(m: &Mail, p: &MailPolicySpec) -> chrono::TimeDelta {
-    if m.urgent {
-        p.unread_sla.urgent
-    } else {
-        p.unread_sla.normal
-    }
-    .to_chrono()
+    if m.urgent { p.unread_sla.urgent } else { p.unread_sla.normal }.to_chrono()
 }
 
 pub fn is_unread_past_sla(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
@@ -182,33 +170,20 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
     let mut breaches = Breaches::default();
     let mut firing: Vec<(AlertKind, String, String, BTreeMap<String, String>)> = Vec::new();
     let mut seen_mail = BTreeSet::new();
-    for m in inputs
-        .mails
-        .iter()
-        .filter(|m| seen_mail.insert(m.id.as_str()))
-    {
+    for m in inputs.mails.iter().filter(|m| seen_mail.insert(m.id.as_str())) {
         if is_undelivered(m, policy, now) {
             *breaches.undelivered.entry(m.to.clone()).or_default() += 1;
-            let labels = BTreeMap::from([
-                ("to".to_string(), m.to.clone()),
-                ("from".to_string(), m.from.clone()),
-            ]);
+            let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("from".to_string(), m.from.clone())]);
             let age = format_age(now - m.created_at);
             firing.push((
                 AlertKind::Undelivered,
                 m.id.clone(),
-                format!(
-                    "{} to {} not delivered for {age}: {}",
-                    m.id, m.to, m.subject
-                ),
+                format!("{} to {} not delivered for {age}: {}", m.id, m.to, m.subject),
                 labels,
             ));
         }
         if is_unread_past_sla(m, policy, now) {
-            *breaches
-                .unread
-                .entry((m.to.clone(), urgency(m).to_string()))
-                .or_default() += 1;
+            *breaches.unread.entry((m.to.clone(), urgency(m).to_string())).or_default() += 1;
             let labels = BTreeMap::from([
                 ("to".to_string(), m.to.clone()),
                 ("from".to_string(), m.from.clone()),
@@ -218,19 +193,12 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             firing.push((
                 AlertKind::UnreadSla,
                 m.id.clone(),
-                format!(
-                    "{} delivered to {} {age} ago, still unread: {}",
-                    m.id, m.to, m.subject
-                ),
+                format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, m.subject),
                 labels,
             ));
         }
     }
-    let in_roster = |name: &str| {
-        inputs
-            .roster
-            .is_some_and(|r| r.machines.iter().any(|m| m.label == name))
-    };
+    let in_roster = |name: &str| inputs.roster.is_some_and(|r| r.machines.iter().any(|m| m.label == name));
     for (machine, last) in inputs.last_polls.iter().filter(|(name, _)| in_roster(name)) {
         if is_receiver_down(*last, policy, now) {
             let labels = BTreeMap::from([("machine".to_string(), machine.clone())]);
@@ -246,8 +214,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
         .filter(|a| a.state == AlertState::Firing)
         .map(|a| ((a.kind, a.subject.as_str()), a))
         .collect();
-    let still: BTreeSet<(AlertKind, &str)> =
-        firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
+    let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
     for (kind, subject, summary, labels) in &firing {
         *breaches.firing.entry(*kind).or_default() += 1;
         if !open.contains_key(&(*kind, subject.as_str())) {
@@ -334,16 +301,7 @@ mod tests {
     }
 
     fn plan(mails: &[Mail], open: &[Alert], now: Ts) -> AlertPlan {
-        plan_alerts(
-            &AlertInputs {
-                mails,
-                last_polls: &[],
-                roster: None,
-                open,
-            },
-            &policy(),
-            now,
-        )
+        plan_alerts(&AlertInputs { mails, last_polls: &[], roster: None, open }, &policy(), now)
     }
 
     const H: i64 = 3600;
@@ -354,35 +312,18 @@ mod tests {
         let normal = delivered("mail--00000002", false, at(0));
         let at_2h = plan(&[urgent.clone(), normal.clone()], &[], at(2 * H));
         assert_eq!(at_2h.upsert.len(), 1);
-        assert_eq!(
-            (at_2h.upsert[0].kind, at_2h.upsert[0].subject.as_str()),
-            (AlertKind::UnreadSla, "mail--00000001")
-        );
-        assert_eq!(
-            at_2h.breaches.unread.get(&("pc2".into(), "urgent".into())),
-            Some(&1)
-        );
-        assert!(
-            plan(std::slice::from_ref(&normal), &[], at(6 * H - 1))
-                .upsert
-                .is_empty()
-        );
+        assert_eq!((at_2h.upsert[0].kind, at_2h.upsert[0].subject.as_str()), (AlertKind::UnreadSla, "mail--00000001"));
+        assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), "urgent".into())), Some(&1));
+        assert!(plan(std::slice::from_ref(&normal), &[], at(6 * H - 1)).upsert.is_empty());
         assert_eq!(plan(&[normal], &[], at(6 * H)).upsert.len(), 1);
     }
 
     #[test]
     fn m9_undelivered_fires_after_30m_of_new() {
         let m = mail("mail--00000001", "pc1", "pc2");
-        assert!(
-            plan(std::slice::from_ref(&m), &[], at(30 * 60 - 1))
-                .upsert
-                .is_empty()
-        );
+        assert!(plan(std::slice::from_ref(&m), &[], at(30 * 60 - 1)).upsert.is_empty());
         let p = plan(&[m], &[], at(30 * 60));
-        assert_eq!(
-            (p.upsert[0].kind, p.upsert[0].state),
-            (AlertKind::Undelivered, AlertState::Firing)
-        );
+        assert_eq!((p.upsert[0].kind, p.upsert[0].state), (AlertKind::Undelivered, AlertState::Firing));
         assert_eq!(p.breaches.undelivered.get("pc2"), Some(&1));
     }
 
@@ -391,22 +332,13 @@ mod tests {
         let m = delivered("mail--00000001", false, at(0));
         let fired = plan(std::slice::from_ref(&m), &[], at(7 * H)).upsert;
         assert_eq!(fired.len(), 1);
-        assert!(
-            plan(std::slice::from_ref(&m), &fired, at(8 * H))
-                .upsert
-                .is_empty(),
-            "already firing: no new row"
-        );
+        assert!(plan(std::slice::from_ref(&m), &fired, at(8 * H)).upsert.is_empty(), "already firing: no new row");
         let mut seen = m;
         seen.state = MailState::Seen;
         let resolved = plan(&[seen], &fired, at(9 * H)).upsert;
         assert_eq!(resolved.len(), 1);
         assert_eq!(
-            (
-                resolved[0].state,
-                resolved[0].resolved_at,
-                resolved[0].firing_since
-            ),
+            (resolved[0].state, resolved[0].resolved_at, resolved[0].firing_since),
             (AlertState::Resolved, Some(at(9 * H)), at(7 * H))
         );
         assert!(resolved[0].needs_notification());
@@ -419,45 +351,19 @@ mod tests {
             machines: ["pc1", "pc2"]
                 .iter()
                 .enumerate()
-                .map(|(i, l)| Machine {
-                    number: i as u32 + 1,
-                    label: l.to_string(),
-                    hostname: None,
-                    aliases: vec![],
-                })
+                .map(|(i, l)| Machine { number: i as u32 + 1, label: l.to_string(), hostname: None, aliases: vec![] })
                 .collect(),
         };
-        let polls = vec![
-            ("pc1".to_string(), at(0)),
-            ("pc2".to_string(), at(500)),
-            ("gone".to_string(), at(0)),
-        ];
-        let inputs = AlertInputs {
-            mails: &[],
-            last_polls: &polls,
-            roster: Some(&roster),
-            open: &[],
-        };
+        let polls = vec![("pc1".to_string(), at(0)), ("pc2".to_string(), at(500)), ("gone".to_string(), at(0))];
+        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &[] };
         let p = plan_alerts(&inputs, &policy(), at(600));
-        let subjects: Vec<_> = p
-            .upsert
-            .iter()
-            .map(|a| (a.kind, a.subject.as_str()))
-            .collect();
+        let subjects: Vec<_> = p.upsert.iter().map(|a| (a.kind, a.subject.as_str())).collect();
         assert_eq!(subjects, [(AlertKind::ReceiverDown, "pc1")]);
         // pc1 polls again: its alert resolves.
         let polls = vec![("pc1".to_string(), at(650)), ("pc2".to_string(), at(500))];
-        let inputs = AlertInputs {
-            mails: &[],
-            last_polls: &polls,
-            roster: Some(&roster),
-            open: &p.upsert,
-        };
+        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &p.upsert };
         let p2 = plan_alerts(&inputs, &policy(), at(700));
-        assert_eq!(
-            p2.upsert.iter().map(|a| a.state).collect::<Vec<_>>(),
-            [AlertState::Resolved]
-        );
+        assert_eq!(p2.upsert.iter().map(|a| a.state).collect::<Vec<_>>(), [AlertState::Resolved]);
     }
 
     #[test]
@@ -465,10 +371,7 @@ mod tests {
         let mut m = mail("mail--00000001", "pc1", "pc2");
         assert_eq!(arrival_notice(&m, at(0)), None);
         m.kind = MailKind::Decision;
-        assert_eq!(
-            arrival_notice(&m, at(0)).map(|a| a.state),
-            Some(AlertState::Notice)
-        );
+        assert_eq!(arrival_notice(&m, at(0)).map(|a| a.state), Some(AlertState::Notice));
         m.kind = MailKind::Note;
         m.urgent = true;
         assert!(arrival_notice(&m, at(0)).is_some());

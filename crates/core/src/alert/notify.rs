@@ -76,12 +76,7 @@ pub fn webhook_body(format: NotifyFormat, alerts: &[Alert], external_url: &str) 
 
 /// The array Alertmanager's `POST /api/v2/alerts` takes. Firing alerts are re-sent while they
 /// fire with an `endsAt` a few resend periods ahead; resolved ones carry their resolve time.
-pub fn alertmanager_api_body(
-    alerts: &[Alert],
-    external_url: &str,
-    now: Ts,
-    hold: chrono::TimeDelta,
-) -> Value {
+pub fn alertmanager_api_body(alerts: &[Alert], external_url: &str, now: Ts, hold: chrono::TimeDelta) -> Value {
     let fmt = |t: Ts| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     Value::Array(
         alerts
@@ -145,11 +140,7 @@ mod tests {
 
     #[test]
     fn m10_alertmanager_webhook_v4_shape() {
-        let body = webhook_body(
-            NotifyFormat::Alertmanager,
-            &[alert(AlertState::Firing)],
-            "http://pcmail",
-        );
+        let body = webhook_body(NotifyFormat::Alertmanager, &[alert(AlertState::Firing)], "http://pcmail");
         assert_eq!(body["version"], "4");
         assert_eq!(body["status"], "firing");
         let a = &body["alerts"][0];
@@ -159,17 +150,10 @@ mod tests {
         );
         assert_eq!(a["labels"]["to"], "pc2");
         assert_eq!(a["endsAt"], ZERO_TIME);
-        let resolved = webhook_body(
-            NotifyFormat::Alertmanager,
-            &[alert(AlertState::Resolved)],
-            "http://pcmail",
-        );
+        let resolved = webhook_body(NotifyFormat::Alertmanager, &[alert(AlertState::Resolved)], "http://pcmail");
         assert_eq!(resolved["status"], "resolved");
         assert_eq!(resolved["alerts"][0]["endsAt"], "1970-01-01T00:01:00.000Z");
-        assert_eq!(
-            resolved["alerts"][0]["fingerprint"], a["fingerprint"],
-            "same alert, same fingerprint"
-        );
+        assert_eq!(resolved["alerts"][0]["fingerprint"], a["fingerprint"], "same alert, same fingerprint");
     }
 
     #[test]
@@ -177,22 +161,11 @@ mod tests {
         let alerts = [alert(AlertState::Firing), alert(AlertState::Resolved)];
         let d = webhook_body(NotifyFormat::Discord, &alerts, "");
         let text = d["content"].as_str().unwrap_or_default();
-        assert!(
-            text.starts_with("[FIRING] undelivered: mail--00000001")
-                && text.contains("\n[RESOLVED]"),
-            "{text}"
-        );
-        assert_eq!(
-            webhook_body(NotifyFormat::Slack, &alerts, "")["text"],
-            d["content"]
-        );
+        assert!(text.starts_with("[FIRING] undelivered: mail--00000001") && text.contains("\n[RESOLVED]"), "{text}");
+        assert_eq!(webhook_body(NotifyFormat::Slack, &alerts, "")["text"], d["content"]);
         let many: Vec<Alert> = (0..200).map(|_| alert(AlertState::Firing)).collect();
         let cut = chat_text(&many, 2000);
-        assert!(
-            cut.chars().count() <= 2000 && cut.ends_with("more"),
-            "{}",
-            cut.len()
-        );
+        assert!(cut.chars().count() <= 2000 && cut.ends_with("more"), "{}", cut.len());
     }
 
     #[test]

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::Ts;
 pub use access::{Principal, can_move, can_view};
 pub use send::{
-    MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan,
-    plan_send, reply_refusal, send_ids,
+    MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan, plan_send,
+    reply_refusal, send_ids,
 };
 pub use state::{Step, apply_step};
 pub use sweep::plan_expiry;
@@ -66,14 +66,8 @@ pub enum MailState {
 }
 
 impl MailState {
-    pub const ALL: [MailState; 6] = [
-        MailState::New,
-        MailState::Delivered,
-        MailState::Seen,
-        MailState::Done,
-        MailState::Failed,
-        MailState::Expired,
-    ];
+    pub const ALL: [MailState; 6] =
+        [MailState::New, MailState::Delivered, MailState::Seen, MailState::Done, MailState::Failed, MailState::Expired];
 
     /// M1's forward-only order; the three terminal states share the last rank.
     pub fn rank(self) -> u8 {
@@ -113,11 +107,7 @@ impl FromStr for MailState {
         MailState::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"
-                )
-            })
+            .ok_or_else(|| format!("unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"))
     }
 }
 
@@ -134,14 +124,8 @@ pub enum MailKind {
 }
 
 impl MailKind {
-    pub const ALL: [MailKind; 6] = [
-        MailKind::Note,
-        MailKind::Request,
-        MailKind::Decision,
-        MailKind::Work,
-        MailKind::Answer,
-        MailKind::Intent,
-    ];
+    pub const ALL: [MailKind; 6] =
+        [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work, MailKind::Answer, MailKind::Intent];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -167,11 +151,7 @@ impl FromStr for MailKind {
         MailKind::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"
-                )
-            })
+            .ok_or_else(|| format!("unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"))
     }
 }
 

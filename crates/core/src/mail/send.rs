@@ -117,46 +117,24 @@ pub fn plan_send(
             return Err(SendError::DuplicateId(id));
         }
         let mail = base(id.clone(), to, req.kind.unwrap_or_default(), 0);
-        return Ok(SendPlan {
-            id,
-            outcome: SendOutcome::Created,
-            insert: Some(mail),
-            parent_update: None,
-        });
+        return Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update: None });
     };
 
-    let parent = seen
-        .parent
-        .ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
+    let parent = seen.parent.ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
     if parent.to != sender {
         return Err(SendError::NotRecipient(parent.id.clone()));
     }
     if req.auto && parent.auto {
-        return Err(SendError::Loop(format!(
-            "{} is automatic and so is this reply",
-            parent.id
-        )));
+        return Err(SendError::Loop(format!("{} is automatic and so is this reply", parent.id)));
     }
     let hop = parent.hop + 1;
     if hop >= ctx.policy.max_hop {
-        return Err(SendError::Loop(format!(
-            "hop {hop} reaches maxHop {}",
-            ctx.policy.max_hop
-        )));
+        return Err(SendError::Loop(format!("hop {hop} reaches maxHop {}", ctx.policy.max_hop)));
     }
-    let parent_update = apply_step(
-        parent,
-        &Step::Done {
-            result: Some(req.body.clone()),
-        },
-        sender,
-        ctx.now,
-    );
+    let parent_update = apply_step(parent, &Step::Done { result: Some(req.body.clone()) }, sender, ctx.now);
     let id = match seen.candidate {
         None => ids::reply_id(&parent.id, sender),
-        Some(same)
-            if same.body == req.body && same.from == sender && same.reply_to == req.reply_to =>
-        {
+        Some(same) if same.body == req.body && same.from == sender && same.reply_to == req.reply_to => {
             return Ok(SendPlan {
                 id: same.id.clone(),
                 outcome: SendOutcome::AlreadySent,
@@ -168,52 +146,31 @@ pub fn plan_send(
         Some(_) if seen.fresh_taken => return Err(SendError::DuplicateId(ctx.fresh_id.clone())),
         Some(_) => ctx.fresh_id.clone(),
     };
-    let subject = if req.subject.is_empty() {
-        format!("Re: {}", parent.subject)
-    } else {
-        req.subject.clone()
-    };
-    let mut mail = base(
-        id.clone(),
-        parent.from.clone(),
-        req.kind.unwrap_or(MailKind::Answer),
-        hop,
-    );
+    let subject = if req.subject.is_empty() { format!("Re: {}", parent.subject) } else { req.subject.clone() };
+    let mut mail = base(id.clone(), parent.from.clone(), req.kind.unwrap_or(MailKind::Answer), hop);
     mail.subject = subject;
-    Ok(SendPlan {
-        id,
-        outcome: SendOutcome::Created,
-        insert: Some(mail),
-        parent_update,
-    })
+    Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update })
 }
 
 /// M5, client side: a reply to a mail that is itself a reply is refused before sending;
 /// a new mail starts a new thread.
 pub fn reply_refusal(parent: &Mail) -> Option<String> {
-    parent.reply_to.as_ref().map(|grand| {
-        format!(
-            "{} is itself a reply (to {grand}); send a new mail to start a new thread",
-            parent.id
-        )
-    })
+    parent
+        .reply_to
+        .as_ref()
+        .map(|grand| format!("{} is itself a reply (to {grand}); send a new mail to start a new thread", parent.id))
 }
 
 fn validate(req: &SendRequest) -> Result<(), SendError> {
     let invalid = |m: String| Err(SendError::Invalid(m));
     if req.subject.chars().count() > MAX_SUBJECT_CHARS {
-        return invalid(format!(
-            "subject is longer than {MAX_SUBJECT_CHARS} characters"
-        ));
+        return invalid(format!("subject is longer than {MAX_SUBJECT_CHARS} characters"));
     }
     if req.subject.contains(['\n', '\r']) {
         return invalid("subject must be a single line".into());
     }
     if req.body.len() > MAX_BODY_BYTES {
-        return invalid(format!(
-            "body is {} bytes, more than the limit of {MAX_BODY_BYTES}",
-            req.body.len()
-        ));
+        return invalid(format!("body is {} bytes, more than the limit of {MAX_BODY_BYTES}", req.body.len()));
     }
     if req.reply_to.is_none() && req.subject.trim().is_empty() && req.body.trim().is_empty() {
         return invalid("a mail needs a subject or a body".into());
@@ -228,84 +185,45 @@ mod tests {
     use crate::manifest::spec::Machine;
 
     fn roster() -> RosterSpec {
-        let m = |n, l: &str| Machine {
-            number: n,
-            label: l.into(),
-            hostname: None,
-            aliases: vec![],
-        };
-        RosterSpec {
-            owner: "pc1".into(),
-            machines: vec![m(1, "pc1"), m(2, "pc2")],
-        }
+        let m = |n, l: &str| Machine { number: n, label: l.into(), hostname: None, aliases: vec![] };
+        RosterSpec { owner: "pc1".into(), machines: vec![m(1, "pc1"), m(2, "pc2")] }
     }
 
     fn ctx<'a>(r: &'a RosterSpec, p: &'a MailPolicySpec) -> SendContext<'a> {
-        SendContext {
-            roster: Some(r),
-            policy: p,
-            now: at(10),
-            fresh_id: "mail--0000f0e5".into(),
-        }
+        SendContext { roster: Some(r), policy: p, now: at(10), fresh_id: "mail--0000f0e5".into() }
     }
 
     fn send(to: &str) -> SendRequest {
-        SendRequest {
-            to: to.into(),
-            subject: "hi".into(),
-            body: "hello".into(),
-            ..Default::default()
-        }
+        SendRequest { to: to.into(), subject: "hi".into(), body: "hello".into(), ..Default::default() }
     }
 
     fn reply(parent: &str, body: &str) -> SendRequest {
-        SendRequest {
-            reply_to: Some(parent.into()),
-            body: body.into(),
-            ..Default::default()
-        }
+        SendRequest { reply_to: Some(parent.into()), body: body.into(), ..Default::default() }
     }
 
     #[test]
     fn m3_send_resolves_to_the_canonical_label() {
         let (r, p) = (roster(), MailPolicySpec::default());
-        let plan =
-            plan_send(&send("2"), "pc1", SendObserved::default(), &ctx(&r, &p)).expect("sends");
+        let plan = plan_send(&send("2"), "pc1", SendObserved::default(), &ctx(&r, &p)).expect("sends");
         let mail = plan.insert.expect("inserts");
-        assert_eq!(
-            (mail.to.as_str(), mail.hop, mail.state),
-            ("pc2", 0, MailState::New)
-        );
+        assert_eq!((mail.to.as_str(), mail.hop, mail.state), ("pc2", 0, MailState::New));
         assert_eq!(mail.expires_at, at(10) + p.ttl.to_chrono());
     }
 
     #[test]
     fn m3_unresolved_recipient_sends_nothing() {
         let (r, p) = (roster(), MailPolicySpec::default());
-        let err = plan_send(&send("pc"), "pc1", SendObserved::default(), &ctx(&r, &p))
-            .expect_err("refused");
-        assert!(matches!(
-            err,
-            SendError::Unresolved(ResolveError::Unresolved { .. })
-        ));
+        let err = plan_send(&send("pc"), "pc1", SendObserved::default(), &ctx(&r, &p)).expect_err("refused");
+        assert!(matches!(err, SendError::Unresolved(ResolveError::Unresolved { .. })));
     }
 
     #[test]
     fn m4_duplicate_client_id_is_refused_for_a_retry() {
         let (r, p) = (roster(), MailPolicySpec::default());
         let taken = mail("mail--00000001", "pc1", "pc2");
-        let req = SendRequest {
-            id: Some(taken.id.clone()),
-            ..send("pc2")
-        };
-        let seen = SendObserved {
-            candidate: Some(&taken),
-            ..Default::default()
-        };
-        assert_eq!(
-            plan_send(&req, "pc1", seen, &ctx(&r, &p)),
-            Err(SendError::DuplicateId(taken.id.clone()))
-        );
+        let req = SendRequest { id: Some(taken.id.clone()), ..send("pc2") };
+        let seen = SendObserved { candidate: Some(&taken), ..Default::default() };
+        assert_eq!(plan_send(&req, "pc1", seen, &ctx(&r, &p)), Err(SendError::DuplicateId(taken.id.clone())));
     }
 
     #[test]
@@ -313,18 +231,9 @@ mod tests {
         let (r, p) = (roster(), MailPolicySpec::default());
         let mut parent = mail("mail--00000001", "pc1", "pc2");
         parent.auto = true;
-        let req = SendRequest {
-            auto: true,
-            ..reply(&parent.id, "ok")
-        };
-        let seen = SendObserved {
-            parent: Some(&parent),
-            ..Default::default()
-        };
-        assert!(matches!(
-            plan_send(&req, "pc2", seen, &ctx(&r, &p)),
-            Err(SendError::Loop(_))
-        ));
+        let req = SendRequest { auto: true, ..reply(&parent.id, "ok") };
+        let seen = SendObserved { parent: Some(&parent), ..Default::default() };
+        assert!(matches!(plan_send(&req, "pc2", seen, &ctx(&r, &p)), Err(SendError::Loop(_))));
     }
 
     #[test]
@@ -332,22 +241,12 @@ mod tests {
         let (r, p) = (roster(), MailPolicySpec::default());
         let mut parent = mail("mail--00000001", "pc1", "pc2");
         parent.hop = 1;
-        let seen = SendObserved {
-            parent: Some(&parent),
-            ..Default::default()
-        };
-        let plan =
-            plan_send(&reply(&parent.id, "ok"), "pc2", seen, &ctx(&r, &p)).expect("hop 2 < 3");
+        let seen = SendObserved { parent: Some(&parent), ..Default::default() };
+        let plan = plan_send(&reply(&parent.id, "ok"), "pc2", seen, &ctx(&r, &p)).expect("hop 2 < 3");
         assert_eq!(plan.insert.map(|m| m.hop), Some(2));
         parent.hop = 2;
-        let seen = SendObserved {
-            parent: Some(&parent),
-            ..Default::default()
-        };
-        assert!(matches!(
-            plan_send(&reply(&parent.id, "ok"), "pc2", seen, &ctx(&r, &p)),
-            Err(SendError::Loop(_))
-        ));
+        let seen = SendObserved { parent: Some(&parent), ..Default::default() };
+        assert!(matches!(plan_send(&reply(&parent.id, "ok"), "pc2", seen, &ctx(&r, &p)), Err(SendError::Loop(_))));
     }
 
     #[test]
@@ -362,23 +261,13 @@ mod tests {
     fn m6_m7_reply_gets_the_fixed_id_and_sets_parent_done_with_result() {
         let (r, p) = (roster(), MailPolicySpec::default());
         let parent = mail("mail--00000001", "pc1", "pc2");
-        let seen = SendObserved {
-            parent: Some(&parent),
-            ..Default::default()
-        };
-        let plan =
-            plan_send(&reply(&parent.id, "answer"), "pc2", seen, &ctx(&r, &p)).expect("replies");
+        let seen = SendObserved { parent: Some(&parent), ..Default::default() };
+        let plan = plan_send(&reply(&parent.id, "answer"), "pc2", seen, &ctx(&r, &p)).expect("replies");
         assert_eq!(plan.id, ids::reply_id("mail--00000001", "pc2"));
         let reply = plan.insert.expect("inserted");
-        assert_eq!(
-            (reply.to.as_str(), reply.kind, reply.subject.as_str()),
-            ("pc1", MailKind::Answer, "Re: s")
-        );
+        assert_eq!((reply.to.as_str(), reply.kind, reply.subject.as_str()), ("pc1", MailKind::Answer, "Re: s"));
         let parent = plan.parent_update.expect("parent moves");
-        assert_eq!(
-            (parent.state, parent.result.as_deref()),
-            (MailState::Done, Some("answer"))
-        );
+        assert_eq!((parent.state, parent.result.as_deref()), (MailState::Done, Some("answer")));
     }
 
     #[test]
@@ -388,22 +277,14 @@ mod tests {
         let first = plan_send(
             &reply(&parent.id, "answer"),
             "pc2",
-            SendObserved {
-                parent: Some(&parent),
-                ..Default::default()
-            },
+            SendObserved { parent: Some(&parent), ..Default::default() },
             &ctx(&r, &p),
         )
         .expect("replies");
         let stored = first.insert.expect("inserted");
         let done_parent = first.parent_update.expect("done");
-        let seen = SendObserved {
-            parent: Some(&done_parent),
-            candidate: Some(&stored),
-            fresh_taken: false,
-        };
-        let again =
-            plan_send(&reply(&parent.id, "answer"), "pc2", seen, &ctx(&r, &p)).expect("idempotent");
+        let seen = SendObserved { parent: Some(&done_parent), candidate: Some(&stored), fresh_taken: false };
+        let again = plan_send(&reply(&parent.id, "answer"), "pc2", seen, &ctx(&r, &p)).expect("idempotent");
         assert_eq!(
             (again.id, again.outcome, again.insert, again.parent_update),
             (stored.id, SendOutcome::AlreadySent, None, None)
@@ -417,18 +298,8 @@ mod tests {
         let mut ack = mail(&ids::reply_id(&parent.id, "pc2"), "pc2", "pc1");
         ack.reply_to = Some(parent.id.clone());
         ack.body = "received, working on it".into();
-        let seen = SendObserved {
-            parent: Some(&parent),
-            candidate: Some(&ack),
-            fresh_taken: false,
-        };
-        let plan = plan_send(
-            &reply(&parent.id, "the real answer"),
-            "pc2",
-            seen,
-            &ctx(&r, &p),
-        )
-        .expect("replies");
+        let seen = SendObserved { parent: Some(&parent), candidate: Some(&ack), fresh_taken: false };
+        let plan = plan_send(&reply(&parent.id, "the real answer"), "pc2", seen, &ctx(&r, &p)).expect("replies");
         assert_eq!(plan.id, ctx(&r, &p).fresh_id);
         assert_eq!(plan.insert.map(|m| m.body), Some("the real answer".into()));
     }
@@ -437,10 +308,7 @@ mod tests {
     fn only_the_recipient_may_reply() {
         let (r, p) = (roster(), MailPolicySpec::default());
         let parent = mail("mail--00000001", "pc1", "pc2");
-        let seen = SendObserved {
-            parent: Some(&parent),
-            ..Default::default()
-        };
+        let seen = SendObserved { parent: Some(&parent), ..Default::default() };
         assert!(matches!(
             plan_send(&reply(&parent.id, "x"), "pc1", seen, &ctx(&r, &p)),
             Err(SendError::NotRecipient(_))
@@ -450,17 +318,10 @@ mod tests {
     #[test]
     fn oversize_body_and_multiline_subject_are_refused() {
         let (r, p) = (roster(), MailPolicySpec::default());
-        let big = SendRequest {
-            body: "x".repeat(MAX_BODY_BYTES + 1),
-            ..send("pc2")
-        };
-        let err =
-            plan_send(&big, "pc1", SendObserved::default(), &ctx(&r, &p)).expect_err("too big");
+        let big = SendRequest { body: "x".repeat(MAX_BODY_BYTES + 1), ..send("pc2") };
+        let err = plan_send(&big, "pc1", SendObserved::default(), &ctx(&r, &p)).expect_err("too big");
         assert!(err.to_string().contains("limit of 65536"), "{err}");
-        let two_lines = SendRequest {
-            subject: "a\nb".into(),
-            ..send("pc2")
-        };
+        let two_lines = SendRequest { subject: "a\nb".into(), ..send("pc2") };
         assert!(plan_send(&two_lines, "pc1", SendObserved::default(), &ctx(&r, &p)).is_err());
     }
 }

@@ -81,52 +81,24 @@ mod tests {
             (MailState::Delivered, Some(at(1)), Some("pc2"))
         );
         let s = apply_step(&d, &Step::See, "pc2", at(2)).expect("moves");
-        assert_eq!(
-            (s.state, s.seen_at, s.delivered_at),
-            (MailState::Seen, Some(at(2)), Some(at(1)))
-        );
-        let done = apply_step(
-            &s,
-            &Step::Done {
-                result: Some("ok".into()),
-            },
-            "pc2",
-            at(3),
-        )
-        .expect("moves");
-        assert_eq!(
-            (done.state, done.done_at, done.result.as_deref()),
-            (MailState::Done, Some(at(3)), Some("ok"))
-        );
+        assert_eq!((s.state, s.seen_at, s.delivered_at), (MailState::Seen, Some(at(2)), Some(at(1))));
+        let done = apply_step(&s, &Step::Done { result: Some("ok".into()) }, "pc2", at(3)).expect("moves");
+        assert_eq!((done.state, done.done_at, done.result.as_deref()), (MailState::Done, Some(at(3)), Some("ok")));
     }
 
     #[test]
     fn m1_seen_after_done_stays_done() {
         let done = apply_step(&m(), &Step::Done { result: None }, "pc2", at(1)).expect("moves");
         assert_eq!(apply_step(&done, &Step::See, "pc2", at(2)), None);
-        assert_eq!(
-            apply_step(&done, &Step::Fail { reason: "x".into() }, "pc2", at(2)),
-            None
-        );
+        assert_eq!(apply_step(&done, &Step::Fail { reason: "x".into() }, "pc2", at(2)), None);
     }
 
     #[test]
     fn m1_expiry_never_overwrites_done_or_failed() {
         let done = apply_step(&m(), &Step::Done { result: None }, "pc2", at(1)).expect("moves");
-        let failed = apply_step(
-            &m(),
-            &Step::Fail {
-                reason: "no".into(),
-            },
-            "pc2",
-            at(1),
-        )
-        .expect("moves");
+        let failed = apply_step(&m(), &Step::Fail { reason: "no".into() }, "pc2", at(1)).expect("moves");
         assert_eq!(apply_step(&done, &Step::Expire, "controller", at(9)), None);
-        assert_eq!(
-            apply_step(&failed, &Step::Expire, "controller", at(9)),
-            None
-        );
+        assert_eq!(apply_step(&failed, &Step::Expire, "controller", at(9)), None);
     }
 
     #[test]
@@ -139,14 +111,8 @@ mod tests {
     #[test]
     fn m2_new_to_seen_directly_also_stamps_delivered() {
         let s = apply_step(&m(), &Step::See, "pc2", at(5)).expect("moves");
-        assert_eq!(
-            (s.delivered_at, s.delivered_by.as_deref()),
-            (Some(at(5)), Some("pc2"))
-        );
-        assert_eq!(
-            (s.seen_at, s.seen_by.as_deref()),
-            (Some(at(5)), Some("pc2"))
-        );
+        assert_eq!((s.delivered_at, s.delivered_by.as_deref()), (Some(at(5)), Some("pc2")));
+        assert_eq!((s.seen_at, s.seen_by.as_deref()), (Some(at(5)), Some("pc2")));
     }
 
     #[test]
@@ -159,9 +125,7 @@ mod tests {
         prop_oneof![
             Just(Step::Deliver),
             Just(Step::See),
-            Just(Step::Done {
-                result: Some("r".into())
-            }),
+            Just(Step::Done { result: Some("r".into()) }),
             Just(Step::Fail { reason: "f".into() }),
             Just(Step::Expire),
         ]

@@ -31,9 +31,6 @@ mod tests {
         assert!(plan_expiry(&[open.clone()], at(99)).is_empty());
         let expired = plan_expiry(&[open, done, later], at(100));
         assert_eq!(expired.len(), 1);
-        assert_eq!(
-            (expired[0].id.as_str(), expired[0].state),
-            ("mail--00000001", MailState::Expired)
-        );
+        assert_eq!((expired[0].id.as_str(), expired[0].state), ("mail--00000001", MailState::Expired));
     }
 }

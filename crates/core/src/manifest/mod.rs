@@ -196,14 +196,7 @@ pub struct Condition {
 
 impl Status {
     /// Sets a condition, keeping its lastTransitionTime when its status did not change.
-    pub fn set_condition(
-        &mut self,
-        type_: &str,
-        status: bool,
-        reason: &str,
-        message: &str,
-        now: Ts,
-    ) {
+    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: &str, now: Ts) {
         let status = if status { "True" } else { "False" };
         match self.conditions.iter_mut().find(|c| c.type_ == type_) {
             Some(c) => {

@@ -37,18 +37,8 @@ impl Document {
 
     /// As [`Document::error_at`], counting only occurrences after the first line containing
     /// `section` (e.g. `machines:`), so that a name mentioned earlier does not shift the count.
-    pub fn error_in(
-        &self,
-        section: &str,
-        needle: &str,
-        nth: usize,
-        message: String,
-    ) -> ManifestError {
-        let skip = self
-            .text
-            .lines()
-            .position(|l| l.contains(section))
-            .unwrap_or(0);
+    pub fn error_in(&self, section: &str, needle: &str, nth: usize, message: String) -> ManifestError {
+        let skip = self.text.lines().position(|l| l.contains(section)).unwrap_or(0);
         let found = self
             .text
             .lines()
@@ -57,12 +47,7 @@ impl Document {
             .flat_map(|(i, l)| word_matches(l, needle).map(move |c| (i, c)))
             .nth(nth);
         let (line, column) = found.map_or((self.line, 1), |(i, c)| (i + 1, c + 1));
-        ManifestError {
-            file: self.file.clone(),
-            line,
-            column,
-            message,
-        }
+        ManifestError { file: self.file.clone(), line, column, message }
     }
 }
 
@@ -76,10 +61,7 @@ fn word_matches<'a>(line: &'a str, needle: &'a str) -> impl Iterator<Item = usiz
     } else {
         hay.match_indices(&pat)
             .map(|(i, _)| i)
-            .filter(|&i| {
-                !is_word(hay[..i].chars().next_back())
-                    && !is_word(hay[i + pat.len()..].chars().next())
-            })
+            .filter(|&i| !is_word(hay[..i].chars().next_back()) && !is_word(hay[i + pat.len()..].chars().next()))
             .collect()
     };
     starts.into_iter()
@@ -133,11 +115,7 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<Document>, Vec<ManifestE
             Err(e) => errors.push(e),
         }
     }
-    if errors.is_empty() {
-        Ok(docs)
-    } else {
-        Err(errors)
-    }
+    if errors.is_empty() { Ok(docs) } else { Err(errors) }
 }
 
 /// Splits on `---` lines. Each chunk is padded with the newlines before it, so that the
@@ -147,8 +125,7 @@ fn split_documents(text: &str) -> Vec<(usize, String)> {
     let mut current = String::new();
     let mut start = 1;
     for (i, line) in text.lines().enumerate() {
-        let is_separator =
-            line.starts_with("---") && line[3..].chars().next().is_none_or(char::is_whitespace);
+        let is_separator = line.starts_with("---") && line[3..].chars().next().is_none_or(char::is_whitespace);
         if is_separator {
             chunks.push((start, std::mem::take(&mut current)));
             current = "\n".repeat(i + 1);
@@ -162,17 +139,9 @@ fn split_documents(text: &str) -> Vec<(usize, String)> {
     chunks
 }
 
-fn parse_document(
-    file: &str,
-    start: usize,
-    chunk: &str,
-) -> Result<Option<Document>, ManifestError> {
-    let at = |line: usize, column: usize, message: String| ManifestError {
-        file: file.to_string(),
-        line,
-        column,
-        message,
-    };
+fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Document>, ManifestError> {
+    let at =
+        |line: usize, column: usize, message: String| ManifestError { file: file.to_string(), line, column, message };
     let yaml_err = |e: serde_yaml_ng::Error| {
         let (line, column) = e.location().map_or((start, 1), |l| (l.line(), l.column()));
         let message = strip_position(&e.to_string());
@@ -184,12 +153,7 @@ fn parse_document(
     if value.is_null() {
         return Ok(None);
     }
-    let key_line = |key: &str| {
-        chunk
-            .lines()
-            .position(|l| l.starts_with(&format!("{key}:")))
-            .map_or(start, |i| i + 1)
-    };
+    let key_line = |key: &str| chunk.lines().position(|l| l.starts_with(&format!("{key}:"))).map_or(start, |i| i + 1);
     let Some(map) = value.as_mapping() else {
         return Err(at(
             start,
@@ -204,14 +168,7 @@ fn parse_document(
     };
     let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
         let known: Vec<_> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-        return Err(at(
-            key_line("kind"),
-            7,
-            format!(
-                "unknown kind {kind_name:?}; known kinds: {}",
-                known.join(", ")
-            ),
-        ));
+        return Err(at(key_line("kind"), 7, format!("unknown kind {kind_name:?}; known kinds: {}", known.join(", "))));
     };
 
     fn typed<S: DeserializeOwned>(chunk: &str) -> Result<Raw<S>, serde_yaml_ng::Error> {
@@ -219,15 +176,9 @@ fn parse_document(
     }
     let (api_version, metadata, spec) = match kind {
         Kind::Roster => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Roster(r.spec))),
-        Kind::MailPolicy => {
-            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::MailPolicy(r.spec)))
-        }
-        Kind::IntentPolicy => {
-            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::IntentPolicy(r.spec)))
-        }
-        Kind::WorkerPool => {
-            typed(chunk).map(|r| (r.api_version, r.metadata, Spec::WorkerPool(r.spec)))
-        }
+        Kind::MailPolicy => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::MailPolicy(r.spec))),
+        Kind::IntentPolicy => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::IntentPolicy(r.spec))),
+        Kind::WorkerPool => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::WorkerPool(r.spec))),
         Kind::Function => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Function(r.spec))),
         Kind::Ledger => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Ledger(r.spec))),
         Kind::Schedule => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Schedule(r.spec))),
@@ -253,10 +204,7 @@ fn parse_document(
 /// Errors raised by a field's own parser (a bad duration) are placed by serde_yaml_ng at the
 /// enclosing mapping; the offending value is quoted in the message, so point at it instead.
 fn refine_position(chunk: &str, line: usize, column: usize, message: &str) -> (usize, usize) {
-    let quoted = message
-        .split_once("invalid duration \"")
-        .and_then(|(_, rest)| rest.split_once('"'))
-        .map(|(v, _)| v);
+    let quoted = message.split_once("invalid duration \"").and_then(|(_, rest)| rest.split_once('"')).map(|(v, _)| v);
     let Some(value) = quoted.filter(|v| !v.is_empty()) else {
         return (line, column);
     };
@@ -317,17 +265,12 @@ spec:
     fn unknown_kind_names_the_known_kinds() {
         let e = &errors("apiVersion: pcmail/v1\nkind: Pod\nmetadata: {name: x}\nspec: {}\n")[0];
         assert_eq!(e.line, 2);
-        assert!(
-            e.message.contains("unknown kind \"Pod\"") && e.message.contains("Roster"),
-            "{e}"
-        );
+        assert!(e.message.contains("unknown kind \"Pod\"") && e.message.contains("Roster"), "{e}");
     }
 
     #[test]
     fn bad_indentation_is_a_syntax_error_with_position() {
-        let e = &errors(
-            "apiVersion: pcmail/v1\nkind: Roster\nmetadata:\n  name: a\n   bad: indent\nspec: {}\n",
-        )[0];
+        let e = &errors("apiVersion: pcmail/v1\nkind: Roster\nmetadata:\n  name: a\n   bad: indent\nspec: {}\n")[0];
         assert_eq!(e.file, "m.yaml");
         assert!(e.line >= 4, "{e}");
     }
@@ -349,10 +292,8 @@ spec:
 
     #[test]
     fn get_output_with_status_and_metadata_applies_back() {
-        let text = ROSTER.replace(
-            "  name: office",
-            "  name: office\n  generation: 3\n  creationTimestamp: x",
-        ) + "status:\n  observedGeneration: 3\n";
+        let text = ROSTER.replace("  name: office", "  name: office\n  generation: 3\n  creationTimestamp: x")
+            + "status:\n  observedGeneration: 3\n";
         assert_eq!(parse_file("m.yaml", &text).expect("valid").len(), 1);
     }
 }

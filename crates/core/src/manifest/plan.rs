@@ -37,9 +37,7 @@ pub fn plan_apply(existing: &[SpecRecord], docs: &[Document], now: Ts) -> Vec<Ap
     docs.iter()
         .map(|doc| {
             let spec = doc.spec.to_json();
-            let previous = existing
-                .iter()
-                .find(|r| r.kind == doc.kind() && r.name == doc.name);
+            let previous = existing.iter().find(|r| r.kind == doc.kind() && r.name == doc.name);
             match previous {
                 None => ApplyStep {
                     outcome: ApplyOutcome::Created,
@@ -59,11 +57,7 @@ pub fn plan_apply(existing: &[SpecRecord], docs: &[Document], now: Ts) -> Vec<Ap
                     let spec_changed = prev.spec != spec;
                     let changed = spec_changed || prev.labels != doc.labels;
                     ApplyStep {
-                        outcome: if changed {
-                            ApplyOutcome::Configured
-                        } else {
-                            ApplyOutcome::Unchanged
-                        },
+                        outcome: if changed { ApplyOutcome::Configured } else { ApplyOutcome::Unchanged },
                         record: SpecRecord {
                             labels: doc.labels.clone(),
                             generation: prev.generation + u64::from(spec_changed),
@@ -86,11 +80,7 @@ pub fn line_diff(old: &str, new: &str) -> String {
     let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for i in (0..a.len()).rev() {
         for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
         }
     }
     let (mut i, mut j, mut out) = (0, 0, String::new());
@@ -145,11 +135,7 @@ mod tests {
 
     #[test]
     fn generation_changes_only_when_spec_changes() {
-        let stored = vec![
-            plan_apply(&[], &docs("ttl: 1h", ""), at(1))[0]
-                .record
-                .clone(),
-        ];
+        let stored = vec![plan_apply(&[], &docs("ttl: 1h", ""), at(1))[0].record.clone()];
         let relabeled = plan_apply(&stored, &docs("ttl: 1h", "team: a"), at(2));
         assert_eq!(relabeled[0].outcome, ApplyOutcome::Configured);
         assert_eq!(relabeled[0].record.generation, 1);

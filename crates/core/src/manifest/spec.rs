@@ -67,10 +67,7 @@ pub struct UnreadSla {
 
 impl Default for UnreadSla {
     fn default() -> Self {
-        UnreadSla {
-            urgent: d_2h(),
-            normal: d_6h(),
-        }
+        UnreadSla { urgent: d_2h(), normal: d_6h() }
     }
 }
 

@@ -31,35 +31,27 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
         }
     }
     for kind in Kind::ALL.into_iter().filter(|k| k.is_singleton()) {
-        let incoming: BTreeSet<&str> = docs
-            .iter()
-            .filter(|d| d.kind() == kind)
-            .map(|d| d.name.as_str())
-            .collect();
-        let stored = existing
-            .iter()
-            .filter(|r| r.kind == kind)
-            .map(|r| r.name.as_str());
+        let incoming: BTreeSet<&str> = docs.iter().filter(|d| d.kind() == kind).map(|d| d.name.as_str()).collect();
+        let stored = existing.iter().filter(|r| r.kind == kind).map(|r| r.name.as_str());
         let all: BTreeSet<&str> = incoming.iter().copied().chain(stored).collect();
         if all.len() > 1
             && let Some(doc) = docs.iter().find(|d| d.kind() == kind)
         {
             let names: Vec<_> = all.into_iter().collect();
-            errors.push(doc.error_at("name:", 0, format!(
-                "only one {kind} may exist, but this would make {}: {}; delete the old one first",
-                names.len(),
-                names.join(", ")
-            )));
+            errors.push(doc.error_at(
+                "name:",
+                0,
+                format!(
+                    "only one {kind} may exist, but this would make {}: {}; delete the old one first",
+                    names.len(),
+                    names.join(", ")
+                ),
+            ));
         }
     }
     let mut projects: BTreeMap<&str, &str> = existing
         .iter()
-        .filter(|r| {
-            r.kind == Kind::Ledger
-                && !docs
-                    .iter()
-                    .any(|d| d.kind() == Kind::Ledger && d.name == r.name)
-        })
+        .filter(|r| r.kind == Kind::Ledger && !docs.iter().any(|d| d.kind() == Kind::Ledger && d.name == r.name))
         .filter_map(|r| Some((r.spec.get("project")?.as_str()?, r.name.as_str())))
         .collect();
     for doc in docs {
@@ -69,10 +61,7 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
             errors.push(doc.error_at(
                 "project:",
                 0,
-                format!(
-                    "project {:?} already has the Ledger {other:?}; one Ledger per project",
-                    l.project
-                ),
+                format!("project {:?} already has the Ledger {other:?}; one Ledger per project", l.project),
             ));
         }
     }
@@ -83,9 +72,7 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
 fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && name.as_bytes()[0].is_ascii_alphanumeric();
     if ok {
         Ok(())
@@ -111,39 +98,20 @@ fn validate_spec(doc: &Document) -> Vec<ManifestError> {
             if let Some(n) = &p.notify
                 && !(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
             {
-                err(
-                    "webhook",
-                    0,
-                    format!(
-                        "notify.webhook {:?} must be an http:// or https:// URL",
-                        n.webhook
-                    ),
-                );
+                err("webhook", 0, format!("notify.webhook {:?} must be an http:// or https:// URL", n.webhook));
             }
         }
         Spec::IntentPolicy(p) => {
             if p.remind_every.as_millis() == 0 {
-                err(
-                    "remindEvery",
-                    0,
-                    "remindEvery must be longer than 0s".into(),
-                );
+                err("remindEvery", 0, "remindEvery must be longer than 0s".into());
             }
         }
         Spec::WorkerPool(w) => {
             if w.workers > 256 {
-                err(
-                    "workers",
-                    0,
-                    format!("workers {} is more than the limit of 256", w.workers),
-                );
+                err("workers", 0, format!("workers {} is more than the limit of 256", w.workers));
             }
             if w.lease_duration.as_millis() < 1000 {
-                err(
-                    "leaseDuration",
-                    0,
-                    "leaseDuration must be at least 1s".into(),
-                );
+                err("leaseDuration", 0, "leaseDuration must be at least 1s".into());
             }
             if w.max_attempts == 0 {
                 err("maxAttempts", 0, "maxAttempts must be at least 1".into());
@@ -152,11 +120,7 @@ fn validate_spec(doc: &Document) -> Vec<ManifestError> {
         }
         Spec::Function(f) => {
             if f.command.first().is_none_or(|c| c.trim().is_empty()) {
-                err(
-                    "command",
-                    0,
-                    "command must name a program as its first element".into(),
-                );
+                err("command", 0, "command must name a program as its first element".into());
             }
             if f.timeout.as_millis() == 0 {
                 err("timeout", 0, "timeout must be longer than 0s".into());
@@ -170,21 +134,10 @@ fn validate_spec(doc: &Document) -> Vec<ManifestError> {
             let mut names = BTreeSet::new();
             for s in &l.sources {
                 if !names.insert(&s.name) {
-                    err(
-                        &s.name,
-                        1,
-                        format!("source name {:?} is used twice", s.name),
-                    );
+                    err(&s.name, 1, format!("source name {:?} is used twice", s.name));
                 }
                 if s.file.is_some() == s.command.is_some() {
-                    err(
-                        &s.name,
-                        0,
-                        format!(
-                            "source {:?} needs exactly one of `file` or `command`",
-                            s.name
-                        ),
-                    );
+                    err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
                 }
             }
         }
@@ -197,10 +150,7 @@ fn validate_spec(doc: &Document) -> Vec<ManifestError> {
                     err(
                         &e.cron,
                         0,
-                        format!(
-                            "cron {:?} must have 5 fields: minute hour day-of-month month day-of-week",
-                            e.cron
-                        ),
+                        format!("cron {:?} must have 5 fields: minute hour day-of-month month day-of-week", e.cron),
                     );
                 }
             }
@@ -213,9 +163,8 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     let mut errors = Vec::new();
     let mut err = |needle: &str, nth: usize, m: String| errors.push(doc.error_at(needle, nth, m));
     let mut dup_errors = Vec::new();
-    let mut err_in = |section: &str, needle: &str, nth: usize, m: String| {
-        dup_errors.push(doc.error_in(section, needle, nth, m))
-    };
+    let mut err_in =
+        |section: &str, needle: &str, nth: usize, m: String| dup_errors.push(doc.error_in(section, needle, nth, m));
     if r.machines.is_empty() {
         err("machines", 0, "a Roster needs at least one machine".into());
     }
@@ -224,32 +173,18 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     let mut occurrences: BTreeMap<String, usize> = BTreeMap::new();
     for m in &r.machines {
         if m.label.is_empty() || m.label.chars().any(|c| c.is_whitespace() || c == ',') {
-            err(
-                &m.label,
-                0,
-                format!(
-                    "label {:?} must be non-empty, without spaces or commas",
-                    m.label
-                ),
-            );
+            err(&m.label, 0, format!("label {:?} must be non-empty, without spaces or commas", m.label));
         }
         let own: BTreeSet<String> = roster::names(m).map(|n| n.to_lowercase()).collect();
         for name in own {
             let nth = occurrences.entry(name.clone()).or_default();
             if let Some(first) = owners.insert(name.clone(), &m.label) {
-                let what = if name == m.number.to_string() {
-                    "number"
-                } else {
-                    "label"
-                };
+                let what = if name == m.number.to_string() { "number" } else { "label" };
                 err_in(
                     "machines:",
                     &name,
                     *nth,
-                    format!(
-                        "duplicate {what} {name:?}: machines {first:?} and {:?} both answer to it",
-                        m.label
-                    ),
+                    format!("duplicate {what} {name:?}: machines {first:?} and {:?} both answer to it", m.label),
                 );
             }
             *nth += 1;
@@ -257,11 +192,7 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     }
     let owner = r.owner.to_lowercase();
     if !owners.contains_key(owner.trim()) {
-        err(
-            "owner",
-            0,
-            format!("owner {:?} is not a machine of this Roster", r.owner),
-        );
+        err("owner", 0, format!("owner {:?} is not a machine of this Roster", r.owner));
     }
     errors.extend(dup_errors);
     errors
@@ -269,11 +200,7 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
 
 fn check_rate(rate: Option<RateLimit>, err: &mut impl FnMut(&str, usize, String)) {
     if rate.is_some_and(|r| r.per_minute == 0 || r.burst == 0) {
-        err(
-            "rateLimit",
-            0,
-            "rateLimit.perMinute and burst must be at least 1".into(),
-        );
+        err("rateLimit", 0, "rateLimit.perMinute and burst must be at least 1".into());
     }
 }
 
@@ -294,11 +221,7 @@ mod tests {
         );
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!((errors[0].line, errors[0].column), (8, 24), "{}", errors[0]);
-        assert!(
-            errors[0].message.contains("duplicate label \"pc1\""),
-            "{}",
-            errors[0]
-        );
+        assert!(errors[0].message.contains("duplicate label \"pc1\""), "{}", errors[0]);
     }
 
     #[test]
@@ -307,11 +230,7 @@ mod tests {
             "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: pc1\n  machines:\n  - {number: 1, label: pc1}\n  - {number: 1, label: pc2, aliases: [PC1]}\n",
         );
         assert_eq!(errors.len(), 2, "{errors:?}");
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.message.contains("duplicate number \"1\""))
-        );
+        assert!(errors.iter().any(|e| e.message.contains("duplicate number \"1\"")));
     }
 
     #[test]
@@ -324,11 +243,8 @@ mod tests {
 
     #[test]
     fn singletons_count_stored_objects_too() {
-        let docs = parse_file(
-            "m.yaml",
-            "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: b}\nspec: {}\n",
-        )
-        .expect("parses");
+        let docs = parse_file("m.yaml", "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: b}\nspec: {}\n")
+            .expect("parses");
         let now = chrono::DateTime::UNIX_EPOCH;
         let stored = SpecRecord {
             kind: Kind::MailPolicy,
@@ -341,25 +257,17 @@ mod tests {
             updated_at: now,
         };
         let errors = validate_documents(&docs, std::slice::from_ref(&stored));
-        assert!(
-            errors[0].message.contains("only one MailPolicy"),
-            "{errors:?}"
-        );
-        let renamed = SpecRecord {
-            name: "b".into(),
-            ..stored
-        };
+        assert!(errors[0].message.contains("only one MailPolicy"), "{errors:?}");
+        let renamed = SpecRecord { name: "b".into(), ..stored };
         assert!(validate_documents(&docs, &[renamed]).is_empty());
     }
 
     #[test]
     fn the_same_object_twice_in_one_apply_is_refused() {
-        let doc = "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: f}\nspec: {command: [echo], mode: generate}\n";
+        let doc =
+            "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: f}\nspec: {command: [echo], mode: generate}\n";
         let errors = check(&format!("{doc}---\n{doc}"));
-        assert!(
-            errors[0].message.contains("function/f is defined twice"),
-            "{errors:?}"
-        );
+        assert!(errors[0].message.contains("function/f is defined twice"), "{errors:?}");
     }
 
     #[test]

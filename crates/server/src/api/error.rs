@@ -19,12 +19,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            details: vec![],
-        }
+        ApiError { status, code, message: message.into(), details: vec![] }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, m)
@@ -51,25 +46,14 @@ impl ApiError {
             ..Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorCode::InvalidManifest,
-                format!(
-                    "{n} error{} in manifests; nothing was applied",
-                    if n == 1 { "" } else { "s" }
-                ),
+                format!("{n} error{} in manifests; nothing was applied", if n == 1 { "" } else { "s" }),
             )
         }
     }
     pub fn from_resolve(e: ResolveError) -> Self {
         ApiError {
-            details: e
-                .candidates()
-                .iter()
-                .map(|c| format!("candidate: {c}"))
-                .collect(),
-            ..Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ErrorCode::RecipientUnresolved,
-                e.to_string(),
-            )
+            details: e.candidates().iter().map(|c| format!("candidate: {c}")).collect(),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::RecipientUnresolved, e.to_string())
         }
     }
 }
@@ -79,11 +63,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(_) => {
                 tracing::error!(error = %e, "store unavailable");
-                Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    ErrorCode::Unavailable,
-                    e.to_string(),
-                )
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, e.to_string())
             }
             _ => {
                 tracing::error!(error = %e, "store error");
@@ -99,29 +79,17 @@ impl From<SendError> for ApiError {
         match e {
             SendError::Unresolved(r) => Self::from_resolve(r),
             SendError::Loop(_) => Self::new(StatusCode::CONFLICT, ErrorCode::LoopRefused, message),
-            SendError::DuplicateId(_) => {
-                Self::new(StatusCode::CONFLICT, ErrorCode::DuplicateId, message)
-            }
+            SendError::DuplicateId(_) => Self::new(StatusCode::CONFLICT, ErrorCode::DuplicateId, message),
             SendError::ParentNotFound(_) => Self::not_found(message),
             SendError::NotRecipient(_) => Self::forbidden(message),
-            SendError::Invalid(_) => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ErrorCode::BadRequest,
-                message,
-            ),
+            SendError::Invalid(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::BadRequest, message),
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code,
-                message: self.message,
-                details: self.details,
-            },
-        };
+        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message, details: self.details } };
         (self.status, axum::Json(body)).into_response()
     }
 }

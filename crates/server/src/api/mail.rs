@@ -23,26 +23,20 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 const MAX_LIMIT: usize = 500;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(v)| v)
-        .map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
     if is_mail_id(id) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!(
-            "{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)"
-        )))
+        Err(ApiError::bad_request(format!("{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)")))
     }
 }
 
 pub async fn whoami(State(app): State<App>, headers: HeaderMap) -> Result<Json<WhoAmI>, ApiError> {
     let caller = authenticate(&app, &headers).await?;
-    Ok(Json(WhoAmI {
-        machine: caller.machine().map(String::from),
-        admin: caller.admin,
-    }))
+    Ok(Json(WhoAmI { machine: caller.machine().map(String::from), admin: caller.admin }))
 }
 
 pub async fn send(
@@ -53,11 +47,7 @@ pub async fn send(
     let caller = authenticate(&app, &headers).await?;
     let sender = caller.require_machine()?;
     let response = mailbox::send(&app, sender, req, crate::now()).await?;
-    let status = if response.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }
 
@@ -81,18 +71,13 @@ pub async fn list(
 ) -> Result<Json<Vec<Mail>>, ApiError> {
     let q = query(q)?;
     let caller = authenticate(&app, &headers).await?;
-    let mut filter = MailQuery {
-        limit: q.limit.unwrap_or(100).min(MAX_LIMIT),
-        ..Default::default()
-    };
+    let mut filter = MailQuery { limit: q.limit.unwrap_or(100).min(MAX_LIMIT), ..Default::default() };
     match q.mailbox.as_deref().unwrap_or("inbox") {
         "inbox" => filter.to = Some(caller.require_machine()?.to_string()),
         "sent" => filter.from = Some(caller.require_machine()?.to_string()),
         "all" => caller.require_admin()?,
         other => {
-            return Err(ApiError::bad_request(format!(
-                "box must be inbox, sent or all, not {other:?}"
-            )));
+            return Err(ApiError::bad_request(format!("box must be inbox, sent or all, not {other:?}")));
         }
     }
     if !q.all {
@@ -119,15 +104,9 @@ pub async fn status(
     let q = query(q)?;
     check_id(&id)?;
     let caller = authenticate(&app, &headers).await?;
-    let mail = app
-        .store()
-        .get_mail(&id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+    let mail = app.store().get_mail(&id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
     if !can_view(&mail, &caller.principal) {
-        return Err(ApiError::forbidden(format!(
-            "mail {id} is neither from nor to you"
-        )));
+        return Err(ApiError::forbidden(format!("mail {id} is neither from nor to you")));
     }
     let mail = match q.wait_for {
         Some(target) => {
@@ -147,11 +126,7 @@ pub async fn step(
     body: Bytes,
 ) -> Result<Json<Mail>, ApiError> {
     check_id(&id)?;
-    let req: StepRequest = if body.is_empty() {
-        StepRequest::default()
-    } else {
-        parse_json(&body)?
-    };
+    let req: StepRequest = if body.is_empty() { StepRequest::default() } else { parse_json(&body)? };
     let step = match step.as_str() {
         "seen" => Step::See,
         "ack" => Step::Done { result: req.result },
@@ -160,15 +135,11 @@ pub async fn step(
             None => return Err(ApiError::bad_request("fail needs a non-empty reason")),
         },
         other => {
-            return Err(ApiError::not_found(format!(
-                "no mail action {other:?}; use seen, ack or fail"
-            )));
+            return Err(ApiError::not_found(format!("no mail action {other:?}; use seen, ack or fail")));
         }
     };
     let caller = authenticate(&app, &headers).await?;
-    Ok(Json(
-        mailbox::step(&app, &caller, &id, step, crate::now()).await?,
-    ))
+    Ok(Json(mailbox::step(&app, &caller, &id, step, crate::now()).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,7 +163,5 @@ pub async fn poll(
     let machine = caller.require_machine()?;
     let wait = q.wait.map_or(Duration::ZERO, |d| d.to_std().min(MAX_WAIT));
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
-    Ok(Json(
-        mailbox::poll(&app, machine, q.cursor, limit, wait).await?,
-    ))
+    Ok(Json(mailbox::poll(&app, machine, q.cursor, limit, wait).await?))
 }

@@ -33,10 +33,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/alerts", get(specs::alerts))
         .route("/api/v1/whoami", get(mail::whoami))
         .route("/api/v1/specs", get(specs::list))
-        .route(
-            "/api/v1/specs/{kind}/{name}",
-            get(specs::get_one).delete(specs::delete),
-        )
+        .route("/api/v1/specs/{kind}/{name}", get(specs::get_one).delete(specs::delete))
         .route("/api/v1/tokens", post(specs::issue_token))
         .route("/api/v1/mail", post(mail::send).get(mail::list))
         .route("/api/v1/mail/{id}", get(mail::status))
@@ -66,20 +63,10 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
         .filter(|c| c.kind == "intent" && c.channel == channel && !c.state.is_terminal())
         .map(|c| c.count)
         .sum();
-    m.intents_pending
-        .with_label_values(&[&channel])
-        .set(pending as i64);
+    m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
     m.workqueue_depth.set(app.queue().depth() as i64);
-    let body = m
-        .encode()
-        .map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        body,
-    ))
+    let body = m.encode().map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }
 
 /// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,
@@ -92,9 +79,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(format!(
-                    "request body is larger than this route's limit ({e})"
-                ))
+                ApiError::too_large(format!("request body is larger than this route's limit ({e})"))
             } else {
                 ApiError::bad_request(format!("cannot read request body: {e}"))
             }
@@ -105,10 +90,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        ApiError::bad_request(format!(
-            "request body is not valid UTF-8 (first bad byte at offset {})",
-            e.valid_up_to()
-        ))
+        ApiError::bad_request(format!("request body is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()))
     })?;
     serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }

@@ -17,10 +17,7 @@ use crate::auth::{authenticate, new_token};
 fn kind(s: &str) -> Result<Kind, ApiError> {
     Kind::from_cli(s).ok_or_else(|| {
         let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
-        ApiError::not_found(format!(
-            "unknown kind {s:?}; known kinds: {}",
-            known.join(", ")
-        ))
+        ApiError::not_found(format!("unknown kind {s:?}; known kinds: {}", known.join(", ")))
     })
 }
 
@@ -34,9 +31,7 @@ pub async fn apply(
     JsonBody(req): JsonBody<ApplyRequest>,
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
     admin(&app, &headers).await?;
-    Ok(Json(
-        crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?,
-    ))
+    Ok(Json(crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?))
 }
 
 pub async fn diff(
@@ -45,16 +40,11 @@ pub async fn diff(
     JsonBody(req): JsonBody<ApplyRequest>,
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
     admin(&app, &headers).await?;
-    Ok(Json(
-        crate::specs::apply(&app, req.files, true, crate::now()).await?,
-    ))
+    Ok(Json(crate::specs::apply(&app, req.files, true, crate::now()).await?))
 }
 
 /// Every object as Kubernetes-shaped JSON, with its recent events for `describe`.
-pub async fn list(
-    State(app): State<App>,
-    headers: HeaderMap,
-) -> Result<Json<Vec<Value>>, ApiError> {
+pub async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Vec<Value>>, ApiError> {
     admin(&app, &headers).await?;
     let specs = app.store().list_specs().await?;
     Ok(Json(specs.iter().map(|r| r.to_object()).collect()))
@@ -72,10 +62,7 @@ pub async fn get_one(
         .iter()
         .find(|r| r.kind == k && r.name == name)
         .ok_or_else(|| ApiError::not_found(format!("{}/{name} not found", k.lower())))?;
-    let events = app
-        .store()
-        .events_for(&format!("{}/{name}", k.lower()))
-        .await?;
+    let events = app.store().events_for(&format!("{}/{name}", k.lower())).await?;
     let mut object = record.to_object();
     object["events"] = serde_json::to_value(events).unwrap_or_default();
     Ok(Json(object))
@@ -89,9 +76,7 @@ pub async fn delete(
     admin(&app, &headers).await?;
     let k = kind(&k)?;
     crate::specs::delete(&app, k, &name, crate::now()).await?;
-    Ok(Json(
-        serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"}),
-    ))
+    Ok(Json(serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"})))
 }
 
 /// The alerts tab, most recently changed first (admin).
@@ -111,11 +96,8 @@ pub async fn issue_token(
 ) -> Result<Json<TokenResponse>, ApiError> {
     admin(&app, &headers).await?;
     let rt = app.runtime();
-    let machine =
-        roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
+    let machine = roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
     let token = new_token("pcm_").map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
-    app.store()
-        .put_token(&machine, &sha256_hex(&token), crate::now())
-        .await?;
+    app.store().put_token(&machine, &sha256_hex(&token), crate::now()).await?;
     Ok(Json(TokenResponse { machine, token }))
 }

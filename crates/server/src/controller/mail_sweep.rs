@@ -26,10 +26,7 @@ pub struct SweepReport {
 pub async fn run(app: &App, now: Ts) -> Result<SweepReport, StoreError> {
     let expired = expire(app, now).await?;
     let alerts_changed = alerts(app, now).await?;
-    Ok(SweepReport {
-        expired,
-        alerts_changed,
-    })
+    Ok(SweepReport { expired, alerts_changed })
 }
 
 /// M8: expires every open mail past its expiry, one transaction per batch.
@@ -37,31 +34,20 @@ pub async fn expire(app: &App, now: Ts) -> Result<usize, StoreError> {
     let mut total = 0;
     loop {
         // A read-only probe first, so an idle pass never takes the writer.
-        if app
-            .store()
-            .select_mail(MailSelect::Expiring { now, limit: 1 })
-            .await?
-            .is_empty()
-        {
+        if app.store().select_mail(MailSelect::Expiring { now, limit: 1 }).await?.is_empty() {
             return Ok(total);
         }
         let (n, moves) = app
             .store()
-            .mail_transaction(
-                MailSelect::Expiring {
-                    now,
-                    limit: EXPIRY_BATCH,
-                },
-                move |rows| {
-                    let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-                    for expired in plan_expiry(&rows, now) {
-                        let before = rows.iter().find(|r| r.id == expired.id);
-                        moves.record(&mut writes, before, expired, "controller", now);
-                    }
-                    let n = writes.update.len();
-                    (writes, (n, moves))
-                },
-            )
+            .mail_transaction(MailSelect::Expiring { now, limit: EXPIRY_BATCH }, move |rows| {
+                let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
+                for expired in plan_expiry(&rows, now) {
+                    let before = rows.iter().find(|r| r.id == expired.id);
+                    moves.record(&mut writes, before, expired, "controller", now);
+                }
+                let n = writes.update.len();
+                (writes, (n, moves))
+            })
             .await?;
         moves.publish(app);
         total += n;
@@ -75,21 +61,14 @@ pub async fn expire(app: &App, now: Ts) -> Result<usize, StoreError> {
 async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     let rt = app.runtime();
     let policy = &rt.mail_policy;
-    let min_sla = policy
-        .unread_sla
-        .urgent
-        .min(policy.unread_sla.normal)
-        .to_chrono();
+    let min_sla = policy.unread_sla.urgent.min(policy.unread_sla.normal).to_chrono();
     let store = app.store();
     let (undelivered, unread, open, polls) = tokio::try_join!(
         store.select_mail(MailSelect::Undelivered {
             created_before: now - policy.undelivered_after.to_chrono(),
             limit: ALERT_CANDIDATES
         }),
-        store.select_mail(MailSelect::Unread {
-            delivered_before: now - min_sla,
-            limit: ALERT_CANDIDATES
-        }),
+        store.select_mail(MailSelect::Unread { delivered_before: now - min_sla, limit: ALERT_CANDIDATES }),
         store.firing_alerts(),
         store.last_polls(),
     )?;
@@ -99,34 +78,21 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     let behind_open: Vec<String> = open
         .iter()
         .filter(|a| {
-            matches!(a.kind, AlertKind::Undelivered | AlertKind::UnreadSla)
-                && !known.contains(a.subject.as_str())
+            matches!(a.kind, AlertKind::Undelivered | AlertKind::UnreadSla) && !known.contains(a.subject.as_str())
         })
         .map(|a| a.subject.clone())
         .collect();
     if !behind_open.is_empty() {
         mails.extend(store.select_mail(MailSelect::Ids(behind_open)).await?);
     }
-    let inputs = AlertInputs {
-        mails: &mails,
-        last_polls: &polls,
-        roster: rt.roster.as_ref(),
-        open: &open,
-    };
+    let inputs = AlertInputs { mails: &mails, last_polls: &polls, roster: rt.roster.as_ref(), open: &open };
     let plan = plan_alerts(&inputs, policy, now);
 
     let metrics = app.metrics();
-    let machines: Vec<String> = rt
-        .roster
-        .iter()
-        .flat_map(|r| r.machines.iter().map(|m| m.label.clone()))
-        .collect();
+    let machines: Vec<String> = rt.roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect();
     metrics.set_breaches(&plan.breaches, &machines);
     for (machine, at) in &polls {
-        metrics
-            .machine_last_poll
-            .with_label_values(&[machine])
-            .set(at.timestamp_millis() as f64 / 1000.0);
+        metrics.machine_last_poll.with_label_values(&[machine]).set(at.timestamp_millis() as f64 / 1000.0);
     }
     let changed = plan.upsert.len();
     if changed > 0 {

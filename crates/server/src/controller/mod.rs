@@ -48,9 +48,7 @@ const GLOBAL_RATE: u32 = 50;
 pub async fn run(app: App) {
     let queue = app.queue().clone();
     let mut shutdown = app.watch_shutdown();
-    let limiter = RateLimiter::direct(Quota::per_second(
-        NonZeroU32::new(GLOBAL_RATE).unwrap_or(NonZeroU32::MIN),
-    ));
+    let limiter = RateLimiter::direct(Quota::per_second(NonZeroU32::new(GLOBAL_RATE).unwrap_or(NonZeroU32::MIN)));
     let resync = tokio::spawn(resync(app.clone()));
     let crons = tokio::spawn(schedules::run(app.clone()));
     let mut running = JoinSet::new();
@@ -71,11 +69,7 @@ pub async fn run(app: App) {
 }
 
 async fn reconcile(app: &App, key: Key) -> bool {
-    let timer = app
-        .metrics()
-        .reconcile_duration
-        .with_label_values(&[key.name()])
-        .start_timer();
+    let timer = app.metrics().reconcile_duration.with_label_values(&[key.name()]).start_timer();
     let mut shutdown = app.watch_shutdown();
     let result = tokio::select! {
         r = run_key(app, key) => r,
@@ -86,10 +80,7 @@ async fn reconcile(app: &App, key: Key) -> bool {
     match result {
         Ok(()) => true,
         Err(e) => {
-            app.metrics()
-                .reconcile_errors
-                .with_label_values(&[key.name()])
-                .inc();
+            app.metrics().reconcile_errors.with_label_values(&[key.name()]).inc();
             tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
             false
         }
@@ -99,14 +90,9 @@ async fn reconcile(app: &App, key: Key) -> bool {
 async fn run_key(app: &App, key: Key) -> Result<(), String> {
     let now = crate::now();
     match key {
-        Key::MailSweep => mail_sweep::run(app, now)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+        Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
         Key::Notify => notifier::run(app, now).await,
-        Key::Specs => crate::specs::sync(app, now)
-            .await
-            .map_err(|e| e.to_string()),
+        Key::Specs => crate::specs::sync(app, now).await.map_err(|e| e.to_string()),
     }
 }
 

@@ -32,22 +32,13 @@ struct PostError {
 pub async fn run(app: &App, now: Ts) -> Result<(), String> {
     let store = app.store();
     let rt = app.runtime();
-    let mut batch = store
-        .alerts_to_notify(BATCH)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut batch = store.alerts_to_notify(BATCH).await.map_err(|e| e.to_string())?;
     let more = batch.len() == BATCH;
     let Some(notify) = rt.mail_policy.notify.clone() else {
         // No webhook: the alerts tab and metrics are the record (DESIGN M10).
         if !batch.is_empty() {
-            app.metrics()
-                .notifications
-                .with_label_values(&["skipped"])
-                .inc_by(batch.len() as u64);
-            store
-                .mark_notified(batch, now)
-                .await
-                .map_err(|e| e.to_string())?;
+            app.metrics().notifications.with_label_values(&["skipped"]).inc_by(batch.len() as u64);
+            store.mark_notified(batch, now).await.map_err(|e| e.to_string())?;
         }
         return requeue_if(app, more);
     };
@@ -58,9 +49,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?
             .into_iter()
-            .filter(|a| {
-                !a.needs_notification() && a.last_sent_at.is_none_or(|t| now - t >= RESEND)
-            });
+            .filter(|a| !a.needs_notification() && a.last_sent_at.is_none_or(|t| now - t >= RESEND));
         batch.extend(due.take(BATCH.saturating_sub(batch.len())));
     }
     if batch.is_empty() {
@@ -69,44 +58,24 @@ pub async fn run(app: &App, now: Ts) -> Result<(), String> {
     let external = format!("http://{}", app.listen_addr());
     let (url, body) = if api {
         let base = notify.webhook.trim_end_matches('/');
-        let url = if base.ends_with("/api/v2/alerts") {
-            base.to_string()
-        } else {
-            format!("{base}/api/v2/alerts")
-        };
-        (
-            url,
-            alertmanager_api_body(&batch, &external, now, RESEND * 3),
-        )
+        let url = if base.ends_with("/api/v2/alerts") { base.to_string() } else { format!("{base}/api/v2/alerts") };
+        (url, alertmanager_api_body(&batch, &external, now, RESEND * 3))
     } else {
-        (
-            notify.webhook.clone(),
-            webhook_body(notify.format, &batch, &external),
-        )
+        (notify.webhook.clone(), webhook_body(notify.format, &batch, &external))
     };
     app.notify_limiter(notify.min_interval).until_ready().await;
     match post(app, &url, &body).await {
         Ok(()) => {
-            app.metrics()
-                .notifications
-                .with_label_values(&["sent"])
-                .inc_by(batch.len() as u64);
+            app.metrics().notifications.with_label_values(&["sent"]).inc_by(batch.len() as u64);
             app.set_notify_error(None);
             let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
             tracing::info!(count = batch.len(), ?sent_states, "notified");
-            store
-                .mark_notified(batch, crate::now())
-                .await
-                .map_err(|e| e.to_string())?;
+            store.mark_notified(batch, crate::now()).await.map_err(|e| e.to_string())?;
             requeue_if(app, more)
         }
         Err(e) => {
             app.set_notify_error(Some(format!("{url}: {}", e.message)));
-            Err(format!(
-                "posting {} notification(s) to {url}: {}",
-                batch.len(),
-                e.message
-            ))
+            Err(format!("posting {} notification(s) to {url}: {}", batch.len(), e.message))
         }
     }
 }
@@ -122,17 +91,11 @@ fn requeue_if(app: &App, more: bool) -> Result<(), String> {
 /// 4xx other than 408/429 are not retried here (the queue's backoff retries them later).
 async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), PostError> {
     let attempt = || async {
-        let resp = app
-            .http()
-            .post(url)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| PostError {
-                message: e.to_string(),
-                retryable: true,
-                retry_after: None,
-            })?;
+        let resp = app.http().post(url).json(body).send().await.map_err(|e| PostError {
+            message: e.to_string(),
+            retryable: true,
+            retry_after: None,
+        })?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
@@ -143,13 +106,8 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|s| Duration::from_secs(s).min(RETRY_AFTER_CAP));
-        let retryable =
-            status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
-        Err(PostError {
-            message: format!("answered {status}"),
-            retryable,
-            retry_after,
-        })
+        let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
+        Err(PostError { message: format!("answered {status}"), retryable, retry_after })
     };
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
@@ -161,17 +119,9 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
         .when(|e: &PostError| e.retryable)
         .adjust(|e: &PostError, d| e.retry_after.or(d))
         .notify(|e: &PostError, d| {
-            app.metrics()
-                .notifications
-                .with_label_values(&["failed"])
-                .inc();
+            app.metrics().notifications.with_label_values(&["failed"]).inc();
             tracing::warn!(error = %e.message, retry_in = ?d, "notification post failed");
         })
         .await
-        .inspect_err(|_| {
-            app.metrics()
-                .notifications
-                .with_label_values(&["failed"])
-                .inc()
-        })
+        .inspect_err(|_| app.metrics().notifications.with_label_values(&["failed"]).inc())
 }

@@ -38,23 +38,13 @@ impl<K: Ord + Clone> QueueState<K> {
 
     /// Requests a run of `key` at `due`; an earlier pending request wins.
     pub fn add(&mut self, key: K, due: Instant) {
-        let slot = if self.processing.contains(&key) {
-            &mut self.again
-        } else {
-            &mut self.waiting
-        };
-        slot.entry(key)
-            .and_modify(|t| *t = (*t).min(due))
-            .or_insert(due);
+        let slot = if self.processing.contains(&key) { &mut self.again } else { &mut self.waiting };
+        slot.entry(key).and_modify(|t| *t = (*t).min(due)).or_insert(due);
     }
 
     /// Takes the key due soonest if it is due at `now`.
     pub fn pop(&mut self, now: Instant) -> Option<K> {
-        let (key, _) = self
-            .waiting
-            .iter()
-            .filter(|(_, due)| **due <= now)
-            .min_by_key(|(_, due)| **due)?;
+        let (key, _) = self.waiting.iter().filter(|(_, due)| **due <= now).min_by_key(|(_, due)| **due)?;
         let key = key.clone();
         self.waiting.remove(&key);
         self.processing.insert(key.clone());
@@ -73,10 +63,7 @@ impl<K: Ord + Clone> QueueState<K> {
         } else {
             let n = self.failures.entry(key.clone()).or_default();
             *n += 1;
-            let delay = self
-                .base
-                .saturating_mul(1 << (*n - 1).min(20))
-                .min(self.max);
+            let delay = self.base.saturating_mul(1 << (*n - 1).min(20)).min(self.max);
             self.add(key.clone(), now + delay);
         }
         if let Some(due) = self.again.remove(key) {
@@ -102,10 +89,7 @@ pub struct WorkQueue<K> {
 
 impl<K: Ord + Clone> WorkQueue<K> {
     pub fn new(base: Duration, max: Duration) -> Self {
-        WorkQueue {
-            state: Arc::new(Mutex::new(QueueState::new(base, max))),
-            wake: Arc::new(Notify::new()),
-        }
+        WorkQueue { state: Arc::new(Mutex::new(QueueState::new(base, max))), wake: Arc::new(Notify::new()) }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut QueueState<K>) -> R) -> R {
@@ -201,11 +185,7 @@ mod tests {
         for (n, expect) in [(1, 1), (2, 2), (3, 4), (4, 8)] {
             let k = q.pop(t + Duration::from_secs(100 * n)).expect("due");
             q.done(&k, false, t + Duration::from_secs(100 * n));
-            assert_eq!(
-                q.next_due(),
-                Some(t + Duration::from_secs(100 * n + expect)),
-                "failure {n}"
-            );
+            assert_eq!(q.next_due(), Some(t + Duration::from_secs(100 * n + expect)), "failure {n}");
         }
         assert_eq!(q.failures(&"a"), 4);
         let k = q.pop(t + Duration::from_secs(1000)).expect("due");

@@ -15,9 +15,7 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
-use rows::{
-    ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row,
-};
+use rows::{ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 4;
@@ -36,35 +34,25 @@ struct Inner {
 pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
-        Some(
-            C::DiskFull
-            | C::ReadOnly
-            | C::SystemIoFailure
-            | C::CannotOpen
-            | C::DatabaseBusy
-            | C::DatabaseLocked,
-        ) => StoreError::Unavailable(e.to_string()),
+        Some(C::DiskFull | C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
+            StoreError::Unavailable(e.to_string())
+        }
         _ => StoreError::Backend(e.to_string()),
     }
 }
 
 fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
     let flags = if writer {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
     } else {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let conn = Connection::open_with_flags(path, flags).map_err(map_err)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(map_err)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(map_err)?;
     if writer {
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(map_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
         // FULL: a send that was acknowledged survives power loss too, not only a killed process.
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(map_err)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
     }
     Ok(conn)
 }
@@ -77,11 +65,7 @@ impl SqliteStore {
             let mut writer = open_connection(&path, true)?;
             schema::migrate(&mut writer)?;
             Ok(SqliteStore {
-                inner: Arc::new(Inner {
-                    path,
-                    writer: Mutex::new(writer),
-                    readers: Mutex::new(Vec::new()),
-                }),
+                inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
             })
         })
         .await
@@ -103,17 +87,10 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("write task failed: {e}")))?
     }
 
-    async fn read<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
-    ) -> Result<R> {
+    async fn read<R: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<R> + Send + 'static) -> Result<R> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let pooled = inner
-                .readers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
+            let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let conn = match pooled {
                 Some(c) => c,
                 None => open_connection(&inner.path, false)?,
@@ -133,58 +110,28 @@ impl SqliteStore {
 fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     let mut out = Vec::new();
     let mut by_time = |filter: &str, order: &str, t: Ts, limit: usize| -> Result<()> {
-        let sql =
-            format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
+        let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
         let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-        for m in stmt
-            .query_map(params![ms(t), limit as i64], mail_from_row)
-            .map_err(map_err)?
-        {
+        for m in stmt.query_map(params![ms(t), limit as i64], mail_from_row).map_err(map_err)? {
             out.push(m.map_err(map_err)??);
         }
         Ok(())
     };
     match select {
         MailSelect::Expiring { now, limit } => {
-            by_time(
-                "state IN ('new', 'delivered', 'seen') AND expires_at <= ?1",
-                "expires_at",
-                *now,
-                *limit,
-            )?;
+            by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= ?1", "expires_at", *now, *limit)?;
         }
-        MailSelect::Undelivered {
-            created_before,
-            limit,
-        } => {
-            by_time(
-                "state = 'new' AND created_at <= ?1",
-                "created_at",
-                *created_before,
-                *limit,
-            )?;
+        MailSelect::Undelivered { created_before, limit } => {
+            by_time("state = 'new' AND created_at <= ?1", "created_at", *created_before, *limit)?;
         }
-        MailSelect::Unread {
-            delivered_before,
-            limit,
-        } => {
-            by_time(
-                "state = 'delivered' AND delivered_at <= ?1",
-                "delivered_at",
-                *delivered_before,
-                *limit,
-            )?;
+        MailSelect::Unread { delivered_before, limit } => {
+            by_time("state = 'delivered' AND delivered_at <= ?1", "delivered_at", *delivered_before, *limit)?;
         }
         MailSelect::Ids(ids) => {
-            let mut stmt = conn
-                .prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1"))
-                .map_err(map_err)?;
+            let mut stmt =
+                conn.prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1")).map_err(map_err)?;
             for id in ids {
-                if let Some(m) = stmt
-                    .query_row([id], mail_from_row)
-                    .optional()
-                    .map_err(map_err)?
-                {
+                if let Some(m) = stmt.query_row([id], mail_from_row).optional().map_err(map_err)? {
                     out.push(m?);
                 }
             }
@@ -195,10 +142,7 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
                     "SELECT {MAIL_COLUMNS} FROM mail WHERE \"to\" = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
                 ))
                 .map_err(map_err)?;
-            for m in stmt
-                .query_map(params![to, cursor, *limit as i64], mail_from_row)
-                .map_err(map_err)?
-            {
+            for m in stmt.query_map(params![to, cursor, *limit as i64], mail_from_row).map_err(map_err)? {
                 out.push(m.map_err(map_err)??);
             }
         }
@@ -211,16 +155,11 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         .prepare_cached(&format!(
             "INSERT INTO mail ({}) VALUES ({})",
             MAIL_COLUMNS.replacen("seq, ", "", 1),
-            (1..=25)
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
         ))
         .map_err(map_err)?;
     for m in &w.insert {
-        insert
-            .execute(rusqlite::params_from_iter(rows::mail_params(m)))
-            .map_err(map_err)?;
+        insert.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)?;
     }
     let mut update = conn
         .prepare_cached(
@@ -232,15 +171,8 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         )
         .map_err(map_err)?;
     for m in &w.update {
-        if update
-            .execute(rusqlite::params_from_iter(rows::mail_params(m)))
-            .map_err(map_err)?
-            != 1
-        {
-            return Err(StoreError::Backend(format!(
-                "update of missing mail {}",
-                m.id
-            )));
+        if update.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)? != 1 {
+            return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
         }
     }
     insert_events(conn, &w.events)?;
@@ -285,24 +217,18 @@ fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
 }
 
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
-    let sql =
-        format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
+    let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
     let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-    let rows = stmt
-        .query_map([limit as i64], alert_from_row)
-        .map_err(map_err)?;
+    let rows = stmt.query_map([limit as i64], alert_from_row).map_err(map_err)?;
     rows.map(|r| r.map_err(map_err)?).collect()
 }
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
     let mut stmt = conn
-        .prepare_cached(
-            "INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
+        .prepare_cached("INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)")
         .map_err(map_err)?;
     for e in events {
-        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor])
-            .map_err(map_err)?;
+        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor]).map_err(map_err)?;
     }
     Ok(())
 }
@@ -314,9 +240,7 @@ impl Store for SqliteStore {
         R: Send + 'static,
     {
         self.write(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map_err)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let loaded = select_mail(&tx, &select)?;
             let (writes, out) = plan(loaded);
             if !writes.is_empty() {
@@ -335,7 +259,9 @@ impl Store for SqliteStore {
     async fn mail_counts(&self) -> Result<Vec<MailCount>> {
         self.read(|conn| {
             let mut stmt = conn
-                .prepare_cached("SELECT state, kind, channel, n FROM mail_counts WHERE n > 0 ORDER BY state, kind, channel")
+                .prepare_cached(
+                    "SELECT state, kind, channel, n FROM mail_counts WHERE n > 0 ORDER BY state, kind, channel",
+                )
                 .map_err(map_err)?;
             let rows = stmt
                 .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)?)))
@@ -352,8 +278,7 @@ impl Store for SqliteStore {
 
     async fn get_mail(&self, id: &str) -> Result<Option<Mail>> {
         let id = id.to_string();
-        self.read(move |conn| Ok(select_mail(conn, &MailSelect::Ids(vec![id]))?.pop()))
-            .await
+        self.read(move |conn| Ok(select_mail(conn, &MailSelect::Ids(vec![id]))?.pop())).await
     }
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
@@ -369,18 +294,12 @@ impl Store for SqliteStore {
                 sql += &format!(" AND \"from\" = ?{}", args.len());
             }
             if !q.states.is_empty() {
-                let list: Vec<String> = q
-                    .states
-                    .iter()
-                    .map(|s| format!("'{}'", s.as_str()))
-                    .collect();
+                let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
                 sql += &format!(" AND state IN ({})", list.join(", "));
             }
             sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
             let mut stmt = conn.prepare(&sql).map_err(map_err)?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(args.iter()), mail_from_row)
-                .map_err(map_err)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), mail_from_row).map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)?).collect()
         })
         .await
@@ -394,7 +313,13 @@ impl Store for SqliteStore {
                 .map_err(map_err)?;
             let rows = stmt
                 .query_map([object], |r| {
-                    Ok(Event { at: from_ms(r.get(0)?), object: r.get(1)?, reason: r.get(2)?, message: r.get(3)?, actor: r.get(4)? })
+                    Ok(Event {
+                        at: from_ms(r.get(0)?),
+                        object: r.get(1)?,
+                        reason: r.get(2)?,
+                        message: r.get(3)?,
+                        actor: r.get(4)?,
+                    })
                 })
                 .map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)).collect()
@@ -489,25 +414,20 @@ impl Store for SqliteStore {
 
     async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
         self.read(|conn| {
-            let mut stmt = conn
-                .prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name")
-                .map_err(map_err)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?))))
-                .map_err(map_err)?;
+            let mut stmt =
+                conn.prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name").map_err(map_err)?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?)))).map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)).collect()
         })
         .await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
-        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1)
-            .await
+        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1).await
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("notified IS NOT state", "updated_at", limit)
-            .await
+        self.alerts("notified IS NOT state", "updated_at", limit).await
     }
 
     async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
@@ -516,9 +436,7 @@ impl Store for SqliteStore {
 
     async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
         self.write(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map_err)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             upsert_alerts(&tx, &alerts)?;
             tx.commit().map_err(map_err)
         })
@@ -527,9 +445,7 @@ impl Store for SqliteStore {
 
     async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
         self.write(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map_err)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             {
                 let mut stmt = tx
                     .prepare_cached(
@@ -538,14 +454,8 @@ impl Store for SqliteStore {
                     )
                     .map_err(map_err)?;
                 for a in &sent {
-                    stmt.execute(params![
-                        ms(at),
-                        a.kind.as_str(),
-                        a.subject,
-                        a.state.as_str(),
-                        ms(a.updated_at)
-                    ])
-                    .map_err(map_err)?;
+                    stmt.execute(params![ms(at), a.kind.as_str(), a.subject, a.state.as_str(), ms(a.updated_at)])
+                        .map_err(map_err)?;
                 }
             }
             tx.commit().map_err(map_err)
@@ -555,14 +465,8 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
-    async fn alerts(
-        &self,
-        filter: &'static str,
-        order: &'static str,
-        limit: usize,
-    ) -> Result<Vec<Alert>> {
-        self.read(move |conn| query_alerts(conn, filter, order, limit))
-            .await
+    async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
+        self.read(move |conn| query_alerts(conn, filter, order, limit)).await
     }
 }
 
@@ -576,9 +480,7 @@ mod tests {
 
     async fn fresh() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(dir.path().join("pcmail.db"))
-            .await
-            .expect("open");
+        let store = SqliteStore::open(dir.path().join("pcmail.db")).await.expect("open");
         (dir, store)
     }
 
@@ -590,15 +492,10 @@ mod tests {
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
         let conn = Connection::open(&path).expect("raw open");
-        conn.execute_batch("ALTER TABLE mail DROP COLUMN presented_session")
-            .expect("drop column");
+        conn.execute_batch("ALTER TABLE mail DROP COLUMN presented_session").expect("drop column");
         drop(conn);
         let err = SqliteStore::open(&path).await.err().expect("must refuse");
-        assert!(
-            err.to_string()
-                .contains("mail.presented_session is missing"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("mail.presented_session is missing"), "{err}");
     }
 
     #[tokio::test]
@@ -606,10 +503,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
-        Connection::open(&path)
-            .expect("raw")
-            .pragma_update(None, "user_version", 99)
-            .expect("bump");
+        Connection::open(&path).expect("raw").pragma_update(None, "user_version", 99).expect("bump");
         let err = SqliteStore::open(&path).await.err().expect("must refuse");
         assert!(err.to_string().contains("newer than this build"), "{err}");
     }

@@ -108,11 +108,7 @@ pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreEr
     let labels: String = r.get(2)?;
     let spec: String = r.get(4)?;
     let status: String = r.get(5)?;
-    let parsed = (
-        serde_json::from_str(&labels),
-        serde_json::from_str(&spec),
-        serde_json::from_str(&status),
-    );
+    let parsed = (serde_json::from_str(&labels), serde_json::from_str(&spec), serde_json::from_str(&status));
     let (Ok(labels), Ok(spec), Ok(status)) = parsed else {
         return Ok(Err(corrupt("labels, spec or status is not valid JSON")));
     };
@@ -128,7 +124,8 @@ pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreEr
     }))
 }
 
-pub const ALERT_COLUMNS: &str = "kind, subject, state, summary, labels, firing_since, resolved_at, notified, last_sent_at, updated_at";
+pub const ALERT_COLUMNS: &str =
+    "kind, subject, state, summary, labels, firing_since, resolved_at, notified, last_sent_at, updated_at";
 
 pub fn alert_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Alert, StoreError>> {
     let kind: String = r.get(0)?;
@@ -136,11 +133,7 @@ pub fn alert_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Alert, StoreError>
     let state: String = r.get(2)?;
     let labels: String = r.get(4)?;
     let notified: Option<String> = r.get(7)?;
-    let corrupt = |what: String| {
-        Ok(Err(StoreError::Corrupt(format!(
-            "alert {kind}/{subject}: {what}"
-        ))))
-    };
+    let corrupt = |what: String| Ok(Err(StoreError::Corrupt(format!("alert {kind}/{subject}: {what}"))));
     let (kind_v, state_v) = match (kind.parse(), state.parse()) {
         (Ok(k), Ok(s)) => (k, s),
         (Err(e), _) | (_, Err(e)) => return corrupt(e),

@@ -153,23 +153,8 @@ const REQUIRED: &[(&str, &[&str])] = &[
             "last_reminded_at",
         ],
     ),
-    (
-        "specs",
-        &[
-            "kind",
-            "name",
-            "labels",
-            "generation",
-            "spec",
-            "status",
-            "created_at",
-            "updated_at",
-        ],
-    ),
-    (
-        "events",
-        &["id", "at", "object", "reason", "message", "actor"],
-    ),
+    ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
+    ("events", &["id", "at", "object", "reason", "message", "actor"]),
     ("machines", &["name", "last_poll_at"]),
     (
         "alerts",
@@ -191,9 +176,7 @@ const REQUIRED: &[(&str, &[&str])] = &[
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
-    let version: usize = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(super::map_err)?;
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
     if version > MIGRATIONS.len() {
         return Err(StoreError::Schema(format!(
             "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
@@ -203,8 +186,7 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction().map_err(super::map_err)?;
         tx.execute_batch(sql).map_err(super::map_err)?;
-        tx.pragma_update(None, "user_version", i + 1)
-            .map_err(super::map_err)?;
+        tx.pragma_update(None, "user_version", i + 1).map_err(super::map_err)?;
         tx.commit().map_err(super::map_err)?;
     }
     verify(conn)
@@ -212,9 +194,7 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
 
 pub fn verify(conn: &Connection) -> Result<()> {
     for (table, columns) in REQUIRED {
-        let mut stmt = conn
-            .prepare(&format!("PRAGMA table_info(\"{table}\")"))
-            .map_err(super::map_err)?;
+        let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).map_err(super::map_err)?;
         let present: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(1))
             .map_err(super::map_err)?
