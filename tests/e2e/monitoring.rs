@@ -247,3 +247,12 @@ fn c4_metrics_expose_every_family_of_design_section_9() {
         assert!(body.contains(&format!("# TYPE {family} ")), "{family} missing from /metrics");
     }
 }
+
+#[test]
+fn prometheus_rules_pass_promtool_check() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/prometheus/pcmail-rules.yaml");
+    let out =
+        Command::new("promtool").args(["check", "rules"]).arg(&rules).output().expect("promtool must be installed");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("SUCCESS"), "{}", stdout(&out));
+}

@@ -57,7 +57,9 @@ pub enum MailSelect {
 pub struct MailWrites {
     /// New rows; the adapter assigns `seq`.
     pub insert: Vec<Mail>,
-    /// Whole rows replacing the stored ones with the same id.
+    /// Rows whose lifecycle replaces the stored one with the same id: state, expiry and every
+    /// stamp. A mail's identity (from, to, kind, subject, body, urgent, auto, hop, replyTo,
+    /// channel, externalKey, createdAt) is fixed at insert and never rewritten.
     pub update: Vec<Mail>,
     pub events: Vec<Event>,
     /// M11/A5: every poll is a heartbeat of the polling machine.

@@ -3,13 +3,14 @@
 use super::{Mail, Step, apply_step};
 use crate::Ts;
 
-/// The mails to write back as expired: non-terminal ones whose `expiresAt` is at or before
-/// `now`. Done and failed mail is never touched (M1 keeps terminal states).
-pub fn plan_expiry(mails: &[Mail], now: Ts) -> Vec<Mail> {
+/// The mails to write back as expired, each with the row it replaces: non-terminal ones whose
+/// `expiresAt` is at or before `now`. Done and failed mail is never touched (M1 keeps terminal
+/// states).
+pub fn plan_expiry(mails: &[Mail], now: Ts) -> Vec<(&Mail, Mail)> {
     mails
         .iter()
         .filter(|m| m.expires_at <= now)
-        .filter_map(|m| apply_step(m, &Step::Expire, "controller", now))
+        .filter_map(|m| Some((m, apply_step(m, &Step::Expire, "controller", now)?)))
         .collect()
 }
 
@@ -29,8 +30,13 @@ mod tests {
         later.expires_at = at(101);
 
         assert!(plan_expiry(&[open.clone()], at(99)).is_empty());
-        let expired = plan_expiry(&[open, done, later], at(100));
+        let all = [open, done, later];
+        let expired = plan_expiry(&all, at(100));
         assert_eq!(expired.len(), 1);
-        assert_eq!((expired[0].id.as_str(), expired[0].state), ("mail--00000001", MailState::Expired));
+        let (before, after) = &expired[0];
+        assert_eq!(
+            (after.id.as_str(), after.state, before.state),
+            ("mail--00000001", MailState::Expired, MailState::New)
+        );
     }
 }

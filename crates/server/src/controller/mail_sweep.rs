@@ -41,9 +41,8 @@ pub async fn expire(app: &App, now: Ts) -> Result<usize, StoreError> {
             .store()
             .mail_transaction(MailSelect::Expiring { now, limit: EXPIRY_BATCH }, move |rows| {
                 let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-                for expired in plan_expiry(&rows, now) {
-                    let before = rows.iter().find(|r| r.id == expired.id);
-                    moves.record(&mut writes, before, expired, "controller", now);
+                for (before, expired) in plan_expiry(&rows, now) {
+                    moves.record(&mut writes, Some(before), expired, "controller", now);
                 }
                 let n = writes.update.len();
                 (writes, (n, moves))

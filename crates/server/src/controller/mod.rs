@@ -96,6 +96,15 @@ async fn run_key(app: &App, key: Key) -> Result<(), String> {
     }
 }
 
+/// One pass of every reconciler, as a resync makes; answers the first error. For benchmarks
+/// and tools; the loop itself runs keys one by one.
+pub async fn pass(app: &App) -> Result<(), String> {
+    for key in Key::ALL {
+        run_key(app, key).await?;
+    }
+    Ok(())
+}
+
 async fn resync(app: App) {
     let mut tick = tokio::time::interval(app.resync_period().max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

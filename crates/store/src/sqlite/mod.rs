@@ -163,15 +163,13 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
     }
     let mut update = conn
         .prepare_cached(
-            "UPDATE mail SET \"from\" = ?2, \"to\" = ?3, kind = ?4, subject = ?5, body = ?6, urgent = ?7, auto = ?8, \
-             hop = ?9, reply_to = ?10, channel = ?11, external_key = ?12, state = ?13, created_at = ?14, \
-             expires_at = ?15, delivered_at = ?16, delivered_by = ?17, seen_at = ?18, seen_by = ?19, done_at = ?20, \
-             result = ?21, fail_reason = ?22, presented_at = ?23, presented_session = ?24, last_reminded_at = ?25 \
-             WHERE id = ?1",
+            "UPDATE mail SET state = ?2, expires_at = ?3, delivered_at = ?4, delivered_by = ?5, seen_at = ?6, \
+             seen_by = ?7, done_at = ?8, result = ?9, fail_reason = ?10, presented_at = ?11, presented_session = ?12, \
+             last_reminded_at = ?13 WHERE id = ?1",
         )
         .map_err(map_err)?;
     for m in &w.update {
-        if update.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)? != 1 {
+        if update.execute(rusqlite::params_from_iter(rows::lifecycle_params(m))).map_err(map_err)? != 1 {
             return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
         }
     }

@@ -98,6 +98,26 @@ pub fn mail_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
     ]
 }
 
+/// Parameters ?1..?13 of the lifecycle update: the id, then the columns a mail's life changes.
+pub fn lifecycle_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
+    let t = |v: Option<Ts>| v.map(ms);
+    vec![
+        Box::new(&m.id),
+        Box::new(m.state.as_str()),
+        Box::new(ms(m.expires_at)),
+        Box::new(t(m.delivered_at)),
+        Box::new(&m.delivered_by),
+        Box::new(t(m.seen_at)),
+        Box::new(&m.seen_by),
+        Box::new(t(m.done_at)),
+        Box::new(&m.result),
+        Box::new(&m.fail_reason),
+        Box::new(t(m.presented_at)),
+        Box::new(&m.presented_session),
+        Box::new(t(m.last_reminded_at)),
+    ]
+}
+
 pub fn spec_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SpecRecord, StoreError>> {
     let kind_name: String = r.get(0)?;
     let name: String = r.get(1)?;

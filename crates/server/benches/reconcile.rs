@@ -1,0 +1,138 @@
+//! P1 and P2 of DESIGN §11 on the embedded SQLite store.
+//!
+//! P1: an idle reconcile pass (every reconciler once) over 1M mails. P2: a mail sweep that
+//! expires 10k mails in one transaction. Prints figures, targets and ratios; asserts nothing
+//! (speed is measured here, never in tests). `PCMAIL_BENCH_MAILS` shrinks the data set.
+
+use std::time::{Duration, Instant};
+
+use pcmail_core::Ts;
+use pcmail_core::mail::{Mail, MailKind, MailState};
+use pcmail_server::controller::{mail_sweep, pass};
+use pcmail_server::{App, ServeConfig};
+use pcmail_store::{MailWrites, Store};
+
+fn mail(n: u64, now: Ts, state: MailState, age: chrono::TimeDelta, expires_in: chrono::TimeDelta) -> Mail {
+    let created = now - age;
+    let delivered = (state != MailState::New).then_some(created);
+    Mail {
+        seq: 0,
+        id: format!("mail--{n:08x}"),
+        from: format!("pc{}", n % 7),
+        to: format!("pc{}", (n + 3) % 7),
+        kind: if n % 5 == 0 { MailKind::Request } else { MailKind::Note },
+        subject: format!("bench subject {n}"),
+        body: "x".repeat(200),
+        urgent: n % 11 == 0,
+        auto: false,
+        hop: 0,
+        reply_to: None,
+        channel: "pc".into(),
+        external_key: None,
+        state,
+        created_at: created,
+        expires_at: now + expires_in,
+        delivered_at: delivered,
+        delivered_by: delivered.map(|_| "pc1".into()),
+        seen_at: None,
+        seen_by: None,
+        done_at: (state == MailState::Done).then_some(created),
+        result: None,
+        fail_reason: None,
+        presented_at: None,
+        presented_session: None,
+        last_reminded_at: None,
+    }
+}
+
+async fn insert(app: &App, mails: Vec<Mail>) {
+    for chunk in mails.chunks(50_000) {
+        let chunk = chunk.to_vec();
+        app.store()
+            .mail_transaction(pcmail_store::MailSelect::Ids(vec![]), move |_| {
+                (MailWrites { insert: chunk, ..Default::default() }, ())
+            })
+            .await
+            .expect("insert");
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
+fn row(id: &str, what: &str, figure: Duration, target: Duration) {
+    let ratio = figure.as_secs_f64() / target.as_secs_f64();
+    println!(
+        "| {id} | {what} | {:.3} ms | ≤ {} ms | {ratio:.3} | {} |",
+        figure.as_secs_f64() * 1e3,
+        target.as_millis(),
+        if ratio <= 1.0 { "met" } else { "MISSED" }
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let total: u64 = std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServeConfig {
+        data_dir: dir.path().to_path_buf(),
+        store_url: None,
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        apply: None,
+        insecure_listen: false,
+        resync: Duration::from_secs(10),
+    };
+    let app = App::start(&config).await.expect("start");
+    let now = chrono::Utc::now();
+    let hour = chrono::TimeDelta::hours(1);
+
+    // 99% done and long past, the rest open and young: a busy but healthy installation.
+    let started = Instant::now();
+    let open = total / 100;
+    let mut mails = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        let (state, age) = match n {
+            n if n < open / 2 => (MailState::New, chrono::TimeDelta::minutes(1)),
+            n if n < open => (MailState::Delivered, chrono::TimeDelta::minutes(5)),
+            _ => (MailState::Done, hour * 24),
+        };
+        mails.push(mail(n, now, state, age, hour * 48));
+    }
+    insert(&app, mails).await;
+    println!("loaded {total} mails in {:.1} s", started.elapsed().as_secs_f64());
+
+    pass(&app).await.expect("warm-up pass");
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        pass(&app).await.expect("pass");
+        idle.push(t.elapsed());
+    }
+
+    let mut sweeps = Vec::new();
+    for round in 0..5u64 {
+        let base = total + round * 10_000;
+        let due: Vec<Mail> = (base..base + 10_000)
+            .map(|n| mail(n, now, MailState::Delivered, chrono::TimeDelta::minutes(1), -chrono::TimeDelta::seconds(1)))
+            .collect();
+        insert(&app, due).await;
+        let t = Instant::now();
+        let expired = mail_sweep::expire(&app, chrono::Utc::now()).await.expect("expire");
+        sweeps.push(t.elapsed());
+        assert_eq!(expired, 10_000, "the sweep moves exactly the due mails");
+    }
+
+    println!();
+    println!("| id | what | figure | target | ratio | |");
+    println!("|---|---|---|---|---|---|");
+    row("P1", &format!("idle reconcile pass, {total} mails, median"), median(idle.clone()), Duration::from_millis(5));
+    println!("|  | (p99 of the same 200 passes: {:.3} ms) | | | | |", p99(idle).as_secs_f64() * 1e3);
+    row("P2", "sweep expiring 10k mails, one transaction, median of 5", median(sweeps), Duration::from_millis(250));
+}
