@@ -16,32 +16,21 @@ fn mail(n: u64, now: Ts, state: MailState, age: chrono::TimeDelta, expires_in: c
     let created = now - age;
     let delivered = (state != MailState::New).then_some(created);
     Mail {
-        seq: 0,
-        id: format!("mail--{n:08x}"),
-        from: format!("pc{}", n % 7),
-        to: format!("pc{}", (n + 3) % 7),
         kind: if n.is_multiple_of(5) { MailKind::Request } else { MailKind::Note },
         subject: format!("bench subject {n}"),
         body: "x".repeat(200),
         urgent: n.is_multiple_of(11),
-        auto: false,
-        hop: 0,
-        reply_to: None,
-        channel: "pc".into(),
-        external_key: None,
         state,
-        created_at: created,
-        expires_at: now + expires_in,
         delivered_at: delivered,
         delivered_by: delivered.map(|_| "pc1".into()),
-        seen_at: None,
-        seen_by: None,
         done_at: (state == MailState::Done).then_some(created),
-        result: None,
-        fail_reason: None,
-        presented_at: None,
-        presented_session: None,
-        last_reminded_at: None,
+        ..Mail::new(
+            format!("mail--{n:08x}"),
+            format!("pc{}", n % 7),
+            format!("pc{}", (n + 3) % 7),
+            created,
+            now + expires_in,
+        )
     }
 }
 

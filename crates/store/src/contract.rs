@@ -5,7 +5,7 @@
 use pcmail_core::Ts;
 use pcmail_core::alert::{Alert, AlertKind, AlertState};
 use pcmail_core::api::Event;
-use pcmail_core::mail::{Mail, MailKind, MailState};
+use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 use crate::{MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store};
@@ -16,32 +16,10 @@ pub fn at(secs: i64) -> Ts {
 
 fn mail(n: u32, to: &str) -> Mail {
     Mail {
-        seq: 0,
-        id: format!("mail--{n:08x}"),
-        from: "pc1".into(),
-        to: to.into(),
-        kind: MailKind::Note,
         subject: format!("subject {n} — 日本語"),
         body: "body".into(),
         urgent: n.is_multiple_of(2),
-        auto: false,
-        hop: 0,
-        reply_to: None,
-        channel: "pc".into(),
-        external_key: None,
-        state: MailState::New,
-        created_at: at(i64::from(n)),
-        expires_at: at(1000 + i64::from(n)),
-        delivered_at: None,
-        delivered_by: None,
-        seen_at: None,
-        seen_by: None,
-        done_at: None,
-        result: None,
-        fail_reason: None,
-        presented_at: None,
-        presented_session: None,
-        last_reminded_at: None,
+        ..Mail::new(format!("mail--{n:08x}"), "pc1".into(), to.into(), at(i64::from(n)), at(1000 + i64::from(n)))
     }
 }
 

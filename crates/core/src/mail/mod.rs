@@ -54,6 +54,41 @@ pub struct Mail {
     pub last_reminded_at: Option<Ts>,
 }
 
+impl Mail {
+    /// A fresh `new` note on channel `pc`: hop 0, nothing stamped. Callers set the rest with
+    /// struct update syntax.
+    pub fn new(id: String, from: String, to: String, created_at: Ts, expires_at: Ts) -> Mail {
+        Mail {
+            seq: 0,
+            id,
+            from,
+            to,
+            kind: MailKind::Note,
+            subject: String::new(),
+            body: String::new(),
+            urgent: false,
+            auto: false,
+            hop: 0,
+            reply_to: None,
+            channel: "pc".into(),
+            external_key: None,
+            state: MailState::New,
+            created_at,
+            expires_at,
+            delivered_at: None,
+            delivered_by: None,
+            seen_at: None,
+            seen_by: None,
+            done_at: None,
+            result: None,
+            fail_reason: None,
+            presented_at: None,
+            presented_session: None,
+            last_reminded_at: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MailState {
@@ -164,33 +199,6 @@ pub(crate) mod fixtures {
     }
 
     pub fn mail(id: &str, from: &str, to: &str) -> Mail {
-        Mail {
-            seq: 0,
-            id: id.into(),
-            from: from.into(),
-            to: to.into(),
-            kind: MailKind::Note,
-            subject: "s".into(),
-            body: "b".into(),
-            urgent: false,
-            auto: false,
-            hop: 0,
-            reply_to: None,
-            channel: "pc".into(),
-            external_key: None,
-            state: MailState::New,
-            created_at: at(0),
-            expires_at: at(1000),
-            delivered_at: None,
-            delivered_by: None,
-            seen_at: None,
-            seen_by: None,
-            done_at: None,
-            result: None,
-            fail_reason: None,
-            presented_at: None,
-            presented_session: None,
-            last_reminded_at: None,
-        }
+        Mail { subject: "s".into(), body: "b".into(), ..Mail::new(id.into(), from.into(), to.into(), at(0), at(1000)) }
     }
 }

@@ -1,7 +1,7 @@
 //! Sending and replying: exact recipients (M3), loop guards (M5), fixed reply ids (M6), and the
 //! parent moving to done with the reply as its result (M7).
 
-use super::{Mail, MailKind, MailState, Step, apply_step};
+use super::{Mail, MailKind, Step, apply_step};
 use crate::Ts;
 use crate::api::SendRequest;
 use crate::ids;
@@ -77,10 +77,6 @@ pub fn plan_send(
     validate(req)?;
     let expires_at = ctx.now + req.ttl.unwrap_or(ctx.policy.ttl).to_chrono();
     let base = |id: String, to: String, kind: MailKind, hop: u32| Mail {
-        seq: 0,
-        id,
-        from: sender.to_string(),
-        to,
         kind,
         subject: req.subject.clone(),
         body: req.body.clone(),
@@ -88,21 +84,7 @@ pub fn plan_send(
         auto: req.auto,
         hop,
         reply_to: req.reply_to.clone(),
-        channel: "pc".into(),
-        external_key: None,
-        state: MailState::New,
-        created_at: ctx.now,
-        expires_at,
-        delivered_at: None,
-        delivered_by: None,
-        seen_at: None,
-        seen_by: None,
-        done_at: None,
-        result: None,
-        fail_reason: None,
-        presented_at: None,
-        presented_session: None,
-        last_reminded_at: None,
+        ..Mail::new(id, sender.to_string(), to, ctx.now, expires_at)
     };
 
     let Some(parent_id) = &req.reply_to else {
@@ -180,6 +162,7 @@ fn validate(req: &SendRequest) -> Result<(), SendError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::MailState;
     use super::super::fixtures::{at, mail};
     use super::*;
     use crate::manifest::spec::Machine;

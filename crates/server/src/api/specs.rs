@@ -34,13 +34,13 @@ pub async fn apply(
     Ok(Json(crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?))
 }
 
+/// `apply` forced to a dry run: the diff path is the apply path.
 pub async fn diff(
     State(app): State<App>,
     headers: HeaderMap,
     JsonBody(req): JsonBody<ApplyRequest>,
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
-    admin(&app, &headers).await?;
-    Ok(Json(crate::specs::apply(&app, req.files, true, crate::now()).await?))
+    apply(State(app), headers, JsonBody(ApplyRequest { dry_run: true, ..req })).await
 }
 
 /// Every object as Kubernetes-shaped JSON, with its recent events for `describe`.

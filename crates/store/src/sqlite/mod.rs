@@ -15,7 +15,7 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
-use rows::{ALERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
+use rows::{ALERT_COLUMNS, INSERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 4;
@@ -151,15 +151,13 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
 }
 
 fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
+    let placeholders: Vec<String> = (1..=25).map(|i| format!("?{i}")).collect();
     let mut insert = conn
-        .prepare_cached(&format!(
-            "INSERT INTO mail ({}) VALUES ({})",
-            MAIL_COLUMNS.replacen("seq, ", "", 1),
-            (1..=25).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
-        ))
+        .prepare_cached(&format!("INSERT INTO mail ({INSERT_COLUMNS}) VALUES ({})", placeholders.join(", ")))
         .map_err(map_err)?;
     for m in &w.insert {
-        insert.execute(rusqlite::params_from_iter(rows::mail_params(m))).map_err(map_err)?;
+        let params = rows::lifecycle_params(m).into_iter().chain(rows::identity_params(m));
+        insert.execute(rusqlite::params_from_iter(params)).map_err(map_err)?;
     }
     let mut update = conn
         .prepare_cached(

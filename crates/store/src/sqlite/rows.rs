@@ -66,11 +66,15 @@ pub fn mail_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Mail, StoreError>> 
     }))
 }
 
-/// Parameters ?1..?25 in MAIL_COLUMNS order without `seq`.
-pub fn mail_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
-    let t = |v: Option<Ts>| v.map(ms);
+/// Columns of an insert: the lifecycle ones ([`lifecycle_params`]) then the identity ones
+/// ([`identity_params`]).
+pub const INSERT_COLUMNS: &str = "id, state, expires_at, delivered_at, delivered_by, seen_at, seen_by, done_at, result, \
+    fail_reason, presented_at, presented_session, last_reminded_at, \"from\", \"to\", kind, subject, body, urgent, auto, \
+    hop, reply_to, channel, external_key, created_at";
+
+/// The columns fixed at insert, in INSERT_COLUMNS order after the lifecycle ones.
+pub fn identity_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
     vec![
-        Box::new(&m.id),
         Box::new(&m.from),
         Box::new(&m.to),
         Box::new(m.kind.as_str()),
@@ -82,19 +86,7 @@ pub fn mail_params(m: &Mail) -> Vec<Box<dyn ToSql + '_>> {
         Box::new(&m.reply_to),
         Box::new(&m.channel),
         Box::new(&m.external_key),
-        Box::new(m.state.as_str()),
         Box::new(ms(m.created_at)),
-        Box::new(ms(m.expires_at)),
-        Box::new(t(m.delivered_at)),
-        Box::new(&m.delivered_by),
-        Box::new(t(m.seen_at)),
-        Box::new(&m.seen_by),
-        Box::new(t(m.done_at)),
-        Box::new(&m.result),
-        Box::new(&m.fail_reason),
-        Box::new(t(m.presented_at)),
-        Box::new(&m.presented_session),
-        Box::new(t(m.last_reminded_at)),
     ]
 }
 
