@@ -4,13 +4,16 @@
 //! randomness come in as arguments, so every rule is testable without a server, a clock or a
 //! disk. The store adapters, the server and the CLI are the imperative shell around it.
 
+pub mod agent;
 pub mod alert;
 pub mod api;
 pub mod cron;
 pub mod duration;
 pub mod ids;
+pub mod intent;
 pub mod mail;
 pub mod manifest;
+pub mod present;
 pub mod roster;
 
 /// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.

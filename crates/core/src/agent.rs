@@ -1,0 +1,105 @@
+//! Rules of the PC side: retrying queued server calls (A4) and when the installed agent task
+//! must be re-registered (A5).
+
+use crate::Ts;
+
+/// How one attempt at a queued server call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    Ok,
+    /// Network error or 5xx: try again at the next poll.
+    Unreachable,
+    /// The server does not know the action or its target (404), e.g. an older server.
+    Unknown,
+    /// The server refused it for good (another 4xx): retrying cannot help.
+    Refused(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextStep {
+    Done,
+    RetryAt(Ts),
+    Drop(String),
+}
+
+pub const UNKNOWN_BACKOFF: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+pub const UNKNOWN_MAX_TRIES: u32 = 5;
+
+/// A4: unknown actions back off for 1h and are dropped after 5 tries; unreachable ones wait for
+/// the next poll; refusals are dropped at once with the server's reason.
+pub fn after_call(outcome: &CallOutcome, unknown_tries_before: u32, now: Ts) -> NextStep {
+    match outcome {
+        CallOutcome::Ok => NextStep::Done,
+        CallOutcome::Unreachable => NextStep::RetryAt(now),
+        CallOutcome::Unknown if unknown_tries_before + 1 >= UNKNOWN_MAX_TRIES => {
+            NextStep::Drop(format!("the server did not know this action after {UNKNOWN_MAX_TRIES} tries"))
+        }
+        CallOutcome::Unknown => NextStep::RetryAt(now + UNKNOWN_BACKOFF),
+        CallOutcome::Refused(why) => NextStep::Drop(why.clone()),
+    }
+}
+
+/// The installed task's last result as the OS reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskResult {
+    Succeeded,
+    Running,
+    NotYetRun,
+    Failed(i64),
+}
+
+impl TaskResult {
+    /// Windows Task Scheduler's LastTaskResult: 0x41301 running and 0x41303 not yet run are
+    /// not failures (seed 000).
+    pub fn from_windows(code: i64) -> TaskResult {
+        match code {
+            0 => TaskResult::Succeeded,
+            0x41301 => TaskResult::Running,
+            0x41303 => TaskResult::NotYetRun,
+            other => TaskResult::Failed(other),
+        }
+    }
+}
+
+pub const STALE_POLL: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// A5: re-register when the last result is a failure, or the last poll is older than 10m.
+/// A task that has never polled and never failed was just installed: leave it.
+pub fn needs_reregister(last: TaskResult, last_poll: Option<Ts>, now: Ts) -> bool {
+    matches!(last, TaskResult::Failed(_)) || last_poll.is_some_and(|t| now - t > STALE_POLL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mail::fixtures::at;
+
+    #[test]
+    fn a4_unknown_action_backs_off_1h_and_is_dropped_after_5_tries() {
+        assert_eq!(after_call(&CallOutcome::Unknown, 0, at(0)), NextStep::RetryAt(at(3600)));
+        assert_eq!(after_call(&CallOutcome::Unknown, 3, at(0)), NextStep::RetryAt(at(3600)));
+        assert!(matches!(after_call(&CallOutcome::Unknown, 4, at(0)), NextStep::Drop(_)));
+    }
+
+    #[test]
+    fn a4_unreachable_retries_at_the_next_poll_and_refusals_drop() {
+        assert_eq!(after_call(&CallOutcome::Unreachable, 9, at(5)), NextStep::RetryAt(at(5)));
+        assert_eq!(after_call(&CallOutcome::Refused("403".into()), 0, at(5)), NextStep::Drop("403".into()));
+        assert_eq!(after_call(&CallOutcome::Ok, 0, at(5)), NextStep::Done);
+    }
+
+    #[test]
+    fn a5_running_and_not_yet_run_are_not_failures() {
+        let now = at(10_000);
+        assert!(!needs_reregister(TaskResult::from_windows(0x41301), Some(now), now));
+        assert!(!needs_reregister(TaskResult::from_windows(0x41303), None, now));
+        assert!(needs_reregister(TaskResult::from_windows(1), Some(now), now));
+    }
+
+    #[test]
+    fn a5_a_poll_older_than_10m_reregisters() {
+        let now = at(10_000);
+        assert!(!needs_reregister(TaskResult::Succeeded, Some(now - STALE_POLL), now));
+        assert!(needs_reregister(TaskResult::Succeeded, Some(now - STALE_POLL - chrono::TimeDelta::seconds(1)), now));
+    }
+}
