@@ -134,13 +134,69 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
-    /// One at-least-once poll: fetch mail after my cursor and mark it delivered
+    /// One at-least-once poll into the local cache: queued calls sent, new mail fetched
     Poll {
         /// Long-poll up to this long for new mail
         #[arg(long, default_value = "0s")]
         wait: Dur,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
+        /// Print nothing (for polls started by hooks)
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Poll in a loop (long-polling); `agent install` runs it as a service
+    Agent {
+        #[command(subcommand)]
+        command: Option<AgentCommand>,
+        /// Long-poll wait per cycle
+        #[arg(long, default_value = "30s")]
+        wait: Dur,
+    },
+    /// Claude Code hooks: hook JSON on stdin, JSON on stdout; never talks to the server
+    Hook {
+        #[arg(value_parser = ["session-start", "user-prompt-submit", "post-tool-use", "stop"])]
+        event: String,
+    },
+    /// Inbound chat messages that must not be lost
+    Intent {
+        #[command(subcommand)]
+        command: IntentCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Write the service files for this OS (systemd user units, launchd plists, Task Scheduler XML)
+    Install {
+        #[arg(long, value_parser = ["linux", "macos", "windows"])]
+        os: Option<String>,
+        /// Where to write them [default: where the OS looks for them]
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Re-register the installed agent if its last run failed or its last poll is over 10m old
+    Heal {
+        #[arg(long, value_parser = ["linux", "macos", "windows"])]
+        os: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IntentCommand {
+    /// Record an inbound message in the local cache first, then on the server
+    Record {
+        #[arg(long, default_value = "telegram")]
+        channel: String,
+        #[arg(long)]
+        chat: String,
+        #[arg(long)]
+        message: String,
+        #[arg(long)]
+        from: String,
+        /// The message text, or - to read it from stdin
+        #[arg(long)]
+        text: String,
     },
 }
 

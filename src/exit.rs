@@ -1,7 +1,6 @@
-//! DESIGN §10's exit codes, and the one error type every command returns.
+//! DESIGN §10's exit codes, and how errors reach stderr.
 
-use std::fmt;
-
+use pcmail_agent::client::ClientError;
 use pcmail_core::api::ErrorCode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,45 +21,61 @@ impl Exit {
             _ => Exit::Error,
         }
     }
+
+    fn for_client(e: &ClientError) -> Exit {
+        match e {
+            ClientError::NoToken | ClientError::Api { status: 401 | 403, .. } => Exit::Unauthorized,
+            ClientError::Api { code: Some(code), .. } => Exit::for_code(*code),
+            _ => Exit::Error,
+        }
+    }
 }
 
-/// One clear line for stderr, optional detail lines after it, and the exit code.
+/// An error the CLI itself raises: one clear line, optional details, and its exit code.
 #[derive(Debug)]
 pub struct CliError {
     pub exit: Exit,
-    /// The server's error code, when the error came from the server.
-    pub code: Option<ErrorCode>,
     pub message: String,
     pub details: Vec<String>,
 }
 
 impl CliError {
     pub fn new(exit: Exit, message: impl Into<String>) -> Self {
-        CliError { exit, code: None, message: message.into(), details: vec![] }
+        CliError { exit, message: message.into(), details: vec![] }
     }
 }
 
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for CliError {}
 
-/// The binary's edge: anything not already a CliError is a plain error (exit 1).
+/// (exit code, first line, detail lines) for any error that reaches `main`.
+fn describe(err: &anyhow::Error) -> (Exit, String, Vec<String>) {
+    if let Some(e) = err.downcast_ref::<CliError>() {
+        return (e.exit, e.message.clone(), e.details.clone());
+    }
+    if let Some(e) = err.downcast_ref::<ClientError>() {
+        let details = match e {
+            ClientError::Api { details, .. } => details.clone(),
+            _ => vec![],
+        };
+        return (Exit::for_client(e), e.to_string(), details);
+    }
+    (Exit::Error, format!("{err:#}"), vec![])
+}
+
 pub fn exit_code(err: &anyhow::Error) -> i32 {
-    err.downcast_ref::<CliError>().map_or(Exit::Error, |e| e.exit) as i32
+    describe(err).0 as i32
 }
 
 pub fn print(err: &anyhow::Error) {
-    match err.downcast_ref::<CliError>() {
-        Some(e) => {
-            eprintln!("error: {}", e.message);
-            for d in &e.details {
-                eprintln!("  {d}");
-            }
-        }
-        None => eprintln!("error: {err:#}"),
+    let (_, message, details) = describe(err);
+    eprintln!("error: {message}");
+    for d in details {
+        eprintln!("  {d}");
     }
 }

@@ -2,7 +2,6 @@
 //! client verbs every PC uses. This file is the edge: parse, dispatch, map errors to exit codes.
 
 mod args;
-mod client;
 mod commands;
 mod exit;
 mod output;

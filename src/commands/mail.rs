@@ -1,16 +1,16 @@
 //! The mail verbs every PC uses: send, inbox, read, ack, reply, fail, status, poll.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 
 use anyhow::Context;
-use pcmail_core::api::{ErrorCode, MailStatus, PollResponse, SendRequest, SendResponse, WhoAmI};
+use pcmail_agent::cache::Cache;
+use pcmail_agent::client::{Client, home};
+use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, SendResponse};
 use pcmail_core::duration::Dur;
 use pcmail_core::ids;
 use pcmail_core::mail::{Mail, MailState, reply_refusal};
 
 use crate::args::{Output, SendArgs};
-use crate::client::{Client, home, write_private};
 use crate::exit::{CliError, Exit};
 use crate::output::{self, cut};
 
@@ -36,8 +36,14 @@ fn random_mail_id() -> anyhow::Result<String> {
     Ok(ids::mail_id(bytes))
 }
 
-fn is_code(err: &anyhow::Error, code: ErrorCode) -> bool {
-    err.downcast_ref::<CliError>().is_some_and(|e| e.code == Some(code))
+/// Best effort: a mail moved from the CLI is moved in the local cache too, so hooks do not
+/// present it again. The cache may not exist on an admin's machine; that is fine.
+fn refresh_cache(mail: &Mail) {
+    if let Ok(mut cache) = Cache::open(&home(), pcmail_agent::hooks::HOOK_BUSY) {
+        if let Err(e) = cache.refresh(mail) {
+            tracing::debug!(error = %e, "cache refresh skipped");
+        }
+    }
 }
 
 /// M4: the id is drawn here; on a duplicate the client draws again once and resends.
@@ -46,11 +52,11 @@ async fn post_mail(client: &Client, mut req: SendRequest) -> anyhow::Result<Send
         req.id = Some(random_mail_id()?);
     }
     match client.post("/api/v1/mail", &req).await {
-        Err(e) if is_code(&e, ErrorCode::DuplicateId) => {
+        Err(e) if e.code() == Some(ErrorCode::DuplicateId) => {
             req.id = Some(random_mail_id()?);
-            client.post("/api/v1/mail", &req).await
+            Ok(client.post("/api/v1/mail", &req).await?)
         }
-        other => other,
+        other => Ok(other?),
     }
 }
 
@@ -99,6 +105,9 @@ async fn reply_with(
     };
     let sent = post_mail(client, req).await?;
     println!("{}", sent.id);
+    if let Ok(parent) = client.get::<MailStatus>(&format!("/api/v1/mail/{parent}"), &[]).await {
+        refresh_cache(&parent.mail);
+    }
     Ok(0)
 }
 
@@ -140,6 +149,7 @@ pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyho
 
 pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32> {
     let mail: Mail = client.post(&format!("/api/v1/mail/{id}/seen"), &serde_json::json!({})).await?;
+    refresh_cache(&mail);
     if !output::structured(out, &mail)? {
         println!("id:      {}", mail.id);
         println!("from:    {}", mail.from);
@@ -158,6 +168,7 @@ pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32>
 
 pub async fn step(client: &Client, id: &str, action: &str, body: serde_json::Value) -> anyhow::Result<i32> {
     let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{action}"), &body).await?;
+    refresh_cache(&mail);
     println!("{} {}", mail.id, mail.state);
     Ok(0)
 }
@@ -224,38 +235,28 @@ pub async fn status(
     Ok(0)
 }
 
-fn cursor_path() -> std::path::PathBuf {
-    home().join("cursors.json")
-}
-
-fn load_cursors() -> anyhow::Result<BTreeMap<String, i64>> {
-    match std::fs::read_to_string(cursor_path()) {
-        Ok(t) => serde_json::from_str(&t).with_context(|| format!("{} is corrupt", cursor_path().display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(e) => Err(e).context("reading the poll cursor"),
+/// M11: one cycle of the agent: queued calls flushed, then mail after the cached cursor
+/// fetched into the cache. A lost answer is simply fetched again: the cursor moves only with
+/// the mail it covers.
+pub async fn poll(client: &Client, wait: Dur, out: Output, quiet: bool) -> anyhow::Result<i32> {
+    let report = pcmail_agent::sync::cycle(client, &home(), wait.to_std()).await?;
+    if quiet {
+        return Ok(0);
     }
-}
-
-/// M11: polls from the saved cursor and saves the new one only after the mail is printed, so
-/// a poll whose answer was lost is simply repeated.
-pub async fn poll(client: &Client, wait: Dur, out: Output) -> anyhow::Result<i32> {
-    let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
-    let machine =
-        who.machine.ok_or_else(|| CliError::new(Exit::Error, "poll needs a machine: use a machine token or --as"))?;
-    let key = format!("{}|{machine}", client.base());
-    let mut cursors = load_cursors()?;
-    let cursor = cursors.get(&key).copied().unwrap_or(0);
-    let query = [("cursor", cursor.to_string()), ("wait", wait.to_string())];
-    let response: PollResponse = client.get("/api/v1/poll", &query).await?;
-    if !output::structured(out, &response)? {
-        if response.mail.is_empty() {
+    let json = serde_json::json!({"mail": report.mail, "sent": report.sent, "waiting": report.waiting});
+    if !output::structured(out, &json)? {
+        if report.mail.is_empty() {
             eprintln!("no new mail");
         } else {
-            output::table(&["ID", "FROM", "KIND", "STATE", "CREATED", "SUBJECT"], &mail_rows(&response.mail, false));
+            output::table(&["ID", "FROM", "KIND", "STATE", "CREATED", "SUBJECT"], &mail_rows(&report.mail, false));
+        }
+        if !report.merged.quarantined.is_empty() {
+            eprintln!("quarantined (reported failed): {}", report.merged.quarantined.join(", "));
+        }
+        if report.waiting > 0 {
+            eprintln!("{} server call(s) still queued", report.waiting);
         }
     }
-    cursors.insert(key, response.cursor);
-    write_private(&cursor_path(), &serde_json::to_string_pretty(&cursors)?)?;
     Ok(0)
 }
 

@@ -1,6 +1,7 @@
 //! One module per group of verbs. Each returns the process exit code, or an error that
 //! `exit` maps to one.
 
+mod agent;
 mod mail;
 mod serve;
 mod specs;
@@ -8,16 +9,22 @@ mod specs;
 use anyhow::Context;
 use pcmail_core::api::{TokenRequest, TokenResponse, WhoAmI};
 
-use crate::args::{Cli, Command, TokenCommand};
-use crate::client::{Client, ClientConfig, config_path, write_private};
+use pcmail_agent::client::{Client, ClientConfig, config_path, home, write_private};
+
+use crate::args::{Cli, Command, IntentCommand, TokenCommand};
 
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let conn = cli.conn;
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Login { server, token } => login(server, token).await,
+        Command::Hook { event } => Ok(agent::hook(&event)),
+        Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
+            let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();
+            agent::record_intent(client, channel, chat, message, from, text).await
+        }
         command => {
-            let client = Client::new(&conn)?;
+            let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home())?;
             match command {
                 Command::Apply { file, dry_run } => specs::apply(&client, &file, dry_run).await,
                 Command::Diff { file } => specs::diff(&client, &file).await,
@@ -41,9 +48,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Status { id, wait_for, timeout, output } => {
                     mail::status(&client, &id, wait_for.as_deref(), timeout, output).await
                 }
-                Command::Poll { wait, output } => mail::poll(&client, wait, output).await,
+                Command::Poll { wait, output, quiet } => mail::poll(&client, wait, output, quiet).await,
+                Command::Agent { command, wait } => agent::run(&client, command, wait).await,
                 Command::Alerts { output } => mail::alerts(&client, output).await,
-                Command::Serve(_) | Command::Login { .. } => unreachable!("handled above"),
+                other @ (Command::Serve(_) | Command::Login { .. } | Command::Hook { .. } | Command::Intent { .. }) => {
+                    Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
+                }
             }
         }
     }
@@ -51,10 +61,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 
 /// Checks the token against the server before saving it, so a typo is caught now.
 async fn login(server: String, token: String) -> anyhow::Result<i32> {
-    let conn = crate::args::Connection { server: Some(server.clone()), token: Some(token.clone()), as_machine: None };
-    let who: WhoAmI = Client::new(&conn)?.get("/api/v1/whoami", &[]).await?;
+    let client = Client::new(&server, &token, None, std::time::Duration::from_secs(30))?;
+    let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
     let config = ClientConfig { server, token };
-    let path = config_path();
+    let path = config_path(&home());
     write_private(&path, &serde_json::to_string_pretty(&config)?).context("saving the client config")?;
     let identity = who.machine.unwrap_or_else(|| "admin".into());
     eprintln!("logged in to {} as {identity}; config saved to {}", config.server, path.display());

@@ -7,9 +7,9 @@ use pcmail_core::manifest::{ApplyOutcome, Kind};
 use serde_json::Value;
 
 use crate::args::Output;
-use crate::client::Client;
 use crate::exit::{CliError, Exit};
 use crate::output;
+use pcmail_agent::client::Client;
 
 fn read(path: &Path) -> anyhow::Result<Vec<ManifestFile>> {
     pcmail_server::manifests::read_path(path).map_err(|e| CliError::new(Exit::Error, e.to_string()).into())
@@ -35,7 +35,7 @@ pub async fn apply(client: &Client, path: &Path, dry_run: bool) -> anyhow::Resul
 pub async fn diff(client: &Client, path: &Path) -> anyhow::Result<i32> {
     let outcome: anyhow::Result<Vec<ApplyResult>> = async {
         let files = read(path)?;
-        client.post("/api/v1/diff", &ApplyRequest { files, dry_run: true }).await
+        Ok(client.post("/api/v1/diff", &ApplyRequest { files, dry_run: true }).await?)
     }
     .await;
     let results = match outcome {

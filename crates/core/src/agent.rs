@@ -2,6 +2,8 @@
 //! must be re-registered (A5).
 
 use crate::Ts;
+use crate::ids::is_mail_id;
+use crate::mail::{MAX_BODY_BYTES, Mail};
 
 /// How one attempt at a queued server call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,10 +71,63 @@ pub fn needs_reregister(last: TaskResult, last_poll: Option<Ts>, now: Ts) -> boo
     matches!(last, TaskResult::Failed(_)) || last_poll.is_some_and(|t| now - t > STALE_POLL)
 }
 
+/// A2: a polled mail that fails these checks is quarantined (kept aside, reported `fail`),
+/// never presented; the others are unaffected.
+pub fn validate_polled(m: &Mail, me: &str) -> Result<(), String> {
+    if !is_mail_id(&m.id) {
+        return Err(format!("malformed id {:?}", m.id));
+    }
+    if m.to != me {
+        return Err(format!("addressed to {:?}, not to this machine ({me})", m.to));
+    }
+    if m.body.len() > MAX_BODY_BYTES || m.subject.contains(['\n', '\r']) {
+        return Err("subject or body outside the mail limits".into());
+    }
+    Ok(())
+}
+
+/// A1: the local row is the record of what was processed here. A polled copy only moves it
+/// forward (a state further along), and never takes back what this PC recorded: when and in
+/// which session it was shown, and when it was reminded.
+pub fn merge_polled(local: Option<&Mail>, polled: Mail) -> Option<Mail> {
+    let Some(local) = local else { return Some(polled) };
+    if local.state.is_terminal() || polled.state.rank() <= local.state.rank() {
+        return None;
+    }
+    Some(Mail {
+        presented_at: local.presented_at,
+        presented_session: local.presented_session.clone(),
+        last_reminded_at: local.last_reminded_at,
+        ..polled
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mail::fixtures::at;
+    use crate::mail::MailState;
+    use crate::mail::fixtures::{at, mail};
+
+    #[test]
+    fn a1_a_polled_copy_moves_the_local_row_only_forward() {
+        let mut local = mail("mail--00000001", "desk", "me");
+        local.state = MailState::Seen;
+        local.presented_session = Some("s1".into());
+        let mut polled = local.clone();
+        polled.presented_session = None;
+        polled.state = MailState::Delivered;
+        assert_eq!(merge_polled(Some(&local), polled.clone()), None, "an older copy changes nothing");
+        polled.state = MailState::Done;
+        let merged = merge_polled(Some(&local), polled).expect("moves");
+        assert_eq!((merged.state, merged.presented_session.as_deref()), (MailState::Done, Some("s1")));
+    }
+
+    #[test]
+    fn a2_a_mail_for_another_machine_or_malformed_is_quarantined() {
+        assert_eq!(validate_polled(&mail("mail--00000001", "desk", "me"), "me"), Ok(()));
+        assert!(validate_polled(&mail("mail--00000001", "desk", "other"), "me").is_err());
+        assert!(validate_polled(&mail("bad", "desk", "me"), "me").is_err());
+    }
 
     #[test]
     fn a4_unknown_action_backs_off_1h_and_is_dropped_after_5_tries() {

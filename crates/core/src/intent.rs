@@ -22,7 +22,9 @@ pub fn intent_id(key: &str) -> String {
     format!("mail--{}", &sha256_hex(key)[..8])
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An inbound message as `intent record` and `POST /api/v1/intents` take it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InboundMessage {
     pub channel: String,
     pub chat: String,
@@ -130,7 +132,7 @@ mod tests {
     use crate::mail::fixtures::at;
 
     fn policy() -> IntentPolicySpec {
-        serde_json::from_value(json!({})).expect("defaults")
+        IntentPolicySpec::default()
     }
 
     fn msg(chat: &str, message: &str) -> InboundMessage {

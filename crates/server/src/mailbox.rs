@@ -7,9 +7,11 @@ use pcmail_core::Ts;
 use pcmail_core::alert::arrival_notice;
 use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
+use pcmail_core::intent::{InboundMessage, intent_mail};
 use pcmail_core::mail::{
     Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
 };
+use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{MailSelect, MailWrites, Store};
 
 use crate::App;
@@ -104,6 +106,35 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
         app.queue().add(crate::controller::Key::Notify);
     }
     Ok(SendResponse { id: plan.id, created: plan.outcome == SendOutcome::Created })
+}
+
+/// I1: the intent mail for `msg`, addressed to the Roster owner, stored once per key.
+pub async fn record_intent(app: &App, msg: InboundMessage, now: Ts) -> Result<SendResponse, ApiError> {
+    let rt = app.runtime();
+    for (field, value) in [("channel", &msg.channel), ("chat", &msg.chat), ("message", &msg.message)] {
+        if value.trim().is_empty() || value.contains(char::is_whitespace) {
+            return Err(ApiError::bad_request(format!("intent {field} must be non-empty without spaces")));
+        }
+    }
+    if msg.text.len() > pcmail_core::mail::MAX_BODY_BYTES {
+        return Err(ApiError::bad_request("intent text is larger than the mail body limit"));
+    }
+    let roster = rt.roster.as_ref().ok_or_else(|| ApiError::from_resolve(ResolveError::NoRoster))?;
+    let owner = resolve(Some(roster), &roster.owner).map_err(ApiError::from_resolve)?;
+    let mail = intent_mail(&msg, &owner, now, rt.mail_policy.ttl);
+    let id = mail.id.clone();
+    let (created, moves) = app
+        .store()
+        .mail_transaction(MailSelect::Ids(vec![id.clone()]), move |rows| {
+            let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
+            if rows.is_empty() {
+                moves.record(&mut writes, None, mail, "intent", now);
+            }
+            (writes, (rows.is_empty(), moves))
+        })
+        .await?;
+    moves.publish(app);
+    Ok(SendResponse { id, created })
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.

@@ -5,7 +5,9 @@
 
 use pcmail_core::Ts;
 use pcmail_core::cron::parse_tz;
-use pcmail_core::manifest::spec::{FunctionSpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec};
+use pcmail_core::manifest::spec::{
+    FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec,
+};
 use pcmail_core::manifest::{Spec, SpecRecord, Status};
 
 use crate::controller::schedules::{CronEntry, key_for};
@@ -15,8 +17,9 @@ pub struct Runtime {
     /// None until a Roster is applied: the server then refuses to resolve any recipient (M3).
     pub roster: Option<RosterSpec>,
     pub mail_policy: MailPolicySpec,
-    /// The channel of the IntentPolicy (default `telegram`), for `pcmail_intents_pending`.
-    pub intent_channel: String,
+    /// The IntentPolicy (defaults when none is applied): hooks read it through the agent,
+    /// the sweep escalates by it (I4).
+    pub intent_policy: IntentPolicySpec,
     pub crons: Vec<CronEntry>,
     pub ledgers: Vec<LedgerSpec>,
     pub functions: Vec<(String, FunctionSpec)>,
@@ -33,7 +36,7 @@ pub struct Health {
 /// Builds the runtime from the stored specs, and the status each object should now show
 /// (only those that differ from what is stored).
 pub fn build(specs: &[SpecRecord], health: &Health, now: Ts) -> (Runtime, Vec<(SpecRecord, Status)>) {
-    let mut rt = Runtime { intent_channel: "telegram".into(), ..Runtime::default() };
+    let mut rt = Runtime::default();
     let mut statuses = Vec::new();
     for record in specs {
         let mut status = record.status.clone();
@@ -81,8 +84,8 @@ fn conditions(rt: &mut Runtime, spec: Spec, name: &str, health: &Health, status:
             rt.mail_policy = p;
         }
         Spec::IntentPolicy(p) => {
-            rt.intent_channel = p.channel.clone();
-            pending(status, "IntentPolicy objects (inbound intents)");
+            rt.intent_policy = p;
+            status.set_condition("Ready", true, "Applied", "hooks remind and the sweep escalates by this policy", now);
         }
         Spec::Schedule(s) => schedule(rt, &s, status, now),
         Spec::Ledger(l) => {
@@ -213,6 +216,6 @@ mod tests {
     #[test]
     fn default_mail_policy_applies_without_a_manifest() {
         let (rt, _) = build(&[], &Health::default(), at(0));
-        assert_eq!((rt.mail_policy.max_hop, rt.roster, rt.intent_channel.as_str()), (3, None, "telegram"));
+        assert_eq!((rt.mail_policy.max_hop, rt.roster, rt.intent_policy.channel.as_str()), (3, None, "telegram"));
     }
 }

@@ -50,6 +50,8 @@ pub enum MailSelect {
     Undelivered { created_before: Ts, limit: usize },
     /// M9: mail `delivered` (not seen) at or before `delivered_before`.
     Unread { delivered_before: Ts, limit: usize },
+    /// I4: intents not yet terminal, created at or before `created_before`.
+    OpenIntents { created_before: Ts, limit: usize },
 }
 
 /// What a planner decided, applied atomically by the adapter.

@@ -26,6 +26,8 @@ pub enum AlertKind {
     ReceiverDown,
     /// A one-shot notice that a decision, work or urgent mail arrived.
     Arrival,
+    /// I4: an inbound chat message still unanswered after `escalateAfter`.
+    IntentUnanswered,
 }
 
 impl AlertKind {
@@ -38,6 +40,7 @@ impl AlertKind {
             AlertKind::Undelivered => "undelivered",
             AlertKind::ReceiverDown => "receiver-down",
             AlertKind::Arrival => "arrival",
+            AlertKind::IntentUnanswered => "intent-unanswered",
         }
     }
 
@@ -48,6 +51,7 @@ impl AlertKind {
             AlertKind::Undelivered => "PcmailUndelivered",
             AlertKind::ReceiverDown => "PcmailReceiverDown",
             AlertKind::Arrival => "PcmailArrival",
+            AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
         }
     }
 }
@@ -136,6 +140,11 @@ pub fn is_receiver_down(last_poll: Ts, p: &MailPolicySpec, now: Ts) -> bool {
     now >= last_poll + p.receiver_down_after.to_chrono()
 }
 
+/// I4: an intent still open after `escalate_after`.
+pub fn is_intent_unanswered(m: &Mail, escalate_after: crate::duration::Dur, now: Ts) -> bool {
+    m.kind == MailKind::Intent && !m.state.is_terminal() && now >= m.created_at + escalate_after.to_chrono()
+}
+
 /// What the sweep observed: candidate mail (a superset of the breaching ones is fine), the
 /// mail behind every open alert, each machine's last poll, and the open alerts themselves.
 pub struct AlertInputs<'a> {
@@ -143,6 +152,8 @@ pub struct AlertInputs<'a> {
     pub last_polls: &'a [(String, Ts)],
     pub roster: Option<&'a RosterSpec>,
     pub open: &'a [Alert],
+    /// The IntentPolicy's `escalateAfter` (I4).
+    pub escalate_after: crate::duration::Dur,
 }
 
 /// Counts for the breach gauges, by bounded labels only.
@@ -181,6 +192,12 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
                 format!("{} to {} not delivered for {age}: {}", m.id, m.to, m.subject),
                 labels,
             ));
+        }
+        if is_intent_unanswered(m, inputs.escalate_after, now) {
+            let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("channel".to_string(), m.channel.clone())]);
+            let age = format_age(now - m.created_at);
+            let summary = format!("{} message unanswered for {age} ({}): {}", m.channel, m.from, m.body);
+            firing.push((AlertKind::IntentUnanswered, m.id.clone(), crate::present::cut(&summary, 300), labels));
         }
         if is_unread_past_sla(m, policy, now) {
             *breaches.unread.entry((m.to.clone(), urgency(m).to_string())).or_default() += 1;
@@ -301,7 +318,8 @@ mod tests {
     }
 
     fn plan(mails: &[Mail], open: &[Alert], now: Ts) -> AlertPlan {
-        plan_alerts(&AlertInputs { mails, last_polls: &[], roster: None, open }, &policy(), now)
+        let escalate_after = crate::duration::Dur::from_mins(10);
+        plan_alerts(&AlertInputs { mails, last_polls: &[], roster: None, open, escalate_after }, &policy(), now)
     }
 
     const H: i64 = 3600;
@@ -355,15 +373,35 @@ mod tests {
                 .collect(),
         };
         let polls = vec![("pc1".to_string(), at(0)), ("pc2".to_string(), at(500)), ("gone".to_string(), at(0))];
-        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &[] };
+        let escalate_after = crate::duration::Dur::from_mins(10);
+        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &[], escalate_after };
         let p = plan_alerts(&inputs, &policy(), at(600));
         let subjects: Vec<_> = p.upsert.iter().map(|a| (a.kind, a.subject.as_str())).collect();
         assert_eq!(subjects, [(AlertKind::ReceiverDown, "pc1")]);
         // pc1 polls again: its alert resolves.
         let polls = vec![("pc1".to_string(), at(650)), ("pc2".to_string(), at(500))];
-        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &p.upsert };
+        let inputs =
+            AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &p.upsert, escalate_after };
         let p2 = plan_alerts(&inputs, &policy(), at(700));
         assert_eq!(p2.upsert.iter().map(|a| a.state).collect::<Vec<_>>(), [AlertState::Resolved]);
+    }
+
+    #[test]
+    fn i4_intents_pending_past_escalate_after_escalate_and_resolve_when_answered() {
+        let msg = crate::intent::InboundMessage {
+            channel: "telegram".into(),
+            chat: "1".into(),
+            message: "2".into(),
+            from: "kim".into(),
+            text: "hi".into(),
+        };
+        let intent = crate::intent::intent_mail(&msg, "pc2", at(0), crate::duration::Dur::from_hours(72));
+        assert!(plan(std::slice::from_ref(&intent), &[], at(599)).upsert.is_empty());
+        let fired = plan(std::slice::from_ref(&intent), &[], at(600)).upsert;
+        assert_eq!(fired.iter().map(|a| a.kind).collect::<Vec<_>>(), [AlertKind::IntentUnanswered]);
+        let mut done = intent;
+        done.state = MailState::Done;
+        assert_eq!(plan(&[done], &fired, at(700)).upsert[0].state, AlertState::Resolved);
     }
 
     #[test]

@@ -108,6 +108,19 @@ pub struct IntentPolicySpec {
     pub escalate_after: Dur,
 }
 
+impl Default for IntentPolicySpec {
+    fn default() -> Self {
+        IntentPolicySpec {
+            channel: telegram(),
+            reply_tool: reply_tool(),
+            react_tool: react_tool(),
+            remind_after: d_3m(),
+            remind_every: d_5m(),
+            escalate_after: d_10m(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerPoolSpec {

@@ -165,3 +165,26 @@ pub async fn poll(
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
     Ok(Json(mailbox::poll(&app, machine, q.cursor, limit, wait).await?))
 }
+
+/// I1 on the server: stores an inbound message as an intent for the Roster owner; the same key
+/// twice answers the same id and adds nothing.
+pub async fn record_intent(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(msg): JsonBody<pcmail_core::intent::InboundMessage>,
+) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
+    let caller = authenticate(&app, &headers).await?;
+    caller.require_machine()?;
+    let response = mailbox::record_intent(&app, msg, crate::now()).await?;
+    let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(response)))
+}
+
+/// The IntentPolicy the PC's hooks follow (they cannot ask the server themselves).
+pub async fn policy(
+    State(app): State<App>,
+    headers: HeaderMap,
+) -> Result<Json<pcmail_core::manifest::spec::IntentPolicySpec>, ApiError> {
+    authenticate(&app, &headers).await?;
+    Ok(Json(app.runtime().intent_policy.clone()))
+}

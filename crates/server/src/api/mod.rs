@@ -39,6 +39,8 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/mail/{id}", get(mail::status))
         .route("/api/v1/mail/{id}/{step}", post(mail::step))
         .route("/api/v1/poll", get(mail::poll))
+        .route("/api/v1/intents", post(mail::record_intent))
+        .route("/api/v1/policy", get(mail::policy))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
         .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
@@ -57,7 +59,7 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     let m = app.metrics();
     let by_state: Vec<_> = counts.iter().map(|c| (c.state, c.count)).collect();
     m.set_mail_counts(&by_state);
-    let channel = app.runtime().intent_channel.clone();
+    let channel = app.runtime().intent_policy.channel.clone();
     let pending: u64 = counts
         .iter()
         .filter(|c| c.kind == "intent" && c.channel == channel && !c.state.is_terminal())

@@ -62,17 +62,23 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     let policy = &rt.mail_policy;
     let min_sla = policy.unread_sla.urgent.min(policy.unread_sla.normal).to_chrono();
     let store = app.store();
-    let (undelivered, unread, open, polls) = tokio::try_join!(
+    let escalate_after = rt.intent_policy.escalate_after;
+    let (undelivered, unread, intents, open, polls) = tokio::try_join!(
         store.select_mail(MailSelect::Undelivered {
             created_before: now - policy.undelivered_after.to_chrono(),
             limit: ALERT_CANDIDATES
         }),
         store.select_mail(MailSelect::Unread { delivered_before: now - min_sla, limit: ALERT_CANDIDATES }),
+        store.select_mail(MailSelect::OpenIntents {
+            created_before: now - escalate_after.to_chrono(),
+            limit: ALERT_CANDIDATES
+        }),
         store.firing_alerts(),
         store.last_polls(),
     )?;
     let mut mails = undelivered;
     mails.extend(unread);
+    mails.extend(intents);
     let known: BTreeSet<&str> = mails.iter().map(|m| m.id.as_str()).collect();
     let behind_open: Vec<String> = open
         .iter()
@@ -84,7 +90,8 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     if !behind_open.is_empty() {
         mails.extend(store.select_mail(MailSelect::Ids(behind_open)).await?);
     }
-    let inputs = AlertInputs { mails: &mails, last_polls: &polls, roster: rt.roster.as_ref(), open: &open };
+    let inputs =
+        AlertInputs { mails: &mails, last_polls: &polls, roster: rt.roster.as_ref(), open: &open, escalate_after };
     let plan = plan_alerts(&inputs, policy, now);
 
     let metrics = app.metrics();

@@ -1,8 +1,8 @@
 //! The embedded default store: SQLite in WAL mode, one writer connection plus a pool of
 //! readers. Every call runs on tokio's blocking pool so the async server never waits on disk.
 
-mod rows;
-mod schema;
+pub mod rows;
+pub mod schema;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,7 +31,7 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
 }
 
-pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
+pub fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
         Some(C::DiskFull | C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
@@ -123,6 +123,14 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
         }
         MailSelect::Undelivered { created_before, limit } => {
             by_time("state = 'new' AND created_at <= ?1", "created_at", *created_before, *limit)?;
+        }
+        MailSelect::OpenIntents { created_before, limit } => {
+            by_time(
+                "kind = 'intent' AND state IN ('new', 'delivered', 'seen') AND created_at <= ?1",
+                "created_at",
+                *created_before,
+                *limit,
+            )?;
         }
         MailSelect::Unread { delivered_before, limit } => {
             by_time("state = 'delivered' AND delivered_at <= ?1", "delivered_at", *delivered_before, *limit)?;

@@ -66,6 +66,7 @@ const MIGRATIONS: &[&str] = &[
 
     CREATE INDEX mail_new_created ON mail(created_at) WHERE state = 'new';
     CREATE INDEX mail_delivered_at ON mail(delivered_at) WHERE state = 'delivered';
+    CREATE INDEX mail_open_intents ON mail(created_at) WHERE kind = 'intent' AND state IN ('new', 'delivered', 'seen');
 
     -- Counts per (state, kind, channel), kept by triggers so that /metrics and the idle sweep
     -- never scan the mail table.
@@ -122,37 +123,7 @@ const MIGRATIONS: &[&str] = &[
 /// The columns this build reads, per table. Checked at open so that a hand-edited or
 /// half-migrated database fails at start with the missing column named, not mid-request.
 const REQUIRED: &[(&str, &[&str])] = &[
-    (
-        "mail",
-        &[
-            "seq",
-            "id",
-            "from",
-            "to",
-            "kind",
-            "subject",
-            "body",
-            "urgent",
-            "auto",
-            "hop",
-            "reply_to",
-            "channel",
-            "external_key",
-            "state",
-            "created_at",
-            "expires_at",
-            "delivered_at",
-            "delivered_by",
-            "seen_at",
-            "seen_by",
-            "done_at",
-            "result",
-            "fail_reason",
-            "presented_at",
-            "presented_session",
-            "last_reminded_at",
-        ],
-    ),
+    ("mail", MAIL_TABLE_COLUMNS),
     ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
     ("events", &["id", "at", "object", "reason", "message", "actor"]),
     ("machines", &["name", "last_poll_at"]),
@@ -175,25 +146,61 @@ const REQUIRED: &[(&str, &[&str])] = &[
     ("tokens", &["machine", "hash", "created_at"]),
 ];
 
+/// The column list every mail-shaped table carries (the store's `mail`, the PC cache's `inbox`).
+pub const MAIL_TABLE_COLUMNS: &[&str] = &[
+    "seq",
+    "id",
+    "from",
+    "to",
+    "kind",
+    "subject",
+    "body",
+    "urgent",
+    "auto",
+    "hop",
+    "reply_to",
+    "channel",
+    "external_key",
+    "state",
+    "created_at",
+    "expires_at",
+    "delivered_at",
+    "delivered_by",
+    "seen_at",
+    "seen_by",
+    "done_at",
+    "result",
+    "fail_reason",
+    "presented_at",
+    "presented_session",
+    "last_reminded_at",
+];
+
 pub fn migrate(conn: &mut Connection) -> Result<()> {
+    migrate_with(conn, MIGRATIONS, REQUIRED)
+}
+
+/// Runs the `migrations` not yet applied (counted by `PRAGMA user_version`), each in its own
+/// transaction, then checks that every `required` column exists (I6: fail closed, naming it).
+pub fn migrate_with(conn: &mut Connection, migrations: &[&str], required: &[(&str, &[&str])]) -> Result<()> {
     let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
-    if version > MIGRATIONS.len() {
+    if version > migrations.len() {
         return Err(StoreError::Schema(format!(
             "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
-            MIGRATIONS.len()
+            migrations.len()
         )));
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, sql) in migrations.iter().enumerate().skip(version) {
         let tx = conn.transaction().map_err(super::map_err)?;
         tx.execute_batch(sql).map_err(super::map_err)?;
         tx.pragma_update(None, "user_version", i + 1).map_err(super::map_err)?;
         tx.commit().map_err(super::map_err)?;
     }
-    verify(conn)
+    verify(conn, required)
 }
 
-pub fn verify(conn: &Connection) -> Result<()> {
-    for (table, columns) in REQUIRED {
+pub fn verify(conn: &Connection, required: &[(&str, &[&str])]) -> Result<()> {
+    for (table, columns) in required {
         let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).map_err(super::map_err)?;
         let present: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(1))

@@ -1,0 +1,407 @@
+//! The local inbox cache under `$PCMAIL_HOME`: SQLite (WAL), written by the poller and read and
+//! written by hooks at the same time (A3). Its rows are the single record of what this PC did
+//! with each mail (A1); server calls that could not be made wait in its `pending` queue (A4).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pcmail_core::Ts;
+use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
+use pcmail_core::mail::{Mail, Step, apply_step};
+use pcmail_store::StoreError;
+use pcmail_store::sqlite::rows::{
+    INSERT_COLUMNS, MAIL_COLUMNS, from_ms, identity_params, lifecycle_params, mail_from_row, ms,
+};
+use pcmail_store::sqlite::{map_err, schema};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+pub const CACHE_FILE: &str = "cache.db";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache {path}: {source}")]
+    Store { path: PathBuf, source: StoreError },
+    #[error("cache {path}: {message}")]
+    Io { path: PathBuf, message: String },
+}
+
+pub type Result<T, E = CacheError> = std::result::Result<T, E>;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: the inbox (the mail columns plus what only this PC knows), the queue, and state.
+    r#"
+    CREATE TABLE inbox (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        "from" TEXT NOT NULL,
+        "to" TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        body TEXT NOT NULL,
+        urgent INTEGER NOT NULL,
+        auto INTEGER NOT NULL,
+        hop INTEGER NOT NULL,
+        reply_to TEXT,
+        channel TEXT NOT NULL,
+        external_key TEXT UNIQUE,
+        state TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        delivered_at INTEGER,
+        delivered_by TEXT,
+        seen_at INTEGER,
+        seen_by TEXT,
+        done_at INTEGER,
+        result TEXT,
+        fail_reason TEXT,
+        presented_at INTEGER,
+        presented_session TEXT,
+        last_reminded_at INTEGER,
+        received_at INTEGER NOT NULL,
+        quarantine TEXT,
+        stop_blocked_at INTEGER
+    );
+    CREATE INDEX inbox_open ON inbox(created_at) WHERE state IN ('new', 'delivered', 'seen', 'expired');
+    CREATE TABLE pending (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        body TEXT NOT NULL,
+        unknown_tries INTEGER NOT NULL DEFAULT 0,
+        next_at INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        last_error TEXT
+    );
+    CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    "#,
+];
+
+const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
+
+/// A server call waiting in the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    pub id: i64,
+    /// `seen`, `ack`, `fail` (target: a mail id) or `intent` (target: an external key).
+    pub action: String,
+    pub target: String,
+    pub body: serde_json::Value,
+    pub unknown_tries: u32,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MergeReport {
+    pub new: Vec<String>,
+    pub quarantined: Vec<String>,
+}
+
+pub struct Cache {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Cache {
+    /// Opens (creating and migrating) `home/cache.db`. `busy` bounds how long a write waits for
+    /// another process's write: the poller's and the hooks' transactions last microseconds.
+    pub fn open(home: &Path, busy: Duration) -> Result<Cache> {
+        let path = home.join(CACHE_FILE);
+        let io = |message: String| CacheError::Io { path: path.clone(), message };
+        std::fs::create_dir_all(home).map_err(|e| io(format!("cannot create {}: {e}", home.display())))?;
+        let wrap = |source| CacheError::Store { path: path.clone(), source };
+        let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
+        conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| wrap(map_err(e)))?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(|e| wrap(map_err(e)))?;
+        let inbox: Vec<&str> = schema::MAIL_TABLE_COLUMNS.iter().chain(INBOX_EXTRA).copied().collect();
+        let required: [(&str, &[&str]); 3] = [
+            ("inbox", &inbox),
+            ("pending", &["id", "action", "target", "body", "unknown_tries", "next_at", "created_at", "last_error"]),
+            ("state", &["key", "value"]),
+        ];
+        schema::migrate_with(&mut conn, MIGRATIONS, &required).map_err(wrap)?;
+        Ok(Cache { conn, path })
+    }
+
+    fn wrap(&self, e: rusqlite::Error) -> CacheError {
+        CacheError::Store { path: self.path.clone(), source: map_err(e) }
+    }
+
+    /// One IMMEDIATE transaction: the write lock is taken up front, so two writers never
+    /// deadlock upgrading a read; a failure rolls everything back.
+    fn write<R>(&mut self, f: impl FnOnce(&Transaction) -> rusqlite::Result<R>) -> Result<R> {
+        let path = self.path.clone();
+        let wrap = |e| CacheError::Store { path: path.clone(), source: map_err(e) };
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(wrap)?;
+        let out = f(&tx).map_err(wrap)?;
+        tx.commit().map_err(wrap)?;
+        Ok(out)
+    }
+
+    pub fn state(&self, key: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row("SELECT value FROM state WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn state_ts(&self, key: &str) -> Result<Option<Ts>> {
+        Ok(self.state(key)?.and_then(|v| v.parse().ok()).map(from_ms))
+    }
+
+    pub fn set_state(&mut self, values: &[(&str, String)]) -> Result<()> {
+        self.write(|tx| {
+            for (k, v) in values {
+                set_state(tx, k, v)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn select(&self, filter: &str, args: impl rusqlite::Params) -> Result<Vec<Mail>> {
+        let sql = format!("SELECT {MAIL_COLUMNS} FROM inbox WHERE {filter}");
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
+        let rows = stmt.query_map(args, mail_from_row).map_err(|e| self.wrap(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(
+                r.map_err(|e| self.wrap(e))?.map_err(|source| CacheError::Store { path: self.path.clone(), source })?,
+            );
+        }
+        Ok(out)
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<Mail>> {
+        Ok(self.select("id = ?1", [id])?.pop())
+    }
+
+    pub fn intent_by_key(&self, key: &str) -> Result<Option<Mail>> {
+        Ok(self.select("external_key = ?1", [key])?.pop())
+    }
+
+    /// Everything a hook may present or count: open mail and expired mail, not quarantined.
+    pub fn open_mail(&self) -> Result<Vec<Mail>> {
+        self.select("state IN ('new', 'delivered', 'seen', 'expired') AND quarantine IS NULL", [])
+    }
+
+    /// Open intents, oldest first.
+    pub fn open_intents(&self) -> Result<Vec<Mail>> {
+        let mut v = self.select("state IN ('new', 'delivered', 'seen') AND kind = 'intent'", [])?;
+        v.sort_by_key(|m| m.created_at);
+        Ok(v)
+    }
+
+    /// Urgent decision requests still open that have not yet blocked a stop (H4).
+    pub fn stop_candidates(&self) -> Result<Vec<Mail>> {
+        self.select(
+            "state IN ('new', 'delivered', 'seen') AND kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL",
+            [],
+        )
+    }
+
+    /// Stores a poll's answer in one transaction with the new cursor: a crash before the
+    /// commit leaves the old cursor, so the next poll fetches the same mail again (M11).
+    pub fn merge_polled(&mut self, me: &str, mails: Vec<Mail>, cursor: i64, now: Ts) -> Result<MergeReport> {
+        let existing: Vec<Option<Mail>> = mails.iter().map(|m| self.get(&m.id)).collect::<Result<_>>()?;
+        self.write(|tx| {
+            let mut report = MergeReport::default();
+            for (polled, local) in mails.into_iter().zip(existing) {
+                if let Err(why) = validate_polled(&polled, me) {
+                    if local.is_none() {
+                        insert(tx, &polled, now, Some(&why))?;
+                        queue(
+                            tx,
+                            "fail",
+                            &polled.id,
+                            &serde_json::json!({"reason": format!("quarantined by the agent on {me}: {why}")}),
+                            now,
+                        )?;
+                        report.quarantined.push(polled.id);
+                    }
+                    continue;
+                }
+                match (local.is_some(), merge_polled(local.as_ref(), polled)) {
+                    (false, Some(m)) => {
+                        insert(tx, &m, now, None)?;
+                        report.new.push(m.id);
+                    }
+                    (true, Some(m)) => update(tx, &m)?,
+                    (_, None) => {}
+                }
+            }
+            set_state(tx, "cursor", &cursor.to_string())?;
+            Ok(report)
+        })
+    }
+
+    /// Takes the server's copy of a mail this PC moved directly (the CLI verbs), forward only,
+    /// so hooks do not present what was already handled.
+    pub fn refresh(&mut self, server: &Mail) -> Result<()> {
+        let Some(local) = self.get(&server.id)? else { return Ok(()) };
+        match merge_polled(Some(&local), server.clone()) {
+            Some(m) => self.write(|tx| update(tx, &m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Moves one mail forward locally (M1 rules) and queues the same move for the server.
+    pub fn step(&mut self, id: &str, step: Step, me: &str, now: Ts) -> Result<Option<Mail>> {
+        let Some(mail) = self.get(id)? else { return Ok(None) };
+        let Some(next) = apply_step(&mail, &step, me, now) else { return Ok(Some(mail)) };
+        let (action, body) = server_call(&step);
+        self.write(|tx| {
+            update(tx, &next)?;
+            queue(tx, action, id, &body, now)
+        })?;
+        Ok(Some(next))
+    }
+
+    /// H3: records what was shown, in which session; shown mail is queued `seen` and answers
+    /// to me are acked (H2), all in one transaction.
+    pub fn mark_presented(
+        &mut self,
+        shown: &[String],
+        acked: &[String],
+        session: &str,
+        me: &str,
+        now: Ts,
+    ) -> Result<()> {
+        let rows: Vec<Mail> = shown.iter().filter_map(|id| self.get(id).transpose()).collect::<Result<_>>()?;
+        self.write(|tx| {
+            for m in rows {
+                let step = if acked.contains(&m.id) { Step::Done { result: None } } else { Step::See };
+                let mut next = apply_step(&m, &step, me, now).unwrap_or_else(|| m.clone());
+                next.presented_at = Some(now);
+                next.presented_session = Some(session.to_string());
+                update(tx, &next)?;
+                if next.state != m.state {
+                    let (action, body) = server_call(&step);
+                    queue(tx, action, &m.id, &body, now)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// I1: records an inbound message before anything else; a second record of the same key
+    /// changes nothing. Answers whether it was new.
+    pub fn record_intent(&mut self, mail: &Mail, message: &serde_json::Value, now: Ts) -> Result<bool> {
+        let key = mail.external_key.clone().unwrap_or_default();
+        if self.intent_by_key(&key)?.is_some() {
+            return Ok(false);
+        }
+        self.write(|tx| {
+            insert(tx, mail, now, None)?;
+            queue(tx, "intent", &key, message, now)?;
+            Ok(true)
+        })
+    }
+
+    pub fn mark_reminded(&mut self, ids: &[String], now: Ts) -> Result<()> {
+        self.write(|tx| {
+            for id in ids {
+                tx.execute("UPDATE inbox SET last_reminded_at = ?2 WHERE id = ?1", params![id, ms(now)])?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn mark_stop_blocked(&mut self, id: &str, now: Ts) -> Result<()> {
+        self.write(|tx| {
+            tx.execute("UPDATE inbox SET stop_blocked_at = ?2 WHERE id = ?1", params![id, ms(now)]).map(|_| ())
+        })
+    }
+
+    /// Queued calls that are due, oldest first.
+    pub fn due_pending(&self, now: Ts) -> Result<Vec<Pending>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, action, target, body, unknown_tries FROM pending WHERE next_at <= ?1 ORDER BY id",
+            )
+            .map_err(|e| self.wrap(e))?;
+        let rows = stmt
+            .query_map([ms(now)], |r| {
+                let body: String = r.get(3)?;
+                Ok(Pending {
+                    id: r.get(0)?,
+                    action: r.get(1)?,
+                    target: r.get(2)?,
+                    body: serde_json::from_str(&body).unwrap_or_default(),
+                    unknown_tries: r.get(4)?,
+                })
+            })
+            .map_err(|e| self.wrap(e))?;
+        rows.map(|r| r.map_err(|e| self.wrap(e))).collect()
+    }
+
+    pub fn pending_count(&self) -> Result<usize> {
+        self.conn
+            .query_row("SELECT count(*) FROM pending", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as usize)
+            .map_err(|e| self.wrap(e))
+    }
+
+    /// Applies the A4 decision for one queued call; `unknown_tries` is its new count.
+    pub fn settle(&mut self, p: &Pending, next: &NextStep, unknown_tries: u32, error: Option<&str>) -> Result<()> {
+        self.write(|tx| {
+            match next {
+                NextStep::Done => tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?,
+                NextStep::Drop(why) => {
+                    tracing::warn!(action = %p.action, target = %p.target, reason = %why, "dropping queued server call");
+                    tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?
+                }
+                NextStep::RetryAt(at) => tx.execute(
+                    "UPDATE pending SET next_at = ?2, unknown_tries = ?3, last_error = ?4 WHERE id = ?1",
+                    params![p.id, ms(*at), unknown_tries, error],
+                )?,
+            };
+            Ok(())
+        })
+    }
+}
+
+/// The server route for a local step.
+fn server_call(step: &Step) -> (&'static str, serde_json::Value) {
+    match step {
+        Step::See | Step::Deliver => ("seen", serde_json::json!({})),
+        Step::Done { result } => ("ack", serde_json::json!({"result": result})),
+        Step::Fail { reason } => ("fail", serde_json::json!({"reason": reason})),
+        Step::Expire => ("seen", serde_json::json!({})),
+    }
+}
+
+fn set_state(tx: &Transaction, key: &str, value: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO state (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        params![key, value],
+    )
+    .map(|_| ())
+}
+
+fn insert(tx: &Transaction, m: &Mail, now: Ts, quarantine: Option<&str>) -> rusqlite::Result<()> {
+    let placeholders: Vec<String> = (1..=28).map(|i| format!("?{i}")).collect();
+    let sql = format!(
+        "INSERT INTO inbox (seq, received_at, quarantine, {INSERT_COLUMNS}) VALUES ({})",
+        placeholders.join(", ")
+    );
+    let head: Vec<Box<dyn rusqlite::ToSql>> =
+        vec![Box::new(m.seq), Box::new(ms(now)), Box::new(quarantine.map(str::to_string))];
+    let params = head.into_iter().chain(lifecycle_params(m)).chain(identity_params(m));
+    tx.prepare_cached(&sql)?.execute(rusqlite::params_from_iter(params)).map(|_| ())
+}
+
+fn update(tx: &Transaction, m: &Mail) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE inbox SET state = ?2, expires_at = ?3, delivered_at = ?4, delivered_by = ?5, seen_at = ?6, seen_by = ?7, \
+         done_at = ?8, result = ?9, fail_reason = ?10, presented_at = ?11, presented_session = ?12, last_reminded_at = ?13 \
+         WHERE id = ?1",
+    )?
+    .execute(rusqlite::params_from_iter(lifecycle_params(m)))
+    .map(|_| ())
+}
+
+fn queue(tx: &Transaction, action: &str, target: &str, body: &serde_json::Value, now: Ts) -> rusqlite::Result<()> {
+    tx.prepare_cached("INSERT INTO pending (action, target, body, next_at, created_at) VALUES (?1, ?2, ?3, ?4, ?4)")?
+        .execute(params![action, target, body.to_string(), ms(now)])
+        .map(|_| ())
+}

@@ -1,0 +1,182 @@
+//! The PC's side of the HTTP API: where the server is, which token to send (DESIGN §10), and
+//! the server's error bodies as typed errors.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pcmail_core::api::{ErrorBody, ErrorCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7420";
+const LOCAL_ADMIN_TOKEN: &str = "./pcmail-data/admin.token";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no token: pass --token, set PCMAIL_TOKEN, run `pcmail-ctl login`, or run beside a local `serve`")]
+    NoToken,
+    #[error("cannot reach the server at {base}: {message} (is `pcmail-ctl serve` running?)")]
+    Unreachable { base: String, message: String },
+    #[error("{message}")]
+    Api { status: u16, code: Option<ErrorCode>, message: String, details: Vec<String> },
+    #[error("unexpected answer from the server ({status}): {message}")]
+    Decode { status: u16, message: String },
+    #[error("client config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } | ClientError::Decode { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// What `login` writes under `$PCMAIL_HOME`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientConfig {
+    pub server: String,
+    pub token: String,
+}
+
+/// `$PCMAIL_HOME`, else `~/.pcmail`: the client config, the inbox cache and its queue.
+pub fn home() -> PathBuf {
+    match std::env::var_os("PCMAIL_HOME") {
+        Some(h) if !h.is_empty() => PathBuf::from(h),
+        _ => std::env::var_os("HOME")
+            .or_else(|| std::env::var_os("USERPROFILE"))
+            .map_or_else(|| PathBuf::from(".pcmail"), |h| PathBuf::from(h).join(".pcmail")),
+    }
+}
+
+pub fn config_path(home: &Path) -> PathBuf {
+    home.join("config.json")
+}
+
+pub fn load_config(home: &Path) -> Result<Option<ClientConfig>, ClientError> {
+    let path = config_path(home);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| ClientError::Config { path, message: format!("not a valid client config: {e}") }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ClientError::Config { path, message: e.to_string() }),
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    as_machine: Option<String>,
+}
+
+impl Client {
+    /// Resolves the server and token: explicit values, else the config `login` wrote, else a
+    /// local `serve` (DESIGN §10).
+    pub fn resolve(
+        server: Option<String>,
+        token: Option<String>,
+        as_machine: Option<String>,
+        home: &Path,
+    ) -> Result<Client, ClientError> {
+        let config = load_config(home)?;
+        let base =
+            server.or_else(|| config.as_ref().map(|c| c.server.clone())).unwrap_or_else(|| DEFAULT_SERVER.into());
+        let token = match (token, &config) {
+            (Some(t), _) => t,
+            (None, Some(c)) => c.token.clone(),
+            (None, None) => std::fs::read_to_string(LOCAL_ADMIN_TOKEN)
+                .map(|t| t.trim().to_string())
+                .map_err(|_| ClientError::NoToken)?,
+        };
+        Client::new(&base, &token, as_machine, Duration::from_secs(120))
+    }
+
+    pub fn new(base: &str, token: &str, as_machine: Option<String>, timeout: Duration) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(10).min(timeout))
+            .build()
+            .map_err(|e| ClientError::Unreachable { base: base.into(), message: e.to_string() })?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string(), as_machine })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The same server and identity with another request timeout.
+    pub fn with_timeout(&self, timeout: Duration) -> Result<Client, ClientError> {
+        Client::new(&self.base, &self.token, self.as_machine.clone(), timeout)
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, ClientError> {
+        let mut req = req.bearer_auth(&self.token);
+        if let Some(m) = &self.as_machine {
+            req = req.header("x-pcmail-as", m);
+        }
+        let unreachable =
+            |e: reqwest::Error| ClientError::Unreachable { base: self.base.clone(), message: e.to_string() };
+        let resp = req.send().await.map_err(unreachable)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(unreachable)?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| ClientError::Decode { status: status.as_u16(), message: e.to_string() });
+        }
+        Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => ClientError::Api {
+                status: status.as_u16(),
+                code: Some(body.error.code),
+                message: body.error.message,
+                details: body.error.details,
+            },
+            Err(_) => ClientError::Api {
+                status: status.as_u16(),
+                code: None,
+                message: format!("server answered {status}: {}", String::from_utf8_lossy(&bytes).trim()),
+                details: vec![],
+            },
+        })
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, ClientError> {
+        self.send(self.http.get(format!("{}{path}", self.base)).query(query)).await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body)).await
+    }
+
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send(self.http.delete(format!("{}{path}", self.base))).await
+    }
+}
+
+/// Writes a private file (0600 on Unix) atomically: a crash leaves the old file or the new one.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options.open(&tmp)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,156 @@
+//! The poller: the only part of the PC side that talks to the server. One cycle flushes the
+//! queued calls (A4), refreshes the intent policy the hooks use, and long-polls for mail (M11)
+//! into the cache. `agent` repeats cycles; `poll` runs one.
+
+use std::path::Path;
+use std::time::Duration;
+
+use pcmail_core::agent::{CallOutcome, NextStep, after_call};
+use pcmail_core::api::{PollResponse, WhoAmI};
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::spec::IntentPolicySpec;
+use tokio::sync::watch;
+
+use crate::cache::{Cache, CacheError, MergeReport, Pending};
+use crate::client::{Client, ClientError};
+
+/// The poller's writes wait this long at most for a hook's write.
+pub const POLLER_BUSY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+#[derive(Debug, Default)]
+pub struct CycleReport {
+    pub machine: String,
+    pub merged: MergeReport,
+    pub mail: Vec<Mail>,
+    pub sent: usize,
+    pub waiting: usize,
+}
+
+fn outcome(result: &Result<serde_json::Value, ClientError>) -> CallOutcome {
+    match result {
+        Ok(_) => CallOutcome::Ok,
+        Err(ClientError::Api { status: 404, .. }) => CallOutcome::Unknown,
+        Err(ClientError::Api { status, message, .. })
+            if (400..500).contains(status) && *status != 401 && *status != 408 && *status != 429 =>
+        {
+            CallOutcome::Refused(format!("{status}: {message}"))
+        }
+        Err(_) => CallOutcome::Unreachable,
+    }
+}
+
+async fn call(client: &Client, p: &Pending) -> Result<serde_json::Value, ClientError> {
+    match p.action.as_str() {
+        "intent" => client.post("/api/v1/intents", &p.body).await,
+        action => client.post(&format!("/api/v1/mail/{}/{action}", p.target), &p.body).await,
+    }
+}
+
+/// Sends every due queued call once; answers (sent, still waiting).
+pub async fn flush(client: &Client, home: &Path) -> Result<(usize, usize), SyncError> {
+    let due = Cache::open(home, POLLER_BUSY)?.due_pending(crate::now())?;
+    let mut sent = 0;
+    for p in &due {
+        let result = call(client, p).await;
+        let outcome = outcome(&result);
+        let now = crate::now();
+        let next = after_call(&outcome, p.unknown_tries, now);
+        let unknown = p.unknown_tries + u32::from(outcome == CallOutcome::Unknown);
+        let error = result.as_ref().err().map(ToString::to_string);
+        Cache::open(home, POLLER_BUSY)?.settle(p, &next, unknown, error.as_deref())?;
+        sent += usize::from(next == NextStep::Done);
+        if outcome == CallOutcome::Unreachable {
+            // The server is down: the rest would fail the same way.
+            break;
+        }
+    }
+    let waiting = Cache::open(home, POLLER_BUSY)?.pending_count()?;
+    Ok((sent, waiting))
+}
+
+/// One cycle: flush, refresh the policy, poll (long-polling up to `wait`), store, flush again.
+pub async fn cycle(client: &Client, home: &Path, wait: Duration) -> Result<CycleReport, SyncError> {
+    let result = cycle_inner(client, home, wait).await;
+    let status = match &result {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let mut values = vec![("last_poll_result", status)];
+    if result.is_ok() {
+        values.push(("last_poll_at", crate::now().timestamp_millis().to_string()));
+    }
+    Cache::open(home, POLLER_BUSY)?.set_state(&values)?;
+    result
+}
+
+async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<CycleReport, SyncError> {
+    let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
+    let machine = who.machine.ok_or_else(|| ClientError::Api {
+        status: 400,
+        code: None,
+        message: "the agent needs a machine token (or the admin token with --as MACHINE)".into(),
+        details: vec![],
+    })?;
+    let (mut sent, _) = flush(client, home).await?;
+    let policy: IntentPolicySpec = client.get("/api/v1/policy", &[]).await?;
+    let cursor: i64 = {
+        let mut cache = Cache::open(home, POLLER_BUSY)?;
+        cache.set_state(&[
+            ("machine", machine.clone()),
+            ("intent_policy", serde_json::to_string(&policy).unwrap_or_default()),
+        ])?;
+        cache.state("cursor")?.and_then(|c| c.parse().ok()).unwrap_or(0)
+    };
+    let long = client.with_timeout(wait + Duration::from_secs(30))?;
+    let query = [("cursor", cursor.to_string()), ("wait", format!("{}ms", wait.as_millis()))];
+    let response: PollResponse = long.get("/api/v1/poll", &query).await?;
+    let merged =
+        Cache::open(home, POLLER_BUSY)?.merge_polled(&machine, response.mail.clone(), response.cursor, crate::now())?;
+    if !merged.quarantined.is_empty() {
+        tracing::warn!(ids = ?merged.quarantined, "quarantined malformed mail");
+    }
+    let (more, waiting) = flush(client, home).await?;
+    sent += more;
+    Ok(CycleReport { machine, merged, mail: response.mail, sent, waiting })
+}
+
+/// `agent`: cycles until `shutdown`, backing off from 1 s to 60 s while the server is away.
+pub async fn run(
+    client: &Client,
+    home: &Path,
+    wait: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), SyncError> {
+    let mut backoff = Duration::from_secs(1);
+    while !*shutdown.borrow() {
+        let pause = match cycle(client, home, wait).await {
+            Ok(report) => {
+                backoff = Duration::from_secs(1);
+                if !report.merged.new.is_empty() {
+                    tracing::info!(new = report.merged.new.len(), "mail received");
+                }
+                Duration::ZERO
+            }
+            Err(SyncError::Cache(e)) => return Err(SyncError::Cache(e)),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "poll failed");
+                let b = backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                b
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! The PC-side verbs: `agent` (and `install`, `heal`), `hook EVENT`, `intent record`.
+
+use std::io::{Read, Write};
+
+use anyhow::Context;
+use pcmail_agent::cache::Cache;
+use pcmail_agent::client::{Client, home};
+use pcmail_agent::hooks::{self, HOOK_BUSY, HookEvent};
+use pcmail_agent::install::{self, Os};
+use pcmail_agent::sync::{self, POLLER_BUSY};
+use pcmail_core::agent::needs_reregister;
+use pcmail_core::duration::Dur;
+use pcmail_core::intent::{InboundMessage, intent_mail};
+
+use crate::args::AgentCommand;
+
+fn os(name: Option<&str>) -> Os {
+    name.and_then(Os::from_cli).unwrap_or_else(Os::current)
+}
+
+pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> anyhow::Result<i32> {
+    match command {
+        None => {
+            init_logging();
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                stop.send_replace(true);
+            });
+            tracing::info!(server = client.base(), "agent polling");
+            sync::run(client, &home(), wait.to_std(), stopped).await?;
+            Ok(0)
+        }
+        Some(AgentCommand::Install { os: name, dir }) => {
+            let os = os(name.as_deref());
+            let dir = dir.unwrap_or_else(|| install::default_dir(os));
+            let exe = std::env::current_exe().context("finding this executable")?;
+            let (files, commands) = install::units(os, &exe, &home());
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for f in files {
+                let path = dir.join(&f.name);
+                std::fs::write(&path, f.contents).with_context(|| format!("writing {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+            println!("then run:");
+            for c in commands {
+                println!("  {c}");
+            }
+            Ok(0)
+        }
+        Some(AgentCommand::Heal { os: name }) => {
+            let os = os(name.as_deref());
+            let last_poll = Cache::open(&home(), POLLER_BUSY)?.state_ts("last_poll_at")?;
+            let result = install::task_result(os);
+            if !needs_reregister(result, last_poll, pcmail_agent::now()) {
+                println!("agent healthy ({result:?}, last poll {last_poll:?})");
+                return Ok(0);
+            }
+            println!("agent unhealthy ({result:?}, last poll {last_poll:?}): re-registering and polling once");
+            install::reregister(os).context("re-registering the agent")?;
+            sync::cycle(client, &home(), std::time::Duration::ZERO).await?;
+            Ok(0)
+        }
+    }
+}
+
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A hook must never break a Claude Code session: any failure is one line on stderr and exit
+/// code 1, which Claude Code shows without stopping.
+pub fn hook(event: &str) -> i32 {
+    let Some(event) = HookEvent::from_cli(event) else {
+        eprintln!("pcmail hook: unknown event {event:?}");
+        return 1;
+    };
+    let mut stdin = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
+        eprintln!("pcmail hook: cannot read stdin: {e}");
+        return 1;
+    }
+    match hooks::handle(event, &stdin, &home(), pcmail_agent::now()) {
+        Ok(outcome) => {
+            if let Some(out) = outcome.output {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{out}");
+            }
+            if outcome.spawn_poll
+                && let Err(e) = pcmail_agent::spawn::spawn_poll()
+            {
+                eprintln!("pcmail hook: cannot start a background poll: {e}");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("pcmail hook: {e}");
+            1
+        }
+    }
+}
+
+/// I1: the message is in the local cache, durably, before anything else; then the server is
+/// told (or the call waits in the queue for the agent).
+pub async fn record_intent(
+    client: Option<Client>,
+    channel: String,
+    chat: String,
+    message: String,
+    from: String,
+    text: String,
+) -> anyhow::Result<i32> {
+    let text = if text == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).context("reading the text from stdin")?;
+        String::from_utf8(bytes).context("the text on stdin is not valid UTF-8")?
+    } else {
+        text
+    };
+    let msg = InboundMessage { channel, chat, message, from, text };
+    for (field, value) in [("channel", &msg.channel), ("chat", &msg.chat), ("message", &msg.message)] {
+        if value.trim().is_empty() || value.contains(char::is_whitespace) {
+            anyhow::bail!("--{field} must be non-empty without spaces");
+        }
+    }
+    let home = home();
+    let mut cache = Cache::open(&home, HOOK_BUSY)?;
+    let me = cache.state("machine")?.unwrap_or_else(|| "this-pc".into());
+    let now = pcmail_agent::now();
+    let mail = intent_mail(&msg, &me, now, Dur::from_hours(72));
+    let created = cache.record_intent(&mail, &serde_json::to_value(&msg)?, now)?;
+    drop(cache);
+    println!("{}", mail.id);
+    if !created {
+        eprintln!("already recorded: {}", mail.external_key.unwrap_or_default());
+    }
+    // Best effort, briefly: the agent sends whatever is still queued.
+    if let Some(client) = client.and_then(|c| c.with_timeout(std::time::Duration::from_secs(3)).ok())
+        && let Err(e) = sync::flush(&client, &home).await
+    {
+        eprintln!("recorded locally; the server will be told later ({e})");
+    }
+    Ok(0)
+}
