@@ -405,3 +405,153 @@ fn queue(tx: &Transaction, action: &str, target: &str, body: &serde_json::Value,
         .execute(params![action, target, body.to_string(), ms(now)])
         .map(|_| ())
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use pcmail_core::intent::{InboundMessage, intent_mail};
+    use pcmail_core::mail::{MailKind, MailState};
+
+    use super::*;
+
+    pub fn at(secs: i64) -> Ts {
+        Ts::from_timestamp(1_700_000_000 + secs, 0).unwrap_or_default()
+    }
+
+    pub fn mail(n: u32, kind: MailKind) -> Mail {
+        Mail {
+            seq: i64::from(n),
+            kind,
+            subject: format!("subject {n}"),
+            body: format!("body {n}"),
+            state: MailState::Delivered,
+            reply_to: (kind == MailKind::Answer).then(|| "mail--ffffffff".to_string()),
+            ..Mail::new(format!("mail--{n:08x}"), "desk".into(), "me".into(), at(i64::from(n)), at(100_000))
+        }
+    }
+
+    pub fn intent(chat: &str, message: &str, now: Ts) -> Mail {
+        let msg = InboundMessage {
+            channel: "telegram".into(),
+            chat: chat.into(),
+            message: message.into(),
+            from: "kim".into(),
+            text: format!("message {message} in {chat}"),
+        };
+        intent_mail(&msg, "me", now, pcmail_core::duration::Dur::from_hours(72))
+    }
+
+    fn open(dir: &Path) -> Cache {
+        Cache::open(dir, Duration::from_secs(5)).expect("open cache")
+    }
+
+    #[test]
+    fn m11_merge_stores_mail_and_cursor_together_and_repeats_are_harmless() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        let report =
+            c.merge_polled("me", vec![mail(1, MailKind::Note), mail(2, MailKind::Work)], 2, at(5)).expect("merge");
+        assert_eq!(report.new.len(), 2);
+        assert_eq!(c.state("cursor").expect("state").as_deref(), Some("2"));
+        let again = c.merge_polled("me", vec![mail(1, MailKind::Note)], 2, at(6)).expect("merge");
+        assert!(again.new.is_empty());
+        assert_eq!(c.open_mail().expect("open").len(), 2);
+    }
+
+    #[test]
+    fn a2_malformed_mail_is_quarantined_and_reported_failed_others_unaffected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        let mut stray = mail(3, MailKind::Note);
+        stray.to = "someone-else".into();
+        let report = c.merge_polled("me", vec![mail(1, MailKind::Note), stray], 3, at(5)).expect("merge");
+        assert_eq!((report.new.len(), report.quarantined.as_slice()), (1, ["mail--00000003".to_string()].as_slice()));
+        assert_eq!(c.open_mail().expect("open").len(), 1, "the quarantined mail is never presented");
+        let pending = c.due_pending(at(5)).expect("pending");
+        assert_eq!((pending[0].action.as_str(), pending[0].target.as_str()), ("fail", "mail--00000003"));
+        assert!(pending[0].body["reason"].as_str().is_some_and(|r| r.contains("someone-else")));
+    }
+
+    #[test]
+    fn i1_recording_the_same_key_twice_is_a_no_op() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        let m = intent("100", "7", at(0));
+        assert!(c.record_intent(&m, &serde_json::json!({"k": 1}), at(0)).expect("record"));
+        assert!(!c.record_intent(&m, &serde_json::json!({"k": 1}), at(1)).expect("again"));
+        assert_eq!(c.open_intents().expect("intents").len(), 1);
+        assert_eq!(c.due_pending(at(1)).expect("pending").len(), 1, "one server call queued");
+    }
+
+    #[test]
+    fn a4_settled_calls_leave_the_queue_and_unknown_ones_wait() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        c.merge_polled("me", vec![mail(1, MailKind::Note), mail(2, MailKind::Note)], 2, at(0)).expect("merge");
+        c.step("mail--00000001", Step::See, "me", at(1)).expect("see");
+        c.step("mail--00000002", Step::Done { result: None }, "me", at(1)).expect("ack");
+        let due = c.due_pending(at(1)).expect("due");
+        assert_eq!(due.iter().map(|p| p.action.as_str()).collect::<Vec<_>>(), ["seen", "ack"]);
+        c.settle(&due[0], &NextStep::Done, 0, None).expect("done");
+        c.settle(&due[1], &NextStep::RetryAt(at(3601)), 1, Some("404")).expect("later");
+        assert!(c.due_pending(at(3600)).expect("due").is_empty());
+        assert_eq!(c.due_pending(at(3601)).expect("due")[0].unknown_tries, 1);
+    }
+
+    /// A3: a hook and the poller, each with its own connection, writing at once.
+    #[test]
+    fn a3_hook_and_poller_writing_concurrently_lose_no_update() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(open(dir.path()));
+        let home = dir.path().to_path_buf();
+        let rounds = 200u32;
+        let poller = {
+            let home = home.clone();
+            std::thread::spawn(move || {
+                for n in 0..rounds {
+                    let mut c = open(&home);
+                    c.merge_polled("me", vec![mail(n, MailKind::Note)], i64::from(n), at(i64::from(n))).expect("merge");
+                }
+            })
+        };
+        let hook = {
+            let home = home.clone();
+            std::thread::spawn(move || {
+                let mut marked = Vec::new();
+                for n in 0..rounds {
+                    let mut c = Cache::open(&home, crate::hooks::HOOK_BUSY).expect("open");
+                    c.record_intent(&intent("100", &n.to_string(), at(0)), &serde_json::json!({}), at(0))
+                        .expect("intent");
+                    let ids: Vec<String> = c.open_mail().expect("open").iter().map(|m| m.id.clone()).collect();
+                    c.mark_presented(&ids, &[], &format!("s{n}"), "me", at(i64::from(n))).expect("present");
+                    marked.extend(ids);
+                }
+                marked
+            })
+        };
+        poller.join().expect("poller");
+        let marked = hook.join().expect("hook");
+        let c = open(&home);
+        assert_eq!(c.state("cursor").expect("cursor").as_deref(), Some(&*(rounds - 1).to_string()));
+        for n in 0..rounds {
+            assert!(c.get(&format!("mail--{n:08x}")).expect("get").is_some(), "mail {n} lost");
+        }
+        assert_eq!(c.open_intents().expect("intents").len(), rounds as usize, "an intent was lost");
+        for id in marked {
+            let m = c.get(&id).expect("get").expect("present");
+            assert!(m.presented_at.is_some() && m.state == MailState::Seen, "{id}: presentation lost");
+        }
+    }
+
+    #[test]
+    fn i6_old_cache_is_migrated_and_a_missing_column_fails_closed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // An empty file at schema version 0 is the oldest cache there is.
+        drop(Connection::open(dir.path().join(CACHE_FILE)).expect("raw"));
+        drop(open(dir.path()));
+        let conn = Connection::open(dir.path().join(CACHE_FILE)).expect("raw");
+        conn.execute_batch("ALTER TABLE inbox DROP COLUMN last_reminded_at").expect("drop");
+        drop(conn);
+        let err = Cache::open(dir.path(), Duration::from_secs(1)).err().expect("must fail closed");
+        assert!(err.to_string().contains("inbox.last_reminded_at is missing"), "{err}");
+    }
+}

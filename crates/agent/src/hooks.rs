@@ -167,3 +167,186 @@ fn stop(cache: &mut Cache, active: bool, now: Ts) -> Result<Option<Value>, Cache
     );
     Ok(Some(json!({"decision": "block", "reason": reason})))
 }
+
+#[cfg(test)]
+mod tests {
+    use pcmail_core::mail::{Mail, MailKind, MailState};
+    use serde_json::json;
+
+    use super::*;
+    use crate::cache::tests::{at, intent, mail};
+
+    fn home() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = Cache::open(dir.path(), HOOK_BUSY).expect("cache");
+        c.set_state(&[("machine", "me".into()), ("last_poll_at", at(0).timestamp_millis().to_string())])
+            .expect("state");
+        dir
+    }
+
+    fn run(dir: &Path, event: HookEvent, input: serde_json::Value, now: Ts) -> Option<Value> {
+        handle(event, input.to_string().as_bytes(), dir, now).expect("hook").output
+    }
+
+    fn text(out: &Option<Value>) -> String {
+        out.as_ref().and_then(|o| o["hookSpecificOutput"]["additionalContext"].as_str()).unwrap_or_default().to_string()
+    }
+
+    fn record(dir: &Path, chat: &str, message: &str, now: Ts) -> Mail {
+        let m = intent(chat, message, now);
+        Cache::open(dir, HOOK_BUSY).expect("cache").record_intent(&m, &json!({}), now).expect("record");
+        m
+    }
+
+    fn state(dir: &Path, id: &str) -> MailState {
+        Cache::open(dir, HOOK_BUSY).expect("cache").get(id).expect("get").expect("row").state
+    }
+
+    #[test]
+    fn h1_answers_claude_code_hook_json_for_the_event() {
+        let dir = home();
+        Cache::open(dir.path(), HOOK_BUSY)
+            .expect("c")
+            .merge_polled("me", vec![mail(1, MailKind::Note)], 1, at(1))
+            .expect("m");
+        let out = run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1", "prompt": "hi"}), at(2));
+        let out = out.expect("output");
+        assert_eq!(out["hookSpecificOutput"]["hookEventName"], "UserPromptSubmit");
+        assert!(text(&Some(out)).contains("mail--00000001"));
+        assert_eq!(
+            run(dir.path(), HookEvent::Stop, json!({"session_id": "s1"}), at(2)),
+            None,
+            "nothing to say: no output"
+        );
+    }
+
+    #[test]
+    fn h3_shown_mail_is_queued_seen_and_shown_again_only_as_a_count() {
+        let dir = home();
+        let mut c = Cache::open(dir.path(), HOOK_BUSY).expect("c");
+        c.merge_polled("me", vec![mail(1, MailKind::Note), mail(2, MailKind::Answer)], 2, at(1)).expect("m");
+        let first = text(&run(dir.path(), HookEvent::SessionStart, json!({"session_id": "s1"}), at(2)));
+        assert!(first.contains("mail--00000001") && first.contains("mail--00000002"), "{first}");
+        assert_eq!(state(dir.path(), "mail--00000001"), MailState::Seen);
+        assert_eq!(state(dir.path(), "mail--00000002"), MailState::Done, "answers are acked once shown");
+        let queued: Vec<String> = c.due_pending(at(3)).expect("due").into_iter().map(|p| p.action).collect();
+        assert_eq!(queued, ["ack", "seen"], "the answer group comes before the others");
+        let second = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1"}), at(3)));
+        assert_eq!(second, "+1 more (0 expired not shown): pcmail-ctl inbox", "same session: count only");
+    }
+
+    #[test]
+    fn i5_session_start_lists_every_pending_intent() {
+        let dir = home();
+        record(dir.path(), "100", "7", at(0));
+        record(dir.path(), "200", "8", at(1));
+        let out = text(&run(dir.path(), HookEvent::SessionStart, json!({"session_id": "s1"}), at(60)));
+        assert!(out.contains("chat_id=100 reply_to=7") && out.contains("chat_id=200 reply_to=8"), "{out}");
+    }
+
+    #[test]
+    fn i2_cross_chat_reply_closes_only_its_chat_react_and_reply_without_reply_to_close_nothing() {
+        let dir = home();
+        let a = record(dir.path(), "100", "7", at(0));
+        let b = record(dir.path(), "200", "7", at(0));
+        let reply = "mcp__plugin_telegram_telegram__reply";
+        let react = "mcp__plugin_telegram_telegram__react";
+        run(
+            dir.path(),
+            HookEvent::PostToolUse,
+            json!({"tool_name": reply, "tool_input": {"chat_id": "100", "text": "hi"}}),
+            at(1),
+        );
+        assert_eq!(
+            (state(dir.path(), &a.id), state(dir.path(), &b.id)),
+            (MailState::New, MailState::New),
+            "no reply_to"
+        );
+        run(
+            dir.path(),
+            HookEvent::PostToolUse,
+            json!({"tool_name": react, "tool_input": {"chat_id": "200", "message_id": "7", "emoji": "👀"}}),
+            at(2),
+        );
+        assert_eq!(state(dir.path(), &b.id), MailState::Seen, "react is seen, never done");
+        run(
+            dir.path(),
+            HookEvent::PostToolUse,
+            json!({"tool_name": reply, "tool_input": {"chat_id": "100", "reply_to": "7", "text": "done"}}),
+            at(3),
+        );
+        assert_eq!((state(dir.path(), &a.id), state(dir.path(), &b.id)), (MailState::Done, MailState::Seen));
+    }
+
+    #[test]
+    fn i3_reminder_for_one_intent_appears_at_most_once_per_remind_every() {
+        let dir = home();
+        let m = record(dir.path(), "100", "7", at(0));
+        let bash = json!({"tool_name": "Bash", "tool_input": {"command": "cargo build"}});
+        assert_eq!(
+            text(&run(dir.path(), HookEvent::PostToolUse, bash.clone(), at(100))),
+            "",
+            "before remindAfter (3m)"
+        );
+        let first = text(&run(dir.path(), HookEvent::PostToolUse, bash.clone(), at(200)));
+        assert!(first.contains("chat_id=100 reply_to=7"), "{first}");
+        for t in [201, 300, 499] {
+            assert_eq!(
+                text(&run(dir.path(), HookEvent::PostToolUse, bash.clone(), at(t))),
+                "",
+                "at {t}: within remindEvery (5m)"
+            );
+        }
+        assert!(
+            text(&run(dir.path(), HookEvent::PostToolUse, bash.clone(), at(500))).contains(&"reply_to=7".to_string())
+        );
+        run(
+            dir.path(),
+            HookEvent::PostToolUse,
+            json!({"tool_name": "mcp__plugin_telegram_telegram__reply", "tool_input": {"chat_id": 100, "reply_to": 7}}),
+            at(600),
+        );
+        assert_eq!(state(dir.path(), &m.id), MailState::Done);
+        assert_eq!(text(&run(dir.path(), HookEvent::PostToolUse, bash, at(2000))), "", "answered: no more reminders");
+    }
+
+    #[test]
+    fn h4_stop_blocks_once_for_an_urgent_decision_and_never_when_already_active() {
+        let dir = home();
+        let mut urgent = mail(1, MailKind::Decision);
+        urgent.urgent = true;
+        Cache::open(dir.path(), HOOK_BUSY).expect("c").merge_polled("me", vec![urgent], 1, at(1)).expect("m");
+        assert_eq!(
+            run(dir.path(), HookEvent::Stop, json!({"session_id": "s1", "stop_hook_active": true}), at(2)),
+            None
+        );
+        let out = run(dir.path(), HookEvent::Stop, json!({"session_id": "s1", "stop_hook_active": false}), at(3))
+            .expect("block");
+        assert_eq!(out["decision"], "block");
+        assert!(out["reason"].as_str().is_some_and(|r| r.contains("mail--00000001")));
+        assert_eq!(run(dir.path(), HookEvent::Stop, json!({"session_id": "s1"}), at(4)), None, "once");
+    }
+
+    #[test]
+    fn h1_a_stale_last_poll_asks_for_one_detached_poll_a_minute() {
+        let dir = home();
+        let stale = at(0) + POLL_STALE + chrono::TimeDelta::seconds(1);
+        assert!(handle(HookEvent::UserPromptSubmit, b"{}", dir.path(), stale).expect("hook").spawn_poll);
+        assert!(
+            !handle(HookEvent::UserPromptSubmit, b"{}", dir.path(), stale + chrono::TimeDelta::seconds(10))
+                .expect("hook")
+                .spawn_poll
+        );
+        assert!(
+            !handle(HookEvent::UserPromptSubmit, b"{}", dir.path(), at(10)).expect("hook").spawn_poll,
+            "fresh poll"
+        );
+    }
+
+    #[test]
+    fn bad_hook_input_is_a_clear_error() {
+        let dir = home();
+        let err = handle(HookEvent::SessionStart, b"{not json", dir.path(), at(0)).expect_err("refused");
+        assert!(err.to_string().contains("hook input is not valid JSON"), "{err}");
+    }
+}
