@@ -188,9 +188,10 @@ pub enum IntentCommand {
     Record {
         #[arg(long, default_value = "telegram")]
         channel: String,
-        #[arg(long)]
+        /// Telegram group chats have negative ids: `--chat -100123` is accepted
+        #[arg(long, allow_hyphen_values = true)]
         chat: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         message: String,
         #[arg(long)]
         from: String,

@@ -39,7 +39,8 @@ impl Server {
         s
     }
 
-    fn spawn(&mut self) {
+    /// Starts `serve` again on the same data dir (and the same port, if it was fixed).
+    pub fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", &self.listen])
             .args(&self.extra)
@@ -96,8 +97,30 @@ impl Server {
         self.ctl_stdin(token, args, None)
     }
 
+    /// The PCMAIL_HOME that `ctl` uses for `token`: one per machine, as on separate PCs.
+    pub fn home_of(&self, token: &str) -> PathBuf {
+        self.dir.path().join(format!("home-{}", &token[token.len().saturating_sub(8)..]))
+    }
+
+    /// Runs `hook EVENT` in `token`'s home with `input` on stdin and no server settings at all.
+    pub fn hook(&self, token: &str, event: &str, input: serde_json::Value) -> Output {
+        let mut child = Command::new(BIN)
+            .args(["hook", event])
+            .env("PCMAIL_HOME", self.home_of(token))
+            .env_remove("PCMAIL_SERVER")
+            .env_remove("PCMAIL_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hook");
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("stdin");
+        child.wait_with_output().expect("hook output")
+    }
+
     pub fn ctl_stdin(&self, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let home = self.dir.path().join(format!("home-{}", &token[token.len().saturating_sub(8)..]));
+        let home = self.home_of(token);
         let mut child = Command::new(BIN)
             .args(args)
             .env("PCMAIL_SERVER", &self.url)

@@ -5,6 +5,7 @@
 mod harness;
 mod mail;
 mod monitoring;
+mod pcside;
 mod security;
 mod specs;
 mod webhook;

@@ -31,8 +31,13 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 4] =
-        [AlertKind::UnreadSla, AlertKind::Undelivered, AlertKind::ReceiverDown, AlertKind::Arrival];
+    pub const ALL: [AlertKind; 5] = [
+        AlertKind::UnreadSla,
+        AlertKind::Undelivered,
+        AlertKind::ReceiverDown,
+        AlertKind::Arrival,
+        AlertKind::IntentUnanswered,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -402,6 +407,14 @@ mod tests {
         let mut done = intent;
         done.state = MailState::Done;
         assert_eq!(plan(&[done], &fired, at(700)).upsert[0].state, AlertState::Resolved);
+    }
+
+    #[test]
+    fn alert_kinds_round_trip_through_their_stored_names() {
+        for kind in AlertKind::ALL {
+            assert_eq!(kind.as_str().parse::<AlertKind>(), Ok(kind));
+            assert_eq!(serde_json::to_value(kind).ok(), Some(serde_json::Value::String(kind.as_str().into())));
+        }
     }
 
     #[test]
