@@ -10,6 +10,10 @@ use clap::Parser;
 
 fn main() {
     let cli = args::Cli::parse();
+    // Hooks run on every prompt and tool call: no async runtime, no threads, just the cache.
+    if let args::Command::Hook { event } = &cli.command {
+        std::process::exit(commands::hook(event));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -13,12 +13,14 @@ use pcmail_agent::client::{Client, ClientConfig, config_path, home, write_privat
 
 use crate::args::{Cli, Command, IntentCommand, TokenCommand};
 
+pub use agent::hook;
+
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let conn = cli.conn;
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Login { server, token } => login(server, token).await,
-        Command::Hook { event } => Ok(agent::hook(&event)),
+        Command::Hook { event } => Ok(hook(&event)),
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();
             agent::record_intent(client, channel, chat, message, from, text).await

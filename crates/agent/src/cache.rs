@@ -17,6 +17,8 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 
 pub const CACHE_FILE: &str = "cache.db";
 
+const OPEN_FILTER: &str = "state IN ('new', 'delivered', 'seen', 'expired') AND quarantine IS NULL";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error("cache {path}: {source}")]
@@ -74,6 +76,14 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     "#,
+    // 2: hooks read light rows from indexes only (P5), and intents and stop candidates from
+    // partial indexes, whatever the size of the inbox.
+    r#"
+    CREATE INDEX inbox_heads ON inbox(state, quarantine, created_at, seq, id, kind, urgent, expires_at, presented_session, reply_to);
+    CREATE INDEX inbox_intents ON inbox(created_at) WHERE kind = 'intent' AND state IN ('new', 'delivered', 'seen');
+    CREATE INDEX inbox_stop ON inbox(created_at)
+        WHERE kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen');
+    "#,
 ];
 
 const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
@@ -111,7 +121,11 @@ impl Cache {
         let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
         conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| wrap(map_err(e)))?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(|e| wrap(map_err(e)))?;
+        // NORMAL: WAL commits survive a killed process; what a power loss could undo here (a
+        // presented mark, a cursor) is redone from the server. Intents are written with FULL.
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| wrap(map_err(e)))?;
+        // Hooks read through the page cache instead of a syscall per page.
+        conn.pragma_update(None, "mmap_size", 64i64 << 20).map_err(|e| wrap(map_err(e)))?;
         let inbox: Vec<&str> = schema::MAIL_TABLE_COLUMNS.iter().chain(INBOX_EXTRA).copied().collect();
         let required: [(&str, &[&str]); 3] = [
             ("inbox", &inbox),
@@ -174,26 +188,58 @@ impl Cache {
         Ok(self.select("id = ?1", [id])?.pop())
     }
 
+    pub fn get_many(&self, ids: &[String]) -> Result<Vec<Mail>> {
+        ids.iter().filter_map(|id| self.get(id).transpose()).collect()
+    }
+
     pub fn intent_by_key(&self, key: &str) -> Result<Option<Mail>> {
         Ok(self.select("external_key = ?1", [key])?.pop())
     }
 
     /// Everything a hook may present or count: open mail and expired mail, not quarantined.
     pub fn open_mail(&self) -> Result<Vec<Mail>> {
-        self.select("state IN ('new', 'delivered', 'seen', 'expired') AND quarantine IS NULL", [])
+        self.select(OPEN_FILTER, [])
+    }
+
+    /// [`Cache::open_mail`] as light rows, read from the `inbox_heads` index alone: no sender,
+    /// subject or body, but everything presentation orders and counts by.
+    pub fn open_heads(&self) -> Result<Vec<Mail>> {
+        let sql = format!(
+            "SELECT seq, id, kind, urgent, state, created_at, expires_at, presented_session, reply_to FROM inbox WHERE {OPEN_FILTER}"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                let head = Mail {
+                    seq: r.get(0)?,
+                    urgent: r.get(3)?,
+                    presented_session: r.get(7)?,
+                    reply_to: r.get(8)?,
+                    ..Mail::new(r.get(1)?, String::new(), String::new(), from_ms(r.get(5)?), from_ms(r.get(6)?))
+                };
+                Ok((head, r.get::<_, String>(2)?, r.get::<_, String>(4)?))
+            })
+            .map_err(|e| self.wrap(e))?;
+        let corrupt = |e: String| CacheError::Store { path: self.path.clone(), source: StoreError::Corrupt(e) };
+        let mut out = Vec::new();
+        for r in rows {
+            let (mut head, kind, state) = r.map_err(|e| self.wrap(e))?;
+            head.kind = kind.parse().map_err(corrupt)?;
+            head.state = state.parse().map_err(corrupt)?;
+            out.push(head);
+        }
+        Ok(out)
     }
 
     /// Open intents, oldest first.
     pub fn open_intents(&self) -> Result<Vec<Mail>> {
-        let mut v = self.select("state IN ('new', 'delivered', 'seen') AND kind = 'intent'", [])?;
-        v.sort_by_key(|m| m.created_at);
-        Ok(v)
+        self.select("kind = 'intent' AND state IN ('new', 'delivered', 'seen') ORDER BY created_at", [])
     }
 
     /// Urgent decision requests still open that have not yet blocked a stop (H4).
     pub fn stop_candidates(&self) -> Result<Vec<Mail>> {
         self.select(
-            "state IN ('new', 'delivered', 'seen') AND kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL",
+            "kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen')",
             [],
         )
     }
@@ -289,6 +335,8 @@ impl Cache {
         if self.intent_by_key(&key)?.is_some() {
             return Ok(false);
         }
+        // This row may be the only copy of the message: survive a power loss too.
+        self.conn.pragma_update(None, "synchronous", "FULL").map_err(|e| self.wrap(e))?;
         self.write(|tx| {
             insert(tx, mail, now, None)?;
             queue(tx, "intent", &key, message, now)?;

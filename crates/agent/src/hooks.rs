@@ -10,7 +10,7 @@ use pcmail_core::Ts;
 use pcmail_core::intent::{ToolEffect, due_reminders, listing, tool_effect};
 use pcmail_core::mail::{MailKind, Step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
-use pcmail_core::present::{LIMITS, present};
+use pcmail_core::present::{LIMITS, candidates, present};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -106,7 +106,14 @@ pub fn handle(event: HookEvent, stdin: &[u8], home: &Path, now: Ts) -> Result<Ho
                 let intents = cache.open_intents()?;
                 parts.push(listing(&intents.iter().collect::<Vec<_>>(), &policy, now));
             }
-            let inbox = cache.open_mail()?;
+            // Light rows for all, full rows for the few that can be shown (P5).
+            let mut inbox = cache.open_heads()?;
+            let full = cache.get_many(&candidates(&inbox, &session, now, LIMITS))?;
+            for m in full {
+                if let Some(slot) = inbox.iter_mut().find(|h| h.id == m.id) {
+                    *slot = m;
+                }
+            }
             let p = present(&inbox, &session, now, LIMITS);
             cache.mark_presented(&p.shown, &p.acked, &session, &me, now)?;
             parts.push(p.text);

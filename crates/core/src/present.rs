@@ -61,6 +61,27 @@ pub fn cut(s: &str, max: usize) -> String {
     s.chars().take(max.saturating_sub(1)).chain(std::iter::once('…')).collect()
 }
 
+/// The mails [`present`] may show, at most the group caps: a caller holding only light rows
+/// (no subject or body) fetches the full rows of just these before calling it.
+pub fn candidates(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Vec<String> {
+    let mut groups: [Vec<&Mail>; 4] = Default::default();
+    for m in inbox.iter().filter(|m| m.presented_session.as_deref() != Some(session)) {
+        if let Some(g) = group(m, now) {
+            groups[g].push(m);
+        }
+    }
+    let mut out = Vec::new();
+    for (g, mut mails) in groups.into_iter().enumerate() {
+        mails.sort_by(newest_first);
+        out.extend(mails.into_iter().take(limits.groups[g]).map(|m| m.id.clone()));
+    }
+    out
+}
+
+fn newest_first(a: &&Mail, b: &&Mail) -> std::cmp::Ordering {
+    b.created_at.cmp(&a.created_at).then(b.seq.cmp(&a.seq))
+}
+
 const HEADER: &str = "pcmail — mail for this PC (read: pcmail-ctl read ID · reply: pcmail-ctl reply ID --body …):";
 
 /// Builds the block for `session` from every mail in the local inbox.
@@ -84,17 +105,23 @@ pub fn present(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Presen
     let footer = |n: usize| format!("+{n} more ({expired} expired not shown): pcmail-ctl inbox");
     let mut out = Presentation::default();
     let mut lines: Vec<String> = Vec::new();
+    let mut used = HEADER.chars().count() + 1;
+    let footer_room = footer(inbox.len()).chars().count();
     for (g, mut mails) in groups.into_iter().enumerate() {
-        mails.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.seq.cmp(&a.seq)));
+        mails.sort_by(newest_first);
         for (i, m) in mails.into_iter().enumerate() {
-            let l = line(m, limits.per_mail);
-            let used: usize = HEADER.chars().count() + 1 + lines.iter().map(|l| l.chars().count() + 1).sum::<usize>();
-            // Room is kept for the footer, whose count can only be as long as the inbox's size.
-            let fits = used + l.chars().count() + 1 + footer(inbox.len()).chars().count() <= limits.total;
-            if i >= limits.groups[g] || !fits {
+            if i >= limits.groups[g] {
                 not_shown += 1;
                 continue;
             }
+            let l = line(m, limits.per_mail);
+            // Room is kept for the footer, whose count can only be as long as the inbox's size.
+            let fits = used + l.chars().count() + 1 + footer_room <= limits.total;
+            if !fits {
+                not_shown += 1;
+                continue;
+            }
+            used += l.chars().count() + 1;
             if m.kind == MailKind::Answer && m.reply_to.is_some() {
                 out.acked.push(m.id.clone());
             }
@@ -218,6 +245,26 @@ mod tests {
     fn h2_answers_to_me_are_acked_once_shown() {
         let p = present(&[m(1, MailKind::Answer, false, 1), m(2, MailKind::Note, false, 2)], "s1", at(100), LIMITS);
         assert_eq!(p.acked, ["mail--00000001"]);
+    }
+
+    #[test]
+    fn h2_candidates_are_exactly_what_present_can_show() {
+        let mut inbox: Vec<Mail> = (0..30)
+            .map(|n| {
+                m(n, [MailKind::Decision, MailKind::Note, MailKind::Answer][n as usize % 3], n % 7 == 0, i64::from(n))
+            })
+            .collect();
+        inbox[4].presented_session = Some("s1".into());
+        let shown = present(&inbox, "s1", at(100), LIMITS).shown;
+        let cands = candidates(&inbox, "s1", at(100), LIMITS);
+        assert!(shown.iter().all(|id| cands.contains(id)), "{shown:?} ⊄ {cands:?}");
+        assert_eq!(cands.len(), 11);
+        // Light rows (no subject, body or sender) choose the same candidates.
+        let light: Vec<Mail> = inbox
+            .iter()
+            .map(|x| Mail { subject: String::new(), body: String::new(), from: String::new(), ..x.clone() })
+            .collect();
+        assert_eq!(candidates(&light, "s1", at(100), LIMITS), cands);
     }
 
     #[test]

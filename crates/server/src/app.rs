@@ -28,6 +28,8 @@ struct Inner {
     runtime: RwLock<Arc<Runtime>>,
     /// Bumped after every committed mail change: long-polls wait on it instead of sleeping.
     mail_changed: watch::Sender<u64>,
+    /// The recipient of every new mail, for the long-polls of that recipient only.
+    arrivals: tokio::sync::broadcast::Sender<Arc<str>>,
     /// Bumped after every runtime rebuild: the cron task recomputes its next fire.
     specs_changed: watch::Sender<u64>,
     shutting_down: watch::Sender<bool>,
@@ -65,6 +67,7 @@ impl App {
                 runtime: RwLock::new(Arc::new(Runtime::default())),
                 mail_changed: watch::channel(0).0,
                 specs_changed: watch::channel(0).0,
+                arrivals: tokio::sync::broadcast::channel(4096).0,
                 shutting_down: watch::channel(false).0,
                 spec_lock: tokio::sync::Mutex::new(()),
                 metrics: Metrics::new().map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?,
@@ -107,6 +110,15 @@ impl App {
 
     pub fn mail_changed(&self) {
         self.inner.mail_changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub fn mail_arrived(&self, to: &str) {
+        // No receiver (nobody long-polling) is fine.
+        let _ = self.inner.arrivals.send(Arc::from(to));
+    }
+
+    pub fn watch_arrivals(&self) -> tokio::sync::broadcast::Receiver<Arc<str>> {
+        self.inner.arrivals.subscribe()
     }
 
     pub fn watch_mail(&self) -> watch::Receiver<u64> {

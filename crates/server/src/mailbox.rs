@@ -32,29 +32,39 @@ pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: T
 }
 
 /// The state changes one transaction made, counted in `pcmail_mail_transitions_total` once it
-/// has committed.
+/// has committed, and the recipients of the mail it added, whose long-polls it wakes.
 #[derive(Debug, Default)]
-pub struct Moves(Vec<(&'static str, &'static str)>);
+pub struct Moves {
+    transitions: Vec<(&'static str, &'static str)>,
+    arrivals: Vec<String>,
+}
 
 impl Moves {
     /// Writes `after` (a new row when `before` is None) with its event, and remembers the move.
     pub fn record(&mut self, writes: &mut MailWrites, before: Option<&Mail>, after: Mail, actor: &str, now: Ts) {
         writes.events.push(transition_event(before, &after, actor, now));
-        self.0.push((before.map_or("none", |b| b.state.as_str()), after.state.as_str()));
+        self.transitions.push((before.map_or("none", |b| b.state.as_str()), after.state.as_str()));
         if before.is_some() {
             writes.update.push(after);
         } else {
+            self.arrivals.push(after.to.clone());
             writes.insert.push(after);
         }
     }
 
-    /// Counts the committed moves and wakes long-polls if anything moved.
-    pub fn publish(self, app: &App) {
-        if self.0.is_empty() {
+    /// Counts the committed moves; wakes status waits if anything moved, and the long-polls of
+    /// the recipients of new mail (only new mail can land after a poller's cursor).
+    pub fn publish(mut self, app: &App) {
+        if self.transitions.is_empty() {
             return;
         }
-        for (from, to) in self.0 {
+        for (from, to) in self.transitions {
             app.metrics().mail_transitions.with_label_values(&[from, to]).inc();
+        }
+        self.arrivals.sort();
+        self.arrivals.dedup();
+        for to in self.arrivals {
+            app.mail_arrived(&to);
         }
         app.mail_changed();
     }
@@ -178,6 +188,15 @@ async fn poll_once(
 ) -> Result<PollResponse, ApiError> {
     let who = machine.to_string();
     let select = MailSelect::After { to: who.clone(), cursor, limit };
+    // Most wake-ups of a long-poll find nothing new: answer those from a reader, without
+    // queueing behind the single writer.
+    if !heartbeat {
+        let rows = app.store().select_mail(select.clone()).await?;
+        if rows.iter().all(|m| m.state != MailState::New) {
+            let cursor = rows.last().map_or(cursor, |m| m.seq);
+            return Ok(PollResponse { mail: rows, cursor });
+        }
+    }
     let (response, moves) = app
         .store()
         .mail_transaction(select, move |rows| {
@@ -210,20 +229,28 @@ pub async fn poll(
     wait: Duration,
 ) -> Result<PollResponse, ApiError> {
     let deadline = tokio::time::Instant::now() + wait;
-    let mut changes = app.watch_mail();
+    // Subscribed before the first query, so mail that lands in between is not missed.
+    let mut arrivals = app.watch_arrivals();
     let mut shutdown = app.watch_shutdown();
     let mut first = true;
     loop {
-        changes.mark_unchanged();
         let response = poll_once(app, machine, cursor, limit, first, crate::now()).await?;
         first = false;
         if !response.mail.is_empty() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(response);
         }
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = changes.changed() => {}
-            _ = shutdown.changed() => {}
+        // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = shutdown.changed() => break,
+                arrival = arrivals.recv() => match arrival {
+                    Ok(to) if *to == *machine => break,
+                    Ok(_) => continue,
+                    // Lagged: some arrivals were not seen; look again rather than miss one.
+                    Err(_) => break,
+                },
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, St
 use rows::{ALERT_COLUMNS, INSERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
-const READER_POOL: usize = 4;
+const READER_POOL: usize = 16;
 
 #[derive(Clone)]
 pub struct SqliteStore {

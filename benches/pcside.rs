@@ -1,0 +1,184 @@
+//! P4 and P5 of DESIGN §11, on real processes.
+//!
+//! P4: send → delivered through long-polls, 50 agents, loopback: the latency from the start of
+//! a send to the moment the recipient's poll answers with it. P5: `pcmail-ctl hook
+//! session-start` over a cache of 10k mails, the whole process, as Claude Code runs it.
+//! Prints figures, targets and ratios; asserts nothing.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pcmail_agent::cache::Cache;
+use pcmail_core::mail::{Mail, MailKind, MailState};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pcmail-ctl");
+const AGENTS: usize = 50;
+const MAILS: usize = 1000;
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+}
+
+fn row(id: &str, what: &str, figure: Duration, target: Duration) {
+    let ratio = figure.as_secs_f64() / target.as_secs_f64();
+    println!(
+        "| {id} | {what} | {:.2} ms | ≤ {} ms | {ratio:.3} | {} |",
+        figure.as_secs_f64() * 1e3,
+        target.as_millis(),
+        if ratio <= 1.0 { "met" } else { "MISSED" }
+    );
+}
+
+async fn p4() -> (Duration, Duration, Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut roster = String::from(
+        "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: bench}\nspec:\n  owner: sender\n  machines:\n  - {number: 999, label: sender}\n",
+    );
+    for i in 0..AGENTS {
+        roster += &format!("  - {{number: {i}, label: agent{i:02}}}\n");
+    }
+    std::fs::write(dir.path().join("roster.yaml"), roster).expect("roster");
+    let mut serve = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--apply"])
+        .arg(dir.path().join("roster.yaml"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("PCMAIL_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let line = BufReader::new(serve.stdout.take().expect("stdout")).lines().next().expect("line").expect("line");
+    let url = line.rsplit(' ').next().expect("url").to_string();
+    let admin = std::fs::read_to_string(dir.path().join("data/admin.token")).expect("admin").trim().to_string();
+    let http = reqwest::Client::new();
+    let token = |machine: String| {
+        let (http, url, admin) = (http.clone(), url.clone(), admin.clone());
+        async move {
+            let v: serde_json::Value = http
+                .post(format!("{url}/api/v1/tokens"))
+                .bearer_auth(admin)
+                .json(&serde_json::json!({"machine": machine}))
+                .send()
+                .await
+                .expect("token")
+                .json()
+                .await
+                .expect("json");
+            v["token"].as_str().expect("token").to_string()
+        }
+    };
+    let sender = token("sender".into()).await;
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        let t = token(format!("agent{i:02}")).await;
+        let (http, url, sent, latencies) = (http.clone(), url.clone(), sent.clone(), latencies.clone());
+        agents.push(tokio::spawn(async move {
+            let mut cursor = 0i64;
+            let mut received = 0;
+            while received < MAILS / AGENTS {
+                let Ok(resp) =
+                    http.get(format!("{url}/api/v1/poll?cursor={cursor}&wait=30s")).bearer_auth(&t).send().await
+                else {
+                    continue;
+                };
+                let now = Instant::now();
+                let v: serde_json::Value = resp.json().await.expect("poll json");
+                cursor = v["cursor"].as_i64().unwrap_or(cursor);
+                for m in v["mail"].as_array().cloned().unwrap_or_default() {
+                    let id = m["id"].as_str().unwrap_or_default().to_string();
+                    if let Some(start) = sent.lock().expect("lock").get(&id) {
+                        latencies.lock().expect("lock").push(now - *start);
+                    }
+                    received += 1;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for n in 0..MAILS {
+        let id = format!("mail--{:08x}", 0x1000_0000 + n);
+        sent.lock().expect("lock").insert(id.clone(), Instant::now());
+        let body =
+            serde_json::json!({"id": id, "to": format!("agent{:02}", n % AGENTS), "subject": "bench", "body": "ping"});
+        let r = http.post(format!("{url}/api/v1/mail")).bearer_auth(&sender).json(&body).send().await.expect("send");
+        assert!(r.status().is_success(), "send failed: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for a in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(60), a).await;
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut l = latencies.lock().expect("lock").clone();
+    println!("P4: {} of {MAILS} mails timed across {AGENTS} long-polling agents", l.len());
+    (pct(&mut l, 0.5), pct(&mut l, 0.99), pct(&mut l, 1.0))
+}
+
+fn p5() -> (Duration, Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = pcmail_agent::now();
+    let mut cache = Cache::open(dir.path(), Duration::from_secs(5)).expect("cache");
+    let kinds = [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work, MailKind::Answer];
+    let mails: Vec<Mail> = (0..10_000u32)
+        .map(|n| Mail {
+            seq: i64::from(n),
+            kind: kinds[n as usize % kinds.len()],
+            subject: format!("件名 {n}"),
+            body: "本文のテキスト ".repeat(20),
+            urgent: n % 13 == 0,
+            state: MailState::Delivered,
+            reply_to: (n % 5 == 4).then(|| "mail--ffffffff".to_string()),
+            ..Mail::new(
+                format!("mail--{n:08x}"),
+                "desk".into(),
+                "me".into(),
+                now - chrono::TimeDelta::seconds(i64::from(n)),
+                now + chrono::TimeDelta::days(3),
+            )
+        })
+        .collect();
+    cache.merge_polled("me", mails, 10_000, now).expect("fill");
+    cache.set_state(&[("machine", "me".into()), ("last_poll_at", now.timestamp_millis().to_string())]).expect("state");
+    drop(cache);
+    let mut times = Vec::new();
+    for i in 0..60 {
+        let started = Instant::now();
+        let mut child = Command::new(BIN)
+            .args(["hook", "session-start"])
+            .env("PCMAIL_HOME", dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("hook");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("{{\"session_id\": \"bench-{i}\"}}").as_bytes())
+            .expect("stdin");
+        let out = child.wait_with_output().expect("hook");
+        times.push(started.elapsed());
+        assert!(out.status.success() && !out.stdout.is_empty(), "the hook answered");
+    }
+    (pct(&mut times, 0.5), pct(&mut times, 0.99))
+}
+
+#[tokio::main]
+async fn main() {
+    let (p50, p99, max) = p4().await;
+    let (h50, h99) = p5();
+    println!();
+    println!("| id | what | figure | target | ratio | |");
+    println!("|---|---|---|---|---|---|");
+    row("P4", &format!("send → delivered via long-poll, {AGENTS} agents, p99"), p99, Duration::from_millis(50));
+    println!("|  | (p50 {:.2} ms, max {:.2} ms) | | | | |", p50.as_secs_f64() * 1e3, max.as_secs_f64() * 1e3);
+    row("P5", "hook session-start, 10k cached mails, whole process, median", h50, Duration::from_millis(20));
+    println!("|  | (p99 {:.2} ms over 60 runs) | | | | |", h99.as_secs_f64() * 1e3);
+}
