@@ -1,0 +1,201 @@
+//! The task ledger (seed 001): one per project, merged from many sources (L4–L7), executed one
+//! row at a time by AI functions with safety interlocks (L8–L13), corrected by people.
+//!
+//! `merge` decides what a sync or push changes, `run` what an execution changes, `view` the
+//! cross-project view and the purge plan. All pure: rows, time and ids come in as arguments.
+
+mod merge;
+mod run;
+mod view;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization;
+
+use crate::Ts;
+pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
+pub use run::{ClaimError, Trigger, build_prompt, plan_claim, plan_failure, plan_stale, plan_success};
+pub use view::{PurgePlan, ViewProject, plan_purge, render_view};
+
+/// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RowState {
+    Todo,
+    Running,
+    Review,
+    Done,
+    Dropped,
+    NeedsHuman,
+}
+
+impl RowState {
+    pub const ALL: [RowState; 6] =
+        [RowState::Todo, RowState::Running, RowState::Review, RowState::Done, RowState::Dropped, RowState::NeedsHuman];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Todo => "todo",
+            RowState::Running => "running",
+            RowState::Review => "review",
+            RowState::Done => "done",
+            RowState::Dropped => "dropped",
+            RowState::NeedsHuman => "needs-human",
+        }
+    }
+
+    pub fn ja(self) -> &'static str {
+        match self {
+            RowState::Todo => "未着手",
+            RowState::Running => "実行中",
+            RowState::Review => "AI実行済(要確認)",
+            RowState::Done => "完了",
+            RowState::Dropped => "不要",
+            RowState::NeedsHuman => "要人手",
+        }
+    }
+
+    /// Rows a sync never touches (L5).
+    pub fn is_closed(self) -> bool {
+        matches!(self, RowState::Done | RowState::Dropped | RowState::NeedsHuman)
+    }
+}
+
+impl fmt::Display for RowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RowState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        RowState::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s || k.ja() == s || (*k == RowState::Review && s == "AI実行済"))
+            .ok_or_else(|| {
+                format!("unknown ledger state {s:?}; one of todo (未着手), running (実行中), review (AI実行済(要確認)), done (完了), dropped (不要), needs-human (要人手)")
+            })
+    }
+}
+
+/// One row of a project's `ledger` tab. Field names are the tab's column names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub project: String,
+    /// L1: `T-0001`, fixed for the life of the row and never reused.
+    pub id: String,
+    pub state: RowState,
+    /// ▶AI実行: the one trigger a person sets to run the row.
+    pub run_requested: bool,
+    pub task: String,
+    pub content: String,
+    pub source: String,
+    pub evidence: String,
+    pub due: String,
+    pub assignee: String,
+    pub function: String,
+    pub result: String,
+    pub executed_at: Option<Ts>,
+    /// 修正指示: written by people only; goes to the next run of this row only (L12).
+    pub instruction: String,
+    pub key: String,
+    pub failures: u32,
+    /// Aggregate rows: content and evidence are rewritten by every sync (L6).
+    pub refresh: bool,
+}
+
+/// L1: the id of the `seq`-th row of a project.
+pub fn row_id(seq: u32) -> String {
+    format!("T-{seq:04}")
+}
+
+/// L4: the dedup key, `source|normalized task`: NFKC (full-width and half-width alike),
+/// whitespace and symbols dropped, lowercase.
+pub fn dedup_key(source: &str, task: &str) -> String {
+    let normalized: String = task.nfkc().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
+    format!("{source}|{normalized}")
+}
+
+/// L17: rows without an id (a sheet's empty lines) are not rows.
+pub fn drop_rows_without_id(rows: Vec<Row>) -> Vec<Row> {
+    rows.into_iter().filter(|r| !r.id.trim().is_empty()).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub fn row(seq: u32, source: &str, task: &str, state: RowState) -> Row {
+        Row {
+            project: "p".into(),
+            id: row_id(seq),
+            state,
+            run_requested: false,
+            task: task.into(),
+            content: String::new(),
+            source: source.into(),
+            evidence: String::new(),
+            due: String::new(),
+            assignee: String::new(),
+            function: String::new(),
+            result: String::new(),
+            executed_at: None,
+            instruction: String::new(),
+            key: dedup_key(source, task),
+            failures: 0,
+            refresh: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l4_width_space_and_symbol_variants_collapse_to_one_key() {
+        let key = dedup_key("schedule", "見積書を送付する（A社）");
+        for variant in [
+            "見積書を 送付する(A社)",
+            "見積書を送付する（Ａ社）",
+            "見積書を送付する 【A社】",
+            "見積書を送付する（a社）!",
+        ] {
+            assert_eq!(dedup_key("schedule", variant), key, "{variant}");
+        }
+        assert_eq!(
+            dedup_key("schedule", "ｶﾀｶﾅ Task-1"),
+            dedup_key("schedule", "カタカナtask1"),
+            "half-width kana and ASCII"
+        );
+        assert_ne!(dedup_key("checklist", "見積書を送付する（A社）"), key, "the source is part of the key");
+    }
+
+    #[test]
+    fn l2_japanese_labels_are_aliases_of_every_state() {
+        for s in RowState::ALL {
+            assert_eq!(s.ja().parse::<RowState>(), Ok(s));
+            assert_eq!(s.as_str().parse::<RowState>(), Ok(s));
+        }
+        assert!("finished".parse::<RowState>().is_err());
+    }
+
+    #[test]
+    fn l1_ids_are_t_and_four_digits() {
+        assert_eq!(row_id(1), "T-0001");
+        assert_eq!(row_id(12345), "T-12345");
+    }
+
+    #[test]
+    fn l17_rows_with_an_empty_id_are_ignored_on_read() {
+        let mut blank = fixtures::row(1, "s", "t", RowState::Todo);
+        blank.id = " ".into();
+        let kept = drop_rows_without_id(vec![blank, fixtures::row(2, "s", "u", RowState::Todo)]);
+        assert_eq!(kept.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["T-0002"]);
+    }
+}

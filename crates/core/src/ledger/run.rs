@@ -1,0 +1,203 @@
+//! L8–L13: running one row's function safely.
+
+use super::{Row, RowState};
+use crate::Ts;
+use crate::manifest::spec::FunctionMode;
+use crate::present::cut;
+
+/// Who asked for the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A person: ▶AI実行 (runRequested) or `ledger run ID`.
+    Manual,
+    /// The auto-execute schedule.
+    Auto,
+}
+
+/// Why a row was not run; the text is the `skipped` reason shown to people.
+pub type ClaimError = String;
+
+pub const MAX_FAILURES: u32 = 3;
+pub const MAX_INSTRUCTION_CHARS: usize = 4000;
+
+/// L8/L9: the row as written *before* its function starts: running, executedAt = now,
+/// runRequested cleared. `mode` is the row's Function's mode, None if no such Function exists.
+pub fn plan_claim(row: &Row, mode: Option<FunctionMode>, trigger: Trigger, now: Ts) -> Result<Row, ClaimError> {
+    match row.state {
+        RowState::Todo => {}
+        RowState::Review if trigger == Trigger::Manual => {}
+        RowState::Running => return Err(format!("{} is already running (since {:?})", row.id, row.executed_at)),
+        s => {
+            return Err(format!("{} is {s} ({}); only todo rows run, or review rows a person re-runs", row.id, s.ja()));
+        }
+    }
+    if row.function.trim().is_empty() {
+        return Err(format!("{} has no function: it is a task for a person", row.id));
+    }
+    match (mode, trigger) {
+        (None, _) => {
+            Err(format!("{}: function {:?} is not defined; apply a Function of that name", row.id, row.function))
+        }
+        (Some(FunctionMode::Heavy), _) => Err(format!(
+            "{}: {:?} is a heavy function; heavy work runs from the job queue (`pcmail-ctl jobs enqueue --function {}`), never from the ledger",
+            row.id, row.function, row.function
+        )),
+        (Some(FunctionMode::Send), Trigger::Auto) => Err(format!(
+            "{}: {:?} sends outside (mail, orders, requests); it runs only when a person ticks ▶AI実行",
+            row.id, row.function
+        )),
+        _ => Ok(Row { state: RowState::Running, executed_at: Some(now), run_requested: false, ..row.clone() }),
+    }
+}
+
+/// L13: stdout (`{"result": …, "link": …}` or plain text) becomes the result; the row goes to
+/// review for a person.
+pub fn plan_success(row: &Row, stdout: &str) -> Row {
+    let text = stdout.trim();
+    let result = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(o)) if o.contains_key("result") => {
+            let as_text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), String::from);
+            let mut r = o.get("result").map(as_text).unwrap_or_default();
+            if let Some(link) = o.get("link").filter(|l| !l.is_null()) {
+                r = format!("{r}\n{}", as_text(link));
+            }
+            r
+        }
+        _ => text.to_string(),
+    };
+    Row { state: RowState::Review, result: cut(&result, 20_000), ..row.clone() }
+}
+
+/// L10: a failure counts and stops (no retry); the third one hands the row to a person.
+pub fn plan_failure(row: &Row, error: &str) -> Row {
+    let failures = row.failures + 1;
+    let state = if failures >= MAX_FAILURES { RowState::NeedsHuman } else { RowState::Todo };
+    Row { state, failures, result: cut(&format!("failed ({failures}/{MAX_FAILURES}): {error}"), 2000), ..row.clone() }
+}
+
+/// L11: a row left running longer than `stale_after` was killed: that counts as a timeout
+/// failure before it may run again.
+pub fn plan_stale(row: &Row, stale_after: crate::duration::Dur, now: Ts) -> Option<Row> {
+    let stale = row.state == RowState::Running && row.executed_at.is_none_or(|t| now >= t + stale_after.to_chrono());
+    stale.then(|| {
+        plan_failure(
+            row,
+            &format!("timed out: running since {:?} and never finished (killed or lost)", row.executed_at),
+        )
+    })
+}
+
+/// L12: the prompt on the function's stdin; the row's correction instruction is its last,
+/// highest-priority section, for this run only.
+pub fn build_prompt(row: &Row) -> String {
+    let mut p = format!("# Task {} of project {}\n\nTask: {}\n", row.id, row.project, row.task);
+    for (label, value) in [
+        ("Content", &row.content),
+        ("Evidence", &row.evidence),
+        ("Due", &row.due),
+        ("Assignee", &row.assignee),
+        ("Previous result", &row.result),
+    ] {
+        if !value.trim().is_empty() {
+            p += &format!("{label}: {value}\n");
+        }
+    }
+    let instruction = cut(row.instruction.trim(), MAX_INSTRUCTION_CHARS);
+    if !instruction.is_empty() {
+        p += &format!(
+            "\n## Additional correction instruction — highest priority\n(A person wrote this about the previous result. Apply it first.)\n{instruction}\nWhere it contradicts the usual way of writing, follow this instruction.\n"
+        );
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::row;
+    use super::*;
+    use crate::mail::fixtures::at;
+
+    fn runnable() -> Row {
+        let mut r = row(1, "s", "draft the estimate", RowState::Todo);
+        r.function = "draft".into();
+        r.run_requested = true;
+        r
+    }
+
+    #[test]
+    fn l8_claim_writes_running_executed_at_and_clears_run_requested_before_the_run() {
+        let claimed = plan_claim(&runnable(), Some(FunctionMode::Generate), Trigger::Manual, at(5)).expect("claims");
+        assert_eq!(
+            (claimed.state, claimed.executed_at, claimed.run_requested),
+            (RowState::Running, Some(at(5)), false)
+        );
+        let again = plan_claim(&claimed, Some(FunctionMode::Generate), Trigger::Manual, at(6));
+        assert!(again.is_err_and(|e| e.contains("already running")), "a claimed row cannot be claimed twice");
+    }
+
+    #[test]
+    fn l9_send_functions_never_run_automatically_and_heavy_never_from_the_ledger() {
+        let r = runnable();
+        assert!(plan_claim(&r, Some(FunctionMode::Send), Trigger::Auto, at(1)).is_err_and(|e| e.contains("▶AI実行")));
+        assert!(plan_claim(&r, Some(FunctionMode::Send), Trigger::Manual, at(1)).is_ok());
+        let heavy = plan_claim(&r, Some(FunctionMode::Heavy), Trigger::Manual, at(1)).expect_err("heavy");
+        assert!(heavy.contains("job queue") && heavy.contains("jobs enqueue"), "{heavy}");
+        assert!(plan_claim(&r, None, Trigger::Manual, at(1)).is_err_and(|e| e.contains("not defined")));
+    }
+
+    #[test]
+    fn l9_only_todo_rows_run_and_review_rows_only_when_a_person_asks() {
+        let mut r = runnable();
+        r.state = RowState::Review;
+        assert!(plan_claim(&r, Some(FunctionMode::Generate), Trigger::Auto, at(1)).is_err());
+        assert!(plan_claim(&r, Some(FunctionMode::Generate), Trigger::Manual, at(1)).is_ok());
+        r.state = RowState::Done;
+        assert!(plan_claim(&r, Some(FunctionMode::Generate), Trigger::Manual, at(1)).is_err());
+        r.state = RowState::Todo;
+        r.function.clear();
+        assert!(
+            plan_claim(&r, Some(FunctionMode::Generate), Trigger::Manual, at(1))
+                .is_err_and(|e| e.contains("for a person"))
+        );
+    }
+
+    #[test]
+    fn l10_a_failure_counts_and_stops_and_the_third_sets_needs_human() {
+        let mut r = runnable();
+        for n in 1..=3 {
+            r = plan_failure(&r, "exit status 1");
+            assert_eq!(r.failures, n);
+        }
+        assert_eq!(r.state, RowState::NeedsHuman);
+        assert_eq!(plan_failure(&runnable(), "boom").state, RowState::Todo, "no self-retry: back to todo, stopped");
+    }
+
+    #[test]
+    fn l11_a_stale_run_counts_one_timeout_failure_then_may_run_again() {
+        let claimed = plan_claim(&runnable(), Some(FunctionMode::Generate), Trigger::Manual, at(0)).expect("claim");
+        let stale_after = crate::duration::Dur::from_mins(30);
+        assert_eq!(plan_stale(&claimed, stale_after, at(30 * 60 - 1)), None);
+        let recovered = plan_stale(&claimed, stale_after, at(30 * 60)).expect("stale");
+        assert_eq!((recovered.state, recovered.failures), (RowState::Todo, 1));
+        assert!(recovered.result.contains("timed out"));
+    }
+
+    #[test]
+    fn l12_the_instruction_is_the_last_highest_priority_section_of_that_rows_prompt_only() {
+        let mut a = runnable();
+        a.instruction = "敬語をやめて箇条書きにする".into();
+        let b = row(2, "s", "another task", RowState::Todo);
+        let pa = build_prompt(&a);
+        assert!(pa.trim_end().ends_with("follow this instruction."), "{pa}");
+        assert!(pa.contains("highest priority\n(A person") && pa.contains("敬語をやめて箇条書きにする"));
+        assert!(!build_prompt(&b).contains("敬語"), "another row's prompt never carries it");
+    }
+
+    #[test]
+    fn l13_stdout_json_or_text_becomes_the_result_and_the_row_goes_to_review() {
+        let r = runnable();
+        let json = plan_success(&r, r#"{"result": "draft written", "link": "https://drive/x"}"#);
+        assert_eq!((json.state, json.result.as_str()), (RowState::Review, "draft written\nhttps://drive/x"));
+        assert_eq!(plan_success(&r, "  plain text answer\n").result, "plain text answer");
+    }
+}
