@@ -28,7 +28,7 @@ pub fn render_view(projects: &[ViewProject<'_>], today: &str) -> String {
                 _ => "",
             };
             let due = if r.due.is_empty() { "-".to_string() } else { r.due.clone() };
-            out += &format!("{mark}{} {due} {} ({}) {}\n", r.id, r.task, r.state, r.assignee).trim_end().to_string();
+            out += format!("{mark}{} {due} {} ({}) {}", r.id, r.task, r.state, r.assignee).trim_end();
             out.push('\n');
         }
         if listed.len() > p.cap {
