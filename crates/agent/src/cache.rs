@@ -172,16 +172,7 @@ impl Cache {
     }
 
     fn select(&self, filter: &str, args: impl rusqlite::Params) -> Result<Vec<Mail>> {
-        let sql = format!("SELECT {MAIL_COLUMNS} FROM inbox WHERE {filter}");
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
-        let rows = stmt.query_map(args, mail_from_row).map_err(|e| self.wrap(e))?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.push(
-                r.map_err(|e| self.wrap(e))?.map_err(|source| CacheError::Store { path: self.path.clone(), source })?,
-            );
-        }
-        Ok(out)
+        select_in(&self.conn, filter, args).map_err(|e| self.wrap(e))
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Mail>> {
@@ -237,20 +228,22 @@ impl Cache {
     }
 
     /// Urgent decision requests still open that have not yet blocked a stop (H4).
-    pub fn stop_candidates(&self) -> Result<Vec<Mail>> {
+    pub fn stop_candidates(&self, now: Ts) -> Result<Vec<Mail>> {
         self.select(
-            "kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen')",
-            [],
+            "kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen') \
+             AND expires_at > ?1",
+            [ms(now)],
         )
     }
 
     /// Stores a poll's answer in one transaction with the new cursor: a crash before the
     /// commit leaves the old cursor, so the next poll fetches the same mail again (M11).
     pub fn merge_polled(&mut self, me: &str, mails: Vec<Mail>, cursor: i64, now: Ts) -> Result<MergeReport> {
-        let existing: Vec<Option<Mail>> = mails.iter().map(|m| self.get(&m.id)).collect::<Result<_>>()?;
         self.write(|tx| {
             let mut report = MergeReport::default();
-            for (polled, local) in mails.into_iter().zip(existing) {
+            for polled in mails {
+                // Read inside the write transaction: a hook's write in between cannot be undone.
+                let local = get_in(tx, &polled.id)?;
                 if let Err(why) = validate_polled(&polled, me) {
                     if local.is_none() {
                         insert(tx, &polled, now, Some(&why))?;
@@ -282,23 +275,22 @@ impl Cache {
     /// Takes the server's copy of a mail this PC moved directly (the CLI verbs), forward only,
     /// so hooks do not present what was already handled.
     pub fn refresh(&mut self, server: &Mail) -> Result<()> {
-        let Some(local) = self.get(&server.id)? else { return Ok(()) };
-        match merge_polled(Some(&local), server.clone()) {
-            Some(m) => self.write(|tx| update(tx, &m)),
+        self.write(|tx| match get_in(tx, &server.id)?.and_then(|local| merge_polled(Some(&local), server.clone())) {
+            Some(m) => update(tx, &m),
             None => Ok(()),
-        }
+        })
     }
 
     /// Moves one mail forward locally (M1 rules) and queues the same move for the server.
     pub fn step(&mut self, id: &str, step: Step, me: &str, now: Ts) -> Result<Option<Mail>> {
-        let Some(mail) = self.get(id)? else { return Ok(None) };
-        let Some(next) = apply_step(&mail, &step, me, now) else { return Ok(Some(mail)) };
-        let (action, body) = server_call(&step);
         self.write(|tx| {
+            let Some(mail) = get_in(tx, id)? else { return Ok(None) };
+            let Some(next) = apply_step(&mail, &step, me, now) else { return Ok(Some(mail)) };
+            let (action, body) = server_call(&step);
             update(tx, &next)?;
-            queue(tx, action, id, &body, now)
-        })?;
-        Ok(Some(next))
+            queue(tx, action, id, &body, now)?;
+            Ok(Some(next))
+        })
     }
 
     /// H3: records what was shown, in which session; shown mail is queued `seen` and answers
@@ -311,9 +303,9 @@ impl Cache {
         me: &str,
         now: Ts,
     ) -> Result<()> {
-        let rows: Vec<Mail> = shown.iter().filter_map(|id| self.get(id).transpose()).collect::<Result<_>>()?;
         self.write(|tx| {
-            for m in rows {
+            for id in shown {
+                let Some(m) = get_in(tx, id)? else { continue };
                 let step = if acked.contains(&m.id) { Step::Done { result: None } } else { Step::See };
                 let mut next = apply_step(&m, &step, me, now).unwrap_or_else(|| m.clone());
                 next.presented_at = Some(now);
@@ -332,12 +324,12 @@ impl Cache {
     /// changes nothing. Answers whether it was new.
     pub fn record_intent(&mut self, mail: &Mail, message: &serde_json::Value, now: Ts) -> Result<bool> {
         let key = mail.external_key.clone().unwrap_or_default();
-        if self.intent_by_key(&key)?.is_some() {
-            return Ok(false);
-        }
         // This row may be the only copy of the message: survive a power loss too.
         self.conn.pragma_update(None, "synchronous", "FULL").map_err(|e| self.wrap(e))?;
         self.write(|tx| {
+            if !select_in(tx, "external_key = ?1", [&key])?.is_empty() {
+                return Ok(false);
+            }
             insert(tx, mail, now, None)?;
             queue(tx, "intent", &key, message, now)?;
             Ok(true)
@@ -416,6 +408,25 @@ fn server_call(step: &Step) -> (&'static str, serde_json::Value) {
         Step::Fail { reason } => ("fail", serde_json::json!({"reason": reason})),
         Step::Expire => ("seen", serde_json::json!({})),
     }
+}
+
+/// Rows of `inbox` matching `filter`, on a plain connection or inside a transaction. A row
+/// that no longer parses is an error naming it.
+fn select_in(conn: &Connection, filter: &str, args: impl rusqlite::Params) -> rusqlite::Result<Vec<Mail>> {
+    let sql = format!("SELECT {MAIL_COLUMNS} FROM inbox WHERE {filter}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(args, mail_from_row)?;
+    let mut out = Vec::new();
+    for r in rows {
+        out.push(
+            r?.map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?,
+        );
+    }
+    Ok(out)
+}
+
+fn get_in(conn: &Connection, id: &str) -> rusqlite::Result<Option<Mail>> {
+    Ok(select_in(conn, "id = ?1", [id])?.pop())
 }
 
 fn set_state(tx: &Transaction, key: &str, value: &str) -> rusqlite::Result<()> {
@@ -566,7 +577,9 @@ pub(crate) mod tests {
             std::thread::spawn(move || {
                 let mut marked = Vec::new();
                 for n in 0..rounds {
-                    let mut c = Cache::open(&home, crate::hooks::HOOK_BUSY).expect("open");
+                    // Both sides wait as long as it takes: this is about transactions not losing
+                    // each other's writes; how long a real hook waits is HOOK_BUSY's business.
+                    let mut c = open(&home);
                     c.record_intent(&intent("100", &n.to_string(), at(0)), &serde_json::json!({}), at(0))
                         .expect("intent");
                     let ids: Vec<String> = c.open_mail().expect("open").iter().map(|m| m.id.clone()).collect();

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::cache::{Cache, CacheError};
 
 /// A hook's cache writes wait at most this long for the poller's (which last microseconds).
-pub const HOOK_BUSY: Duration = Duration::from_millis(250);
+pub const HOOK_BUSY: Duration = Duration::from_millis(100);
 pub const POLL_STALE: chrono::TimeDelta = chrono::TimeDelta::minutes(3);
 const SPAWN_EVERY: chrono::TimeDelta = chrono::TimeDelta::minutes(1);
 
@@ -115,7 +115,11 @@ pub fn handle(event: HookEvent, stdin: &[u8], home: &Path, now: Ts) -> Result<Ho
                 }
             }
             let p = present(&inbox, &session, now, LIMITS);
-            cache.mark_presented(&p.shown, &p.acked, &session, &me, now)?;
+            // Show the mail even if the poller holds the write lock past HOOK_BUSY: the marks
+            // are then made by the next hook, which presents the same mail again.
+            if let Err(e) = cache.mark_presented(&p.shown, &p.acked, &session, &me, now) {
+                eprintln!("pcmail hook: presented mail not recorded this time: {e}");
+            }
             parts.push(p.text);
             context(event, parts.into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("\n\n"))
         }
@@ -163,7 +167,7 @@ fn stop(cache: &mut Cache, active: bool, now: Ts) -> Result<Option<Value>, Cache
         return Ok(None);
     }
     let Some(m) =
-        cache.stop_candidates()?.into_iter().filter(|m| m.kind == MailKind::Decision).max_by_key(|m| m.created_at)
+        cache.stop_candidates(now)?.into_iter().filter(|m| m.kind == MailKind::Decision).max_by_key(|m| m.created_at)
     else {
         return Ok(None);
     };

@@ -34,9 +34,12 @@ pub struct CycleReport {
     pub waiting: usize,
 }
 
-fn outcome(result: &Result<serde_json::Value, ClientError>) -> CallOutcome {
+fn outcome(action: &str, result: &Result<serde_json::Value, ClientError>) -> CallOutcome {
     match result {
         Ok(_) => CallOutcome::Ok,
+        // An intent the server cannot place yet (no Roster, owner unresolved) must wait, never
+        // be dropped: it may be the only record of the message (I1).
+        Err(ClientError::Api { status: 422, .. }) if action == "intent" => CallOutcome::Unreachable,
         Err(ClientError::Api { status: 404, .. }) => CallOutcome::Unknown,
         Err(ClientError::Api { status, message, .. })
             if (400..500).contains(status) && *status != 401 && *status != 408 && *status != 429 =>
@@ -60,7 +63,7 @@ pub async fn flush(client: &Client, home: &Path) -> Result<(usize, usize), SyncE
     let mut sent = 0;
     for p in &due {
         let result = call(client, p).await;
-        let outcome = outcome(&result);
+        let outcome = outcome(&p.action, &result);
         let now = crate::now();
         let next = after_call(&outcome, p.unknown_tries, now);
         let unknown = p.unknown_tries + u32::from(outcome == CallOutcome::Unknown);
@@ -139,7 +142,8 @@ pub async fn run(
                 }
                 Duration::ZERO
             }
-            Err(SyncError::Cache(e)) => return Err(SyncError::Cache(e)),
+            // A busy or failing cache is retried like an unreachable server: the work stays for
+            // the next cycle (A2), and the log says what is wrong.
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "poll failed");
                 let b = backoff;

@@ -100,8 +100,14 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiE
     // Lookup by the hash of a 192-bit random secret: its timing tells an attacker nothing.
     match app.store().machine_for_token(&hash).await? {
         Some(machine) => {
-            if as_machine.is_some_and(|m| !m.eq_ignore_ascii_case(&machine)) {
-                return Err(ApiError::forbidden("a machine token acts only as its own machine"));
+            if let Some(name) = as_machine {
+                // Any name the machine answers to (alias, number, hostname) is itself.
+                let rt = app.runtime();
+                if roster::resolve(rt.roster.as_ref(), &name).ok().as_deref() != Some(machine.as_str()) {
+                    return Err(ApiError::forbidden(format!(
+                        "a machine token acts only as its own machine ({machine})"
+                    )));
+                }
             }
             Ok(Caller { principal: Principal::Machine(machine), admin: false })
         }

@@ -9,7 +9,7 @@ use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::intent::{InboundMessage, intent_mail};
 use pcmail_core::mail::{
-    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
+    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{MailSelect, MailWrites, Store};
@@ -137,14 +137,25 @@ pub async fn record_intent(app: &App, msg: InboundMessage, now: Ts) -> Result<Se
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.clone()]), move |rows| {
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-            if rows.is_empty() {
-                moves.record(&mut writes, None, mail, "intent", now);
-            }
-            (writes, (rows.is_empty(), moves))
+            let outcome = match rows.first() {
+                None => {
+                    moves.record(&mut writes, None, mail, "intent", now);
+                    Ok(true)
+                }
+                Some(same) if same.kind == MailKind::Intent && same.external_key == mail.external_key => Ok(false),
+                // Another mail holds the id this key derives to: say so rather than drop it.
+                Some(other) => Err(ApiError::conflict(format!(
+                    "intent {} cannot be stored: its id {} is taken by another mail ({})",
+                    mail.external_key.as_deref().unwrap_or_default(),
+                    other.id,
+                    other.kind
+                ))),
+            };
+            (writes, (outcome, moves))
         })
         .await?;
     moves.publish(app);
-    Ok(SendResponse { id, created })
+    Ok(SendResponse { id, created: created? })
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.

@@ -75,7 +75,10 @@ pub fn plan_send(
     ctx: &SendContext<'_>,
 ) -> Result<SendPlan, SendError> {
     validate(req)?;
-    let expires_at = ctx.now + req.ttl.unwrap_or(ctx.policy.ttl).to_chrono();
+    let expires_at = ctx
+        .now
+        .checked_add_signed(req.ttl.unwrap_or(ctx.policy.ttl).to_chrono())
+        .ok_or_else(|| SendError::Invalid("ttl is too large".into()))?;
     let base = |id: String, to: String, kind: MailKind, hop: u32| Mail {
         kind,
         subject: req.subject.clone(),
@@ -95,16 +98,37 @@ pub fn plan_send(
                 "mail id {id:?} must be mail-- followed by 8 lowercase hex digits"
             )));
         }
-        if seen.candidate.is_some() {
+        let mail = base(id.clone(), to, req.kind.unwrap_or_default(), 0);
+        if let Some(same) = seen.candidate {
+            // A client re-sending after a lost answer gets the same id, not a duplicate (M4).
+            let resend = same.from == mail.from
+                && same.to == mail.to
+                && same.subject == mail.subject
+                && same.body == mail.body
+                && same.reply_to.is_none();
+            if resend {
+                return Ok(SendPlan { id, outcome: SendOutcome::AlreadySent, insert: None, parent_update: None });
+            }
             return Err(SendError::DuplicateId(id));
         }
-        let mail = base(id.clone(), to, req.kind.unwrap_or_default(), 0);
         return Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update: None });
     };
 
     let parent = seen.parent.ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
     if parent.to != sender {
         return Err(SendError::NotRecipient(parent.id.clone()));
+    }
+    if parent.kind == MailKind::Intent {
+        return Err(SendError::Invalid(format!(
+            "{} is an inbound {} message: answer it with the chat's reply tool (or ack it), not with mail",
+            parent.id, parent.channel
+        )));
+    }
+    if roster::resolve(ctx.roster, &parent.from).is_err() {
+        return Err(SendError::Invalid(format!(
+            "{} came from {:?}, which is not a machine of the Roster, so a reply could never be delivered",
+            parent.id, parent.from
+        )));
     }
     if req.auto && parent.auto {
         return Err(SendError::Loop(format!("{} is automatic and so is this reply", parent.id)));
@@ -153,6 +177,9 @@ fn validate(req: &SendRequest) -> Result<(), SendError> {
     }
     if req.body.len() > MAX_BODY_BYTES {
         return invalid(format!("body is {} bytes, more than the limit of {MAX_BODY_BYTES}", req.body.len()));
+    }
+    if req.kind == Some(MailKind::Intent) {
+        return invalid("intents are recorded with `intent record` (POST /api/v1/intents), not sent".into());
     }
     if req.reply_to.is_none() && req.subject.trim().is_empty() && req.body.trim().is_empty() {
         return invalid("a mail needs a subject or a body".into());
@@ -285,6 +312,39 @@ mod tests {
         let plan = plan_send(&reply(&parent.id, "the real answer"), "pc2", seen, &ctx(&r, &p)).expect("replies");
         assert_eq!(plan.id, ctx(&r, &p).fresh_id);
         assert_eq!(plan.insert.map(|m| m.body), Some("the real answer".into()));
+    }
+
+    #[test]
+    fn m4_resending_the_same_mail_with_the_same_id_answers_that_id() {
+        let (r, p) = (roster(), MailPolicySpec::default());
+        let req = SendRequest { id: Some("mail--00000001".into()), ..send("pc2") };
+        let first = plan_send(&req, "pc1", SendObserved::default(), &ctx(&r, &p)).expect("sends").insert.expect("row");
+        let seen = SendObserved { candidate: Some(&first), ..Default::default() };
+        let again = plan_send(&req, "pc1", seen, &ctx(&r, &p)).expect("idempotent");
+        assert_eq!(
+            (again.id.as_str(), again.outcome, again.insert),
+            ("mail--00000001", SendOutcome::AlreadySent, None)
+        );
+    }
+
+    #[test]
+    fn intents_cannot_be_sent_or_replied_to_as_mail_and_huge_ttls_are_refused() {
+        let (r, p) = (roster(), MailPolicySpec::default());
+        let as_intent = SendRequest { kind: Some(MailKind::Intent), ..send("pc2") };
+        assert!(matches!(
+            plan_send(&as_intent, "pc1", SendObserved::default(), &ctx(&r, &p)),
+            Err(SendError::Invalid(_))
+        ));
+        let mut intent = mail("mail--00000009", "telegram:kim", "pc2");
+        intent.kind = MailKind::Intent;
+        let seen = SendObserved { parent: Some(&intent), ..Default::default() };
+        let err = plan_send(&reply(&intent.id, "x"), "pc2", seen, &ctx(&r, &p)).expect_err("refused");
+        assert!(err.to_string().contains("reply tool"), "{err}");
+        let huge = SendRequest { ttl: Some("99999999999d".parse().expect("parses")), ..send("pc2") };
+        assert!(
+            plan_send(&huge, "pc1", SendObserved::default(), &ctx(&r, &p))
+                .is_err_and(|e| e.to_string().contains("ttl"))
+        );
     }
 
     #[test]

@@ -83,9 +83,39 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// Durations past ten years are typos, and would overflow time arithmetic.
+const MAX_DURATION: crate::duration::Dur = crate::duration::Dur::from_hours(24 * 3650);
+
+fn durations(spec: &Spec) -> Vec<(&'static str, crate::duration::Dur)> {
+    match spec {
+        Spec::MailPolicy(p) => {
+            let mut v = vec![
+                ("ttl", p.ttl),
+                ("urgent", p.unread_sla.urgent),
+                ("normal", p.unread_sla.normal),
+                ("undeliveredAfter", p.undelivered_after),
+                ("receiverDownAfter", p.receiver_down_after),
+            ];
+            v.extend(p.notify.as_ref().map(|n| ("minInterval", n.min_interval)));
+            v
+        }
+        Spec::IntentPolicy(p) => {
+            vec![("remindAfter", p.remind_after), ("remindEvery", p.remind_every), ("escalateAfter", p.escalate_after)]
+        }
+        Spec::WorkerPool(w) => vec![("leaseDuration", w.lease_duration), ("staleAfter", w.stale_after)],
+        Spec::Function(f) => vec![("timeout", f.timeout)],
+        Spec::Roster(_) | Spec::Ledger(_) | Spec::Schedule(_) => vec![],
+    }
+}
+
 fn validate_spec(doc: &Document) -> Vec<ManifestError> {
     let mut errors = Vec::new();
     let mut err = |needle: &str, nth: usize, m: String| errors.push(doc.error_at(needle, nth, m));
+    for (field, d) in durations(&doc.spec) {
+        if d > MAX_DURATION {
+            err(field, 0, format!("{field} {d} is longer than the limit of {MAX_DURATION}"));
+        }
+    }
     match &doc.spec {
         Spec::Roster(r) => return validate_roster(doc, r),
         Spec::MailPolicy(p) => {
@@ -260,6 +290,13 @@ mod tests {
         assert!(errors[0].message.contains("only one MailPolicy"), "{errors:?}");
         let renamed = SpecRecord { name: "b".into(), ..stored };
         assert!(validate_documents(&docs, &[renamed]).is_empty());
+    }
+
+    #[test]
+    fn durations_past_ten_years_are_refused() {
+        let errors = check("apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: p}\nspec:\n  ttl: 99999d\n");
+        assert!(errors[0].message.contains("ttl 99999d is longer than the limit"), "{errors:?}");
+        assert_eq!(errors[0].line, 5);
     }
 
     #[test]

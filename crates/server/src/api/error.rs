@@ -33,6 +33,9 @@ impl ApiError {
     pub fn not_found(m: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, m)
     }
+    pub fn conflict(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, ErrorCode::Conflict, m)
+    }
     pub fn too_large(m: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, m)
     }

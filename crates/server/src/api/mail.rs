@@ -14,7 +14,7 @@ use pcmail_core::mail::{Mail, MailState, Step, can_view};
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
-use super::{ApiError, JsonBody, parse_json};
+use super::{ApiError, JsonBody, detached, parse_json};
 use crate::auth::authenticate;
 use crate::{App, mailbox};
 
@@ -45,8 +45,8 @@ pub async fn send(
     JsonBody(req): JsonBody<SendRequest>,
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
     let caller = authenticate(&app, &headers).await?;
-    let sender = caller.require_machine()?;
-    let response = mailbox::send(&app, sender, req, crate::now()).await?;
+    let sender = caller.require_machine()?.to_string();
+    let response = detached(async move { mailbox::send(&app, &sender, req, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }
@@ -139,7 +139,7 @@ pub async fn step(
         }
     };
     let caller = authenticate(&app, &headers).await?;
-    Ok(Json(mailbox::step(&app, &caller, &id, step, crate::now()).await?))
+    Ok(Json(detached(async move { mailbox::step(&app, &caller, &id, step, crate::now()).await }).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,7 +175,7 @@ pub async fn record_intent(
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
     let caller = authenticate(&app, &headers).await?;
     caller.require_machine()?;
-    let response = mailbox::record_intent(&app, msg, crate::now()).await?;
+    let response = detached(async move { mailbox::record_intent(&app, msg, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }

@@ -71,6 +71,14 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }
 
+/// Runs a mail change to completion even if the client goes away mid-request: its commit is
+/// then always followed by its wake-ups and notices.
+pub async fn detached<T: Send + 'static>(
+    change: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(change).await.map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+}
+
 /// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,
 /// malformed, or an unknown or missing field.
 pub struct JsonBody<T>(pub T);

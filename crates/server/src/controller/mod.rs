@@ -57,7 +57,10 @@ pub async fn run(app: App) {
         app.metrics().workqueue_depth.set(queue.depth() as i64);
         let app = app.clone();
         running.spawn(async move {
-            let ok = reconcile(&app, key).await;
+            // In a task of its own, so that a panic is a failed reconcile (backed off and
+            // retried), never a key left marked running forever.
+            let inner = app.clone();
+            let ok = tokio::spawn(async move { reconcile(&inner, key).await }).await.unwrap_or(false);
             app.queue().done(&key, ok);
         });
         // Reap finished reconciles so the set does not grow.
