@@ -8,7 +8,8 @@ use pcmail_core::api::Event;
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
-use crate::{MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store};
+use crate::{LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store};
+use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
 pub fn at(secs: i64) -> Ts {
     Ts::from_timestamp(secs, 0).unwrap_or_default()
@@ -308,6 +309,62 @@ pub async fn m10_alert_rows_commit_with_the_mail_they_announce(store: &impl Stor
     assert!(store.list_alerts(10).await.expect("alerts").is_empty(), "rolled back with the mail");
 }
 
+fn incoming(task: &str) -> Incoming {
+    Incoming { source: "s".into(), task: task.into(), content: "c".into(), ..Default::default() }
+}
+
+async fn merge(store: &impl Store, tasks: &[&str]) -> (usize, usize) {
+    let items: Vec<Incoming> = tasks.iter().map(|t| incoming(t)).collect();
+    store
+        .ledger_transaction("p", LedgerSelect::All, move |state| {
+            let plan = merge_plan("p", &state.rows, &items, state.next_seq);
+            let counts = (plan.add.len(), plan.update.len());
+            (
+                LedgerWrites { add: plan.add, patch: plan.update, next_seq: Some(plan.next_seq), ..Default::default() },
+                counts,
+            )
+        })
+        .await
+        .expect("merge")
+}
+
+pub async fn l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused(store: &impl Store) {
+    assert_eq!(merge(store, &["a", "b"]).await, (2, 0));
+    assert_eq!(merge(store, &["a", "b"]).await, (0, 0), "the second identical merge changes nothing");
+    store
+        .ledger_transaction("p", LedgerSelect::Ids(vec!["T-0002".into()]), |_| {
+            (LedgerWrites { delete: vec!["T-0002".into()], ..Default::default() }, ())
+        })
+        .await
+        .expect("delete");
+    merge(store, &["c"]).await;
+    let ids: Vec<String> = store.ledger_rows(Some("p")).await.expect("rows").into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, ["T-0001", "T-0003"], "T-0002 is not reused");
+    assert_eq!(store.ledger_projects().await.expect("projects"), ["p"]);
+}
+
+pub async fn ledger_selections_and_whole_row_writes(store: &impl Store) {
+    merge(store, &["a", "b", "c"]).await;
+    let mut rows = store.ledger_rows(Some("p")).await.expect("rows");
+    rows[1].run_requested = true;
+    rows[2].state = RowState::Done;
+    let replace = vec![rows[1].clone(), rows[2].clone()];
+    store
+        .ledger_transaction("p", LedgerSelect::All, move |_| (LedgerWrites { replace, ..Default::default() }, ()))
+        .await
+        .expect("replace");
+    let requested = store
+        .ledger_transaction("p", LedgerSelect::RunRequested { limit: 5 }, |s| (LedgerWrites::default(), s.rows))
+        .await
+        .expect("select");
+    assert_eq!(requested.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["T-0002"]);
+    let open =
+        store.ledger_transaction("p", LedgerSelect::Open, |s| (LedgerWrites::default(), s.rows)).await.expect("open");
+    assert_eq!(open.len(), 2);
+    store.kv_set("cursor", "p").await.expect("kv");
+    assert_eq!(store.kv_get("cursor").await.expect("kv").as_deref(), Some("p"));
+}
+
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
 macro_rules! contract_tests {
     ($make:ident) => {
@@ -326,7 +383,9 @@ macro_rules! contract_tests {
             mail_counts_follow_inserts_and_state_changes,
             m9_selections_find_new_and_delivered_mail_by_age,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
-            m10_alert_rows_commit_with_the_mail_they_announce
+            m10_alert_rows_commit_with_the_mail_they_announce,
+            l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,
+            ledger_selections_and_whole_row_writes
         );
     };
     (@each $make:ident; $($check:ident),*) => {

@@ -13,6 +13,7 @@ use std::future::Future;
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
+use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
@@ -104,6 +105,39 @@ pub struct SpecWrites {
     pub events: Vec<Event>,
 }
 
+/// Which ledger rows of one project a [`Store::ledger_transaction`] loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerSelect {
+    All,
+    Ids(Vec<String>),
+    /// Rows a person ticked ▶AI実行, in id order.
+    RunRequested {
+        limit: usize,
+    },
+    /// Rows in todo, running or review, in id order.
+    Open,
+}
+
+/// What a ledger planner sees: the selected rows and the project's next id number (L1).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerState {
+    pub rows: Vec<Row>,
+    pub next_seq: u32,
+}
+
+/// What a ledger planner decided, applied atomically.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerWrites {
+    pub add: Vec<Row>,
+    /// Merge patches: only the cells a sync may fill.
+    pub patch: Vec<RowPatch>,
+    /// Whole rows written by runs, people and recovery.
+    pub replace: Vec<Row>,
+    pub delete: Vec<String>,
+    pub next_seq: Option<u32>,
+    pub events: Vec<Event>,
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Loads the selected rows, hands them to `plan`, and applies the writes it returns, all in
     /// one transaction with no other writer in between.
@@ -130,6 +164,25 @@ pub trait Store: Send + Sync + 'static {
     fn machine_for_token(&self, hash: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     /// Each machine's last poll (A5, M9 receiver-down).
     fn last_polls(&self) -> impl Future<Output = Result<Vec<(String, Ts)>>> + Send;
+
+    /// Loads the selected rows of `project` with its next id number, hands them to `plan`, and
+    /// applies the writes it returns in one transaction.
+    fn ledger_transaction<R, F>(
+        &self,
+        project: &str,
+        select: LedgerSelect,
+        plan: F,
+    ) -> impl Future<Output = Result<R>> + Send
+    where
+        F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,
+        R: Send + 'static;
+    /// Every row of `project` (or of all projects), in project and id order.
+    fn ledger_rows(&self, project: Option<&str>) -> impl Future<Output = Result<Vec<Row>>> + Send;
+    /// Projects that have rows or have had ids issued.
+    fn ledger_projects(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+    /// Small controller state (cursors, the rebuilt view) that must survive restarts.
+    fn kv_get(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    fn kv_set(&self, key: &str, value: &str) -> impl Future<Output = Result<()>> + Send;
 
     /// Alerts in state `firing`.
     fn firing_alerts(&self) -> impl Future<Output = Result<Vec<Alert>>> + Send;

@@ -14,8 +14,15 @@ use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
-use crate::{MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store, StoreError};
-use rows::{ALERT_COLUMNS, INSERT_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, mail_from_row, ms, spec_from_row};
+use crate::{
+    LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store,
+    StoreError,
+};
+use pcmail_core::ledger::Row as LedgerRow;
+use rows::{
+    ALERT_COLUMNS, INSERT_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, ledger_from_row,
+    ledger_params, mail_from_row, ms, spec_from_row,
+};
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 16;
@@ -220,6 +227,66 @@ fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
     Ok(())
 }
 
+fn select_ledger(conn: &Connection, project: &str, select: &LedgerSelect) -> Result<Vec<LedgerRow>> {
+    let base = format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = ?1");
+    let collect = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<LedgerRow>> {
+        let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
+        let rows = stmt.query_map(args, ledger_from_row).map_err(map_err)?;
+        rows.map(|r| r.map_err(map_err)?).collect()
+    };
+    match select {
+        LedgerSelect::All => collect(&format!("{base} ORDER BY seq"), &[&project]),
+        LedgerSelect::Open => {
+            collect(&format!("{base} AND state IN ('todo', 'running', 'review') ORDER BY seq"), &[&project])
+        }
+        LedgerSelect::RunRequested { limit } => {
+            collect(&format!("{base} AND run_requested = 1 ORDER BY seq LIMIT ?2"), &[&project, &(*limit as i64)])
+        }
+        LedgerSelect::Ids(ids) => {
+            let mut out = Vec::new();
+            for id in ids {
+                out.extend(collect(&format!("{base} AND id = ?2"), &[&project, id])?);
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn apply_ledger_writes(conn: &Connection, project: &str, w: &LedgerWrites) -> Result<()> {
+    let placeholders: Vec<String> = (1..=18).map(|i| format!("?{i}")).collect();
+    let upsert = format!(
+        "INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({}) ON CONFLICT(project, id) DO UPDATE SET state = excluded.state, \
+         run_requested = excluded.run_requested, task = excluded.task, content = excluded.content, source = excluded.source, \
+         evidence = excluded.evidence, due = excluded.due, assignee = excluded.assignee, function = excluded.function, \
+         result = excluded.result, executed_at = excluded.executed_at, instruction = excluded.instruction, \
+         key = excluded.key, failures = excluded.failures, refresh = excluded.refresh",
+        placeholders.join(", ")
+    );
+    let mut stmt = conn.prepare_cached(&upsert).map_err(map_err)?;
+    for row in w.add.iter().chain(&w.replace) {
+        stmt.execute(rusqlite::params_from_iter(ledger_params(row))).map_err(map_err)?;
+    }
+    for p in &w.patch {
+        let mut current = select_ledger(conn, project, &LedgerSelect::Ids(vec![p.id.clone()]))?;
+        if let Some(row) = current.first_mut() {
+            p.apply(row);
+            stmt.execute(rusqlite::params_from_iter(ledger_params(row))).map_err(map_err)?;
+        }
+    }
+    for id in &w.delete {
+        conn.execute("DELETE FROM ledger WHERE project = ?1 AND id = ?2", params![project, id]).map_err(map_err)?;
+    }
+    if let Some(next) = w.next_seq {
+        conn.execute(
+            "INSERT INTO ledger_projects (project, next_seq) VALUES (?1, ?2) \
+             ON CONFLICT(project) DO UPDATE SET next_seq = MAX(next_seq, excluded.next_seq)",
+            params![project, next],
+        )
+        .map_err(map_err)?;
+    }
+    insert_events(conn, &w.events)
+}
+
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
     let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
     let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
@@ -422,6 +489,78 @@ impl Store for SqliteStore {
                 conn.prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name").map_err(map_err)?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?)))).map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
+    async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let project = project.to_string();
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let rows = select_ledger(&tx, &project, &select)?;
+            let next_seq: u32 = tx
+                .query_row("SELECT next_seq FROM ledger_projects WHERE project = ?1", [&project], |r| r.get(0))
+                .optional()
+                .map_err(map_err)?
+                .unwrap_or(1);
+            let (writes, out) = plan(LedgerState { rows, next_seq });
+            if writes != LedgerWrites::default() {
+                apply_ledger_writes(&tx, &project, &writes)?;
+                tx.commit().map_err(map_err)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn ledger_rows(&self, project: Option<&str>) -> Result<Vec<LedgerRow>> {
+        let project = project.map(String::from);
+        self.read(move |conn| {
+            let sql = match project {
+                Some(_) => format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = ?1 ORDER BY seq"),
+                None => format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE ?1 IS NULL ORDER BY project, seq"),
+            };
+            let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+            let rows = stmt.query_map([project], ledger_from_row).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)?).collect()
+        })
+        .await
+    }
+
+    async fn ledger_projects(&self) -> Result<Vec<String>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT project FROM ledger_projects UNION SELECT DISTINCT project FROM ledger ORDER BY 1",
+                )
+                .map_err(map_err)?;
+            let rows = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
+    async fn kv_get(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_string();
+        self.read(move |conn| {
+            conn.query_row("SELECT value FROM kv WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn kv_set(&self, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO kv (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(map_err)?;
+            Ok(())
         })
         .await
     }

@@ -2,6 +2,7 @@
 
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
+use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord};
 use rusqlite::Row;
@@ -169,4 +170,60 @@ pub fn alert_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Alert, StoreError>
         last_sent_at: opt_ts(r.get(8)?),
         updated_at: from_ms(r.get(9)?),
     }))
+}
+
+pub const LEDGER_COLUMNS: &str = "project, id, state, run_requested, task, content, source, evidence, due, assignee, \
+    function, result, executed_at, instruction, key, failures, refresh, seq";
+
+pub fn ledger_from_row(r: &Row<'_>) -> rusqlite::Result<Result<LedgerRow, StoreError>> {
+    let state: String = r.get(2)?;
+    let id: String = r.get(1)?;
+    let state = match state.parse() {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(StoreError::Corrupt(format!("ledger row {id}: {e}")))),
+    };
+    Ok(Ok(LedgerRow {
+        project: r.get(0)?,
+        id,
+        state,
+        run_requested: r.get(3)?,
+        task: r.get(4)?,
+        content: r.get(5)?,
+        source: r.get(6)?,
+        evidence: r.get(7)?,
+        due: r.get(8)?,
+        assignee: r.get(9)?,
+        function: r.get(10)?,
+        result: r.get(11)?,
+        executed_at: opt_ts(r.get(12)?),
+        instruction: r.get(13)?,
+        key: r.get(14)?,
+        failures: r.get(15)?,
+        refresh: r.get(16)?,
+    }))
+}
+
+/// Parameters ?1..?18 in LEDGER_COLUMNS order; `seq` is the number in the id.
+pub fn ledger_params(row: &LedgerRow) -> Vec<Box<dyn ToSql + '_>> {
+    let seq: i64 = row.id.trim_start_matches("T-").parse().unwrap_or(0);
+    vec![
+        Box::new(&row.project),
+        Box::new(&row.id),
+        Box::new(row.state.as_str()),
+        Box::new(row.run_requested),
+        Box::new(&row.task),
+        Box::new(&row.content),
+        Box::new(&row.source),
+        Box::new(&row.evidence),
+        Box::new(&row.due),
+        Box::new(&row.assignee),
+        Box::new(&row.function),
+        Box::new(&row.result),
+        Box::new(row.executed_at.map(ms)),
+        Box::new(&row.instruction),
+        Box::new(&row.key),
+        Box::new(row.failures),
+        Box::new(row.refresh),
+        Box::new(seq),
+    ]
 }

@@ -118,6 +118,35 @@ const MIGRATIONS: &[&str] = &[
         created_at INTEGER NOT NULL
     );
     "#,
+    // 2: the task ledger (seed 001) and a small key/value table for controller cursors.
+    r#"
+    CREATE TABLE ledger (
+        project TEXT NOT NULL,
+        id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        run_requested INTEGER NOT NULL,
+        task TEXT NOT NULL,
+        content TEXT NOT NULL,
+        source TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        due TEXT NOT NULL,
+        assignee TEXT NOT NULL,
+        function TEXT NOT NULL,
+        result TEXT NOT NULL,
+        executed_at INTEGER,
+        instruction TEXT NOT NULL,
+        key TEXT NOT NULL,
+        failures INTEGER NOT NULL,
+        refresh INTEGER NOT NULL,
+        PRIMARY KEY (project, id)
+    );
+    CREATE UNIQUE INDEX ledger_key ON ledger(project, key);
+    CREATE INDEX ledger_requested ON ledger(project, seq) WHERE run_requested = 1;
+    CREATE INDEX ledger_open ON ledger(project, state, seq) WHERE state IN ('todo', 'running', 'review');
+    CREATE TABLE ledger_projects (project TEXT PRIMARY KEY, next_seq INTEGER NOT NULL);
+    CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    "#,
 ];
 
 /// The columns this build reads, per table. Checked at open so that a hand-edited or
@@ -144,6 +173,31 @@ const REQUIRED: &[(&str, &[&str])] = &[
     ),
     ("mail_counts", &["state", "kind", "channel", "n"]),
     ("tokens", &["machine", "hash", "created_at"]),
+    (
+        "ledger",
+        &[
+            "project",
+            "id",
+            "seq",
+            "state",
+            "run_requested",
+            "task",
+            "content",
+            "source",
+            "evidence",
+            "due",
+            "assignee",
+            "function",
+            "result",
+            "executed_at",
+            "instruction",
+            "key",
+            "failures",
+            "refresh",
+        ],
+    ),
+    ("ledger_projects", &["project", "next_seq"]),
+    ("kv", &["key", "value"]),
 ];
 
 /// The column list every mail-shaped table carries (the store's `mail`, the PC cache's `inbox`).
