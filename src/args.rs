@@ -158,6 +158,13 @@ pub enum Command {
         #[arg(value_parser = ["session-start", "user-prompt-submit", "post-tool-use", "stop"])]
         event: String,
     },
+    /// The task ledger: one per project (`--project` may be left out while only one exists)
+    Ledger {
+        #[arg(long, global = true)]
+        project: Option<String>,
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
     /// Inbound chat messages that must not be lost
     Intent {
         #[command(subcommand)]
@@ -180,6 +187,71 @@ pub enum AgentCommand {
         #[arg(long, value_parser = ["linux", "macos", "windows"])]
         os: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// The project's rows
+    List {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Open rows of every project by due date, capped per project
+    View,
+    /// Correct one row (state, instruction, ▶ run, due, assignee); prints what was stored
+    SetRow {
+        id: String,
+        /// todo, review, done, dropped, needs-human, or their Japanese labels
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        instruction: Option<String>,
+        /// Tick ▶AI実行: the next execute-checked pass runs it
+        #[arg(long)]
+        run: bool,
+        #[arg(long)]
+        due: Option<String>,
+        #[arg(long)]
+        assignee: Option<String>,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Run one row's function now and wait for its result
+    Run {
+        id: String,
+        /// Return once the row is claimed
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Add a task; prints {added, updated, skipped} or {error}, and never fails its caller
+    Push {
+        #[arg(long)]
+        source: String,
+        #[arg(long)]
+        task: String,
+        #[arg(long, default_value = "")]
+        content: String,
+        #[arg(long, default_value = "")]
+        evidence: String,
+        #[arg(long, default_value = "")]
+        due: String,
+        #[arg(long, default_value = "")]
+        assignee: String,
+        #[arg(long, default_value = "")]
+        function: String,
+    },
+    /// Pull the project's sources now
+    Sync,
+    /// Delete a source's untouched rows (a dry run unless --yes)
+    PurgeSource {
+        source: String,
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Run one execute-checked pass now, as its schedule would
+    ExecuteChecked,
 }
 
 #[derive(Debug, Subcommand)]

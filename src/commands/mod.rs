@@ -2,6 +2,7 @@
 //! `exit` maps to one.
 
 mod agent;
+mod ledger;
 mod mail;
 mod serve;
 mod specs;
@@ -53,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Poll { wait, output, quiet } => mail::poll(&client, wait, output, quiet).await,
                 Command::Agent { command, wait } => agent::run(&client, command, wait).await,
                 Command::Alerts { output } => mail::alerts(&client, output).await,
+                Command::Ledger { project, command } => ledger::run(&client, project, command).await,
                 other @ (Command::Serve(_) | Command::Login { .. } | Command::Hook { .. } | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }

@@ -3,6 +3,7 @@
 //! per area.
 
 mod harness;
+mod ledger;
 mod mail;
 mod monitoring;
 mod pcside;

@@ -8,6 +8,7 @@ mod api;
 mod app;
 mod auth;
 pub mod controller;
+mod ledger;
 mod mailbox;
 pub mod manifests;
 mod metrics;

@@ -5,8 +5,9 @@
 
 use pcmail_core::Ts;
 use pcmail_core::cron::parse_tz;
+use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::{
-    FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleSpec, WorkerPoolSpec,
+    FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleRole, ScheduleSpec, WorkerPoolSpec,
 };
 use pcmail_core::manifest::{Spec, SpecRecord, Status};
 
@@ -21,6 +22,11 @@ pub struct Runtime {
     /// the sweep escalates by it (I4).
     pub intent_policy: IntentPolicySpec,
     pub crons: Vec<CronEntry>,
+    /// L11: a ledger run left running longer than this was killed (the first WorkerPool's
+    /// `staleAfter`, else 30m).
+    pub stale_after: Dur,
+    /// `maxPerRun` of the Schedule entries, by role (the first entry that sets one wins).
+    pub max_per_run: Vec<(ScheduleRole, u32)>,
     pub ledgers: Vec<LedgerSpec>,
     pub functions: Vec<(String, FunctionSpec)>,
     pub pools: Vec<(String, WorkerPoolSpec)>,
@@ -36,7 +42,7 @@ pub struct Health {
 /// Builds the runtime from the stored specs, and the status each object should now show
 /// (only those that differ from what is stored).
 pub fn build(specs: &[SpecRecord], health: &Health, now: Ts) -> (Runtime, Vec<(SpecRecord, Status)>) {
-    let mut rt = Runtime::default();
+    let mut rt = Runtime { stale_after: Dur::from_mins(30), ..Runtime::default() };
     let mut statuses = Vec::new();
     for record in specs {
         let mut status = record.status.clone();
@@ -90,15 +96,19 @@ fn conditions(rt: &mut Runtime, spec: Spec, name: &str, health: &Health, status:
         Spec::Schedule(s) => schedule(rt, &s, status, now),
         Spec::Ledger(l) => {
             rt.ledgers.push(l);
-            pending(status, &format!("{kind} objects"));
+            rt.ledgers.sort_by(|a, b| a.project.cmp(&b.project));
+            status.set_condition("Ready", true, "Applied", "synced and executed by the ledger schedules", now);
         }
         Spec::Function(f) => {
             rt.functions.push((name.to_string(), f));
-            pending(status, &format!("{kind} objects"));
+            status.set_condition("Ready", true, "Applied", "ledger rows naming it can run", now);
         }
         Spec::WorkerPool(w) => {
+            if rt.pools.is_empty() {
+                rt.stale_after = w.stale_after;
+            }
             rt.pools.push((name.to_string(), w));
-            pending(status, &format!("{kind} objects"));
+            pending(status, &format!("{kind} workers (the job queue)"));
         }
     }
 }
@@ -108,39 +118,26 @@ fn schedule(rt: &mut Runtime, s: &ScheduleSpec, status: &mut Status, now: Ts) {
         status.set_condition("Ready", false, "InvalidTimezone", &format!("unknown time zone {}", s.timezone), now);
         return;
     };
-    let mut active = Vec::new();
-    let mut waiting = Vec::new();
+    let mut roles = Vec::new();
+    let mut invalid = Vec::new();
     for e in &s.entries {
         let role = serde_json::to_value(e.role).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-        match (key_for(e.role), e.cron.parse()) {
-            (Some(key), Ok(cron)) => {
-                rt.crons.push(CronEntry { tz, cron, key });
-                active.push(role);
+        if let Some(n) = e.max_per_run.filter(|_| !rt.max_per_run.iter().any(|(r, _)| *r == e.role)) {
+            rt.max_per_run.push((e.role, n));
+        }
+        // Crons are validated at apply; a stored one that no longer parses is reported.
+        match e.cron.parse() {
+            Ok(cron) => {
+                rt.crons.push(CronEntry { tz, cron, key: key_for(e.role) });
+                roles.push(role);
             }
-            _ => waiting.push(role),
+            Err(err) => invalid.push(format!("{role}: {err}")),
         }
     }
-    if active.is_empty() {
-        status.set_condition(
-            "Ready",
-            false,
-            "ControllerPending",
-            &format!("no entry runs in this build yet: {}", waiting.join(", ")),
-            now,
-        );
+    if invalid.is_empty() {
+        status.set_condition("Ready", true, "Scheduled", &format!("running: {}", roles.join(", ")), now);
     } else {
-        status.set_condition("Ready", true, "Scheduled", &format!("running: {}", active.join(", ")), now);
-    }
-    if waiting.is_empty() {
-        status.set_condition("Degraded", false, "AsExpected", "every entry is scheduled", now);
-    } else {
-        status.set_condition(
-            "Degraded",
-            true,
-            "RolePending",
-            &format!("waiting for their controllers: {}", waiting.join(", ")),
-            now,
-        );
+        status.set_condition("Ready", false, "InvalidCron", &invalid.join("; "), now);
     }
 }
 
@@ -203,14 +200,14 @@ mod tests {
     }
 
     #[test]
-    fn schedule_runs_mail_sweep_and_reports_roles_still_pending() {
+    fn schedule_runs_every_role_and_keeps_max_per_run() {
         let spec = serde_json::json!({"timezone": "Asia/Tokyo", "entries": [
-            {"role": "mail-sweep", "cron": "*/1 * * * *"}, {"role": "sync", "cron": "0 2 * * *"}]});
+            {"role": "mail-sweep", "cron": "*/1 * * * *"}, {"role": "sync", "cron": "0 2 * * *"},
+            {"role": "execute-checked", "cron": "*/10 * * * *", "maxPerRun": 1}]});
         let (rt, statuses) = build(&[record(Kind::Schedule, 1, spec)], &Health::default(), at(5));
-        assert_eq!(rt.crons.len(), 1);
+        assert_eq!(rt.crons.len(), 3);
         assert_eq!(ready(&statuses[0].1), ("True", "Scheduled"));
-        let degraded = statuses[0].1.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
-        assert!(degraded.message.contains("sync"), "{}", degraded.message);
+        assert_eq!(rt.max_per_run, vec![(ScheduleRole::ExecuteChecked, 1)]);
     }
 
     #[test]

@@ -178,6 +178,8 @@ pub trait Store: Send + Sync + 'static {
         R: Send + 'static;
     /// Every row of `project` (or of all projects), in project and id order.
     fn ledger_rows(&self, project: Option<&str>) -> impl Future<Output = Result<Vec<Row>>> + Send;
+    /// Row counts by (project, state), for the gauges.
+    fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
     /// Projects that have rows or have had ids issued.
     fn ledger_projects(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Small controller state (cursors, the rebuilt view) that must survive restarts.

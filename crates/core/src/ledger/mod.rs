@@ -6,6 +6,7 @@
 
 mod merge;
 mod run;
+pub mod source;
 mod view;
 
 use std::fmt;

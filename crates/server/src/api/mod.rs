@@ -2,6 +2,7 @@
 //! authenticate here, then call the shell modules (`mailbox`, `specs`).
 
 mod error;
+mod ledger;
 mod mail;
 mod specs;
 
@@ -41,6 +42,14 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/poll", get(mail::poll))
         .route("/api/v1/intents", post(mail::record_intent))
         .route("/api/v1/policy", get(mail::policy))
+        .route("/api/v1/ledger", get(ledger::list))
+        .route("/api/v1/ledger/view", get(ledger::view))
+        .route("/api/v1/ledger/push", post(ledger::push))
+        .route("/api/v1/ledger/sync", post(ledger::sync))
+        .route("/api/v1/ledger/purge", post(ledger::purge))
+        .route("/api/v1/ledger/execute-checked", post(ledger::execute_checked))
+        .route("/api/v1/ledger/rows/{id}", post(ledger::set_row))
+        .route("/api/v1/ledger/rows/{id}/run", post(ledger::run))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
         .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
@@ -67,6 +76,7 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
         .sum();
     m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
     m.workqueue_depth.set(app.queue().depth() as i64);
+    crate::ledger::refresh_metrics(&app).await?;
     let body = m.encode().map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }

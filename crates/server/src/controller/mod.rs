@@ -14,6 +14,9 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
+use pcmail_core::ledger::Trigger;
+use pcmail_core::manifest::spec::ScheduleRole;
+use pcmail_store::Store;
 use tokio::task::JoinSet;
 
 use crate::App;
@@ -26,9 +29,19 @@ pub enum Key {
     Notify,
     /// Rebuild the runtime from the specs and write each object's status.
     Specs,
+    /// L14: run the rows people ticked (1 a pass by default).
+    ExecuteChecked,
+    /// L14: run todo rows of generate functions (2 a pass by default).
+    AutoExecute,
+    /// L14: pull every Ledger's sources, round-robin.
+    LedgerSync,
+    /// L14/L15: store a fresh cross-project view.
+    RebuildView,
 }
 
 impl Key {
+    /// The keys the resync runs. The ledger roles run on their Schedule only: executing rows
+    /// or pulling sources every few seconds is not what anyone scheduled.
     pub const ALL: [Key; 3] = [Key::MailSweep, Key::Notify, Key::Specs];
 
     /// Also the `reconciler` label of the metrics.
@@ -37,6 +50,10 @@ impl Key {
             Key::MailSweep => "mail-sweep",
             Key::Notify => "notify",
             Key::Specs => "specs",
+            Key::ExecuteChecked => "execute-checked",
+            Key::AutoExecute => "auto-execute",
+            Key::LedgerSync => "ledger-sync",
+            Key::RebuildView => "rebuild-view",
         }
     }
 }
@@ -96,6 +113,24 @@ async fn run_key(app: &App, key: Key) -> Result<(), String> {
         Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
         Key::Notify => notifier::run(app, now).await,
         Key::Specs => crate::specs::sync(app, now).await.map_err(|e| e.to_string()),
+        Key::ExecuteChecked | Key::AutoExecute => {
+            let (trigger, role, default) = match key {
+                Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked, 1),
+                _ => (Trigger::Auto, ScheduleRole::AutoExecute, 2),
+            };
+            let limit = app.runtime().max_per_run.iter().find(|(r, _)| *r == role).map_or(default, |(_, n)| *n);
+            crate::ledger::execute_pass(app, trigger, limit as usize, now).await.map(|_| ()).map_err(|e| e.to_string())
+        }
+        Key::LedgerSync => {
+            let cap =
+                app.runtime().max_per_run.iter().find(|(r, _)| *r == ScheduleRole::Sync).map(|(_, n)| *n as usize);
+            crate::ledger::sync_pass(app, cap, now).await.map(|_| ()).map_err(|e| e.to_string())
+        }
+        Key::RebuildView => {
+            let today = now.format("%Y-%m-%d").to_string();
+            let view = crate::ledger::view(app, &today).await.map_err(|e| e.to_string())?;
+            app.store().kv_set("ledger_view", &view).await.map_err(|e| e.to_string())
+        }
     }
 }
 

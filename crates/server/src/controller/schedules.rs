@@ -1,6 +1,5 @@
 //! Schedule crons (L14): each entry fires in its Schedule's time zone and enqueues the key of
-//! its role. Roles whose controllers are not in this build are reported on the Schedule's
-//! status instead of being run.
+//! its role.
 
 use chrono_tz::Tz;
 use pcmail_core::Ts;
@@ -10,13 +9,14 @@ use pcmail_core::manifest::spec::ScheduleRole;
 use super::Key;
 use crate::App;
 
-/// The key a role runs, if this build has its controller.
-pub fn key_for(role: ScheduleRole) -> Option<Key> {
+/// The key a role runs.
+pub fn key_for(role: ScheduleRole) -> Key {
     match role {
-        ScheduleRole::MailSweep => Some(Key::MailSweep),
-        ScheduleRole::ExecuteChecked | ScheduleRole::Sync | ScheduleRole::AutoExecute | ScheduleRole::RebuildView => {
-            None
-        }
+        ScheduleRole::MailSweep => Key::MailSweep,
+        ScheduleRole::ExecuteChecked => Key::ExecuteChecked,
+        ScheduleRole::Sync => Key::LedgerSync,
+        ScheduleRole::AutoExecute => Key::AutoExecute,
+        ScheduleRole::RebuildView => Key::RebuildView,
     }
 }
 

@@ -531,6 +531,19 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT project, state, count(*) FROM ledger GROUP BY project, state")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
+                .map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         self.read(|conn| {
             let mut stmt = conn

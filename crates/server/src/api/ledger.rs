@@ -1,0 +1,173 @@
+//! Ledger routes: list, view, push (any machine); set-row, run, sync, purge, execute-checked
+//! (admin).
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use pcmail_core::ledger::{Incoming, Row, Trigger};
+use pcmail_store::Store;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{ApiError, JsonBody, detached};
+use crate::App;
+use crate::auth::authenticate;
+use crate::ledger::{self, MergeCounts, RowEdit, resolve_project};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectQuery {
+    #[serde(default)]
+    project: Option<String>,
+}
+
+async fn admin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    authenticate(app, headers).await?.require_admin()
+}
+
+pub async fn list(
+    State(app): State<App>,
+    headers: HeaderMap,
+    q: Result<Query<ProjectQuery>, QueryRejection>,
+) -> Result<Json<Vec<Row>>, ApiError> {
+    authenticate(&app, &headers).await?;
+    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
+    let project = resolve_project(&app, q.project.as_deref())?;
+    Ok(Json(app.store().ledger_rows(Some(&project)).await?))
+}
+
+pub async fn view(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    authenticate(&app, &headers).await?;
+    let today = crate::now().format("%Y-%m-%d").to_string();
+    Ok(Json(json!({"view": ledger::view(&app, &today).await?})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PushRequest {
+    #[serde(default)]
+    project: Option<String>,
+    items: Vec<Incoming>,
+}
+
+/// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
+pub async fn push(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<PushRequest>,
+) -> Result<Json<MergeCounts>, ApiError> {
+    let caller = authenticate(&app, &headers).await?;
+    let project = resolve_project(&app, req.project.as_deref())?;
+    if let Some(bad) = req.items.iter().find(|i| i.source.trim().is_empty() || i.task.trim().is_empty()) {
+        return Err(ApiError::bad_request(format!("every item needs a source and a task (got {bad:?})")));
+    }
+    let actor = caller.machine().unwrap_or("admin").to_string();
+    Ok(Json(detached(async move { Ok(ledger::merge(&app, &project, req.items, &actor, crate::now()).await?) }).await?))
+}
+
+pub async fn set_row(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(edit): JsonBody<RowEdit>,
+) -> Result<Json<Row>, ApiError> {
+    admin(&app, &headers).await?;
+    let project = resolve_project(&app, edit.project.as_deref())?;
+    Ok(Json(detached(async move { ledger::set_row(&app, &project, &id, edit, crate::now()).await }).await?))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunRequest {
+    #[serde(default)]
+    project: Option<String>,
+    /// Answer when the run has finished, with its result; else once it is claimed.
+    #[serde(default)]
+    wait: bool,
+}
+
+pub async fn run(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<RunRequest>,
+) -> Result<Json<Row>, ApiError> {
+    admin(&app, &headers).await?;
+    let project = resolve_project(&app, req.project.as_deref())?;
+    let claimed = ledger::claim_row(&app, &project, &id, Trigger::Manual, crate::now()).await?;
+    // The run belongs to the controller, not to this request: it finishes whatever the client does.
+    let running = tokio::spawn({
+        let (app, claimed) = (app.clone(), claimed.clone());
+        async move { ledger::finish_row(&app, claimed).await }
+    });
+    if !req.wait {
+        return Ok(Json(claimed));
+    }
+    Ok(Json(running.await.map_err(|e| ApiError::internal(format!("run task failed: {e}")))??))
+}
+
+pub async fn sync(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(q): JsonBody<ProjectBody>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&app, &headers).await?;
+    let project = resolve_project(&app, q.project.as_deref())?;
+    let spec = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
+    let spec = spec.ok_or_else(|| ApiError::not_found(format!("no Ledger for {project}")))?;
+    let report = detached(async move { Ok(ledger::sync_project(&app, &spec, crate::now()).await?) }).await?;
+    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProjectBody {
+    #[serde(default)]
+    project: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PurgeRequest {
+    #[serde(default)]
+    project: Option<String>,
+    source: String,
+    #[serde(default)]
+    yes: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PurgeReport {
+    dry_run: bool,
+    delete: Vec<String>,
+    kept: Vec<Value>,
+}
+
+pub async fn purge(
+    State(app): State<App>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<PurgeRequest>,
+) -> Result<Json<PurgeReport>, ApiError> {
+    admin(&app, &headers).await?;
+    let project = resolve_project(&app, req.project.as_deref())?;
+    let (source, yes) = (req.source.clone(), req.yes);
+    let plan = detached(async move { Ok(ledger::purge(&app, &project, &source, yes, crate::now()).await?) }).await?;
+    let kept = plan.kept.iter().map(|(id, why)| json!({"id": id, "reason": why})).collect();
+    Ok(Json(PurgeReport { dry_run: !req.yes, delete: plan.delete, kept }))
+}
+
+/// One execute-checked pass now, as its schedule would run it.
+pub async fn execute_checked(State(app): State<App>, headers: HeaderMap) -> Result<Json<Vec<Row>>, ApiError> {
+    admin(&app, &headers).await?;
+    let limit = app
+        .runtime()
+        .max_per_run
+        .iter()
+        .find(|(r, _)| *r == pcmail_core::manifest::spec::ScheduleRole::ExecuteChecked)
+        .map_or(1, |(_, n)| *n as usize);
+    let ran =
+        detached(async move { Ok(ledger::execute_pass(&app, Trigger::Manual, limit, crate::now()).await?) }).await?;
+    Ok(Json(ran))
+}

@@ -1,0 +1,87 @@
+//! Running a Function as a child process (L12, L13): argv without a shell, the prompt on stdin,
+//! a minimal environment plus `PCMAIL_*`, and a timeout that kills the whole process group.
+
+use std::process::Stdio;
+
+use pcmail_core::ledger::Row;
+use pcmail_core::manifest::spec::FunctionSpec;
+use tokio::io::AsyncWriteExt;
+
+const MAX_STDOUT: usize = 1 << 20;
+
+/// Variables passed through from the server's environment; everything else is dropped.
+const PASSED: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT"];
+
+/// Runs `function` for `row` with `prompt` on stdin. Ok is its stdout; Err says why it failed
+/// (exit status and the end of stderr, a timeout, or a spawn error).
+pub async fn run(name: &str, function: &FunctionSpec, row: &Row, prompt: String) -> Result<String, String> {
+    let Some((program, args)) = function.command.split_first() else {
+        return Err(format!("function {name} has an empty command"));
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env_clear();
+    for key in PASSED {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
+    cmd.envs(&function.env)
+        .env("PCMAIL_PROJECT", &row.project)
+        .env("PCMAIL_ROW_ID", &row.id)
+        .env("PCMAIL_TASK", &row.task)
+        .env("PCMAIL_FUNCTION", name);
+    // L12: the instruction is set for this run only: each run builds its own environment.
+    if !row.instruction.trim().is_empty() {
+        cmd.env("PCMAIL_INSTRUCTION", row.instruction.trim());
+    }
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    #[cfg(unix)]
+    {
+        // Its own process group, so a timeout kills everything it started.
+        cmd.process_group(0);
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            // If serve dies (SIGKILL included), the function dies with it instead of running
+            // on as an orphan next to the retry that L11 allows.
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
+    let pid = child.id();
+    if let Some(mut stdin) = child.stdin.take() {
+        // A function that does not read its stdin is not an error.
+        let _ = stdin.write_all(prompt.as_bytes()).await;
+    }
+    match tokio::time::timeout(function.timeout.to_std(), child.wait_with_output()).await {
+        Err(_) => {
+            kill_group(pid);
+            Err(format!("timed out after {}", function.timeout))
+        }
+        Ok(Err(e)) => Err(format!("waiting for {program:?}: {e}")),
+        Ok(Ok(out)) if out.status.success() => {
+            let stdout = &out.stdout[..out.stdout.len().min(MAX_STDOUT)];
+            Ok(String::from_utf8_lossy(stdout).into_owned())
+        }
+        Ok(Ok(out)) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: String = stderr.trim().chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
+            Err(format!("{}: {tail}", out.status))
+        }
+    }
+}
+
+fn kill_group(pid: Option<u32>) {
+    #[cfg(unix)]
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: kill(2) with a negative pid signals the process group we created.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = pid;
+}

@@ -1,0 +1,408 @@
+//! The shell of the ledger rules: pull and push (L7), run one row (L8–L13), the schedule
+//! passes (L14), set-row and purge (L16). Each change is one store transaction around a
+//! planner of `pcmail_core::ledger`; a function runs between its claim and its result.
+
+mod exec;
+
+use pcmail_core::Ts;
+use pcmail_core::api::Event;
+use pcmail_core::ledger::source::{Item, format_of, parse_items};
+use pcmail_core::ledger::{
+    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, merge_plan, plan_claim,
+    plan_failure, plan_purge, plan_stale, plan_success, render_view,
+};
+use pcmail_core::manifest::spec::{FunctionMode, LedgerSource, LedgerSpec};
+use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::App;
+use crate::api::ApiError;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeCounts {
+    pub added: usize,
+    pub updated: usize,
+    pub skipped: usize,
+}
+
+fn event(project: &str, id: &str, reason: &str, message: String, actor: &str, now: Ts) -> Event {
+    Event { at: now, object: format!("ledger/{project}/{id}"), reason: reason.into(), message, actor: actor.into() }
+}
+
+/// The project a request means: the one named (it must have a Ledger), or the only one.
+pub fn resolve_project(app: &App, project: Option<&str>) -> Result<String, ApiError> {
+    let rt = app.runtime();
+    let known: Vec<&str> = rt.ledgers.iter().map(|l| l.project.as_str()).collect();
+    match project {
+        Some(p) if known.contains(&p) => Ok(p.to_string()),
+        Some(p) => Err(ApiError::not_found(format!("no Ledger for project {p:?}; known: {}", known.join(", ")))),
+        None => match known.as_slice() {
+            [only] => Ok(only.to_string()),
+            [] => Err(ApiError::bad_request("no Ledger is applied; apply one with `pcmail-ctl apply -f`")),
+            many => Err(ApiError::bad_request(format!("several projects: pass --project ({})", many.join(", ")))),
+        },
+    }
+}
+
+/// L5/L7: merges items into a project in one transaction.
+pub async fn merge(
+    app: &App,
+    project: &str,
+    items: Vec<Incoming>,
+    actor: &str,
+    now: Ts,
+) -> Result<MergeCounts, StoreError> {
+    let (project_owned, actor) = (project.to_string(), actor.to_string());
+    app.store()
+        .ledger_transaction(project, LedgerSelect::All, move |state| {
+            let plan = merge_plan(&project_owned, &state.rows, &items, state.next_seq);
+            let counts = MergeCounts { added: plan.add.len(), updated: plan.update.len(), skipped: plan.skipped };
+            let events = plan
+                .add
+                .iter()
+                .map(|r| event(&project_owned, &r.id, "Added", format!("from {}: {}", r.source, r.task), &actor, now))
+                .collect();
+            let writes = LedgerWrites {
+                add: plan.add,
+                patch: plan.update,
+                next_seq: Some(plan.next_seq),
+                events,
+                ..LedgerWrites::default()
+            };
+            (writes, counts)
+        })
+        .await
+}
+
+/// L7 pull: reads one source into items (a file, or a command's JSON lines).
+async fn pull(source: &LedgerSource) -> Result<Vec<Incoming>, String> {
+    let text = match (&source.file, &source.command) {
+        (Some(file), _) => tokio::fs::read_to_string(file).await.map_err(|e| format!("{file}: {e}"))?,
+        (None, Some(argv)) => {
+            let (program, args) = argv.split_first().ok_or("empty command")?;
+            let out = tokio::time::timeout(
+                std::time::Duration::from_secs(300),
+                tokio::process::Command::new(program).args(args).kill_on_drop(true).output(),
+            )
+            .await
+            .map_err(|_| format!("{program}: timed out after 300s"))?
+            .map_err(|e| format!("{program}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("{program}: {}", out.status));
+            }
+            String::from_utf8(out.stdout).map_err(|_| format!("{program}: output is not UTF-8"))?
+        }
+        (None, None) => return Err("neither file nor command".into()),
+    };
+    let items: Vec<Item> = parse_items(format_of(source), &text)?;
+    Ok(match &source.aggregate {
+        // L6: one row for the whole source, its count refreshed each sync.
+        Some(agg) => vec![aggregate(&source.name, &agg.title, items.len(), source.file.as_deref().unwrap_or(""))],
+        None => items.into_iter().map(|i| i.into_incoming(&source.name)).collect(),
+    })
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SyncReport {
+    pub project: String,
+    pub counts: MergeCounts,
+    /// Sources that could not be read, with why; the others were merged.
+    pub errors: Vec<String>,
+}
+
+/// L7 pull for one project: every source read, all merged in one transaction.
+pub async fn sync_project(app: &App, ledger: &LedgerSpec, now: Ts) -> Result<SyncReport, StoreError> {
+    let mut items = Vec::new();
+    let mut errors = Vec::new();
+    for source in &ledger.sources {
+        match pull(source).await {
+            Ok(found) => items.extend(found),
+            Err(e) => errors.push(format!("source {}: {e}", source.name)),
+        }
+    }
+    let counts = merge(app, &ledger.project, items, "sync", now).await?;
+    Ok(SyncReport { project: ledger.project.clone(), counts, errors })
+}
+
+/// L14 sync: projects round-robin from a stored cursor, at most `cap` a pass; how many were
+/// left is reported, never dropped silently.
+pub async fn sync_pass(app: &App, cap: Option<usize>, now: Ts) -> Result<(Vec<SyncReport>, usize), StoreError> {
+    let ledgers = app.runtime().ledgers.clone();
+    if ledgers.is_empty() {
+        return Ok((vec![], 0));
+    }
+    let cursor = app.store().kv_get("ledger_sync_cursor").await?.unwrap_or_default();
+    let start = ledgers.iter().position(|l| l.project > cursor).unwrap_or(0);
+    let order: Vec<&LedgerSpec> = ledgers.iter().cycle().skip(start).take(ledgers.len()).collect();
+    let cap = cap.unwrap_or(order.len()).min(order.len());
+    let mut reports = Vec::new();
+    for ledger in &order[..cap] {
+        reports.push(sync_project(app, ledger, now).await?);
+        app.store().kv_set("ledger_sync_cursor", &ledger.project).await?;
+    }
+    let truncated = order.len() - cap;
+    if truncated > 0 {
+        tracing::info!(truncated, "ledger sync stopped at its cap; the rest go first next time");
+    }
+    Ok((reports, truncated))
+}
+
+/// L8–L13: claims a row, runs its function, writes the result.
+pub async fn run_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ApiError> {
+    let claimed = claim_row(app, project, id, trigger, now).await?;
+    finish_row(app, claimed).await
+}
+
+/// L8: commits the claim (running, executedAt, runRequested cleared) before anything runs.
+pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ApiError> {
+    let rt = app.runtime();
+    let functions = rt.functions.clone();
+    let (p, actor) = (project.to_string(), if trigger == Trigger::Auto { "auto-execute" } else { "admin" });
+    let id_owned = id.to_string();
+    let claimed = app
+        .store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |state| {
+            let Some(row) = state.rows.first() else {
+                return (LedgerWrites::default(), Err(ApiError::not_found(format!("{p}/{id_owned} not found"))));
+            };
+            let mode = functions.iter().find(|(n, _)| *n == row.function).map(|(_, f)| f.mode);
+            match plan_claim(row, mode, trigger, now) {
+                Ok(claimed) => {
+                    let ev = event(&p, &claimed.id, "Claimed", format!("running {}", claimed.function), actor, now);
+                    (
+                        LedgerWrites { replace: vec![claimed.clone()], events: vec![ev], ..Default::default() },
+                        Ok(claimed),
+                    )
+                }
+                Err(reason) => (LedgerWrites::default(), Err(ApiError::conflict(reason))),
+            }
+        })
+        .await??;
+    Ok(claimed)
+}
+
+/// L12/L13/L10: runs a claimed row's function and writes its result, but only if the row is
+/// still that claim (stale recovery or a person may have moved it meanwhile).
+pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
+    let rt = app.runtime();
+    let project = claimed.project.clone();
+    let project = project.as_str();
+    let Some((name, function)) = rt.functions.iter().find(|(n, _)| *n == claimed.function).cloned() else {
+        return Err(ApiError::internal("function vanished between claim and run"));
+    };
+    let outcome = exec::run(&name, &function, &claimed, build_prompt(&claimed)).await;
+    let metrics = app.metrics();
+    let label = match &outcome {
+        Ok(_) => "ok",
+        Err(e) if e.starts_with("timed out") => "timeout",
+        Err(_) => "failed",
+    };
+    metrics.ledger_runs.with_label_values(&[&name, label]).inc();
+    if outcome.is_err() {
+        metrics.ledger_failures.with_label_values(&[project]).inc();
+    }
+    let (p, done_at) = (project.to_string(), crate::now());
+    let executed_at = claimed.executed_at;
+    let row = app
+        .store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![claimed.id.clone()]), move |state| {
+            let Some(current) = state.rows.first() else { return (LedgerWrites::default(), None) };
+            // Stale recovery or a person may have moved the row meanwhile: theirs stands.
+            if current.state != RowState::Running || current.executed_at != executed_at {
+                return (LedgerWrites::default(), Some(current.clone()));
+            }
+            let (next, reason, message) = match &outcome {
+                Ok(stdout) => (plan_success(current, stdout), "Succeeded", "result written; review it".to_string()),
+                Err(e) => (plan_failure(current, e), "Failed", e.clone()),
+            };
+            let ev = event(&p, &next.id, reason, message, "runner", done_at);
+            (LedgerWrites { replace: vec![next.clone()], events: vec![ev], ..Default::default() }, Some(next))
+        })
+        .await?;
+    row.ok_or_else(|| ApiError::not_found("the row was deleted during its run"))
+}
+
+/// L11: rows left running past `staleAfter` count one timeout failure (any project).
+pub async fn recover_stale(app: &App, now: Ts) -> Result<usize, StoreError> {
+    let rt = app.runtime();
+    let mut total = 0;
+    for ledger in &rt.ledgers {
+        let (p, stale_after) = (ledger.project.clone(), rt.stale_after);
+        total += app
+            .store()
+            .ledger_transaction(&ledger.project, LedgerSelect::Open, move |state| {
+                let recovered: Vec<Row> = state.rows.iter().filter_map(|r| plan_stale(r, stale_after, now)).collect();
+                let events = recovered
+                    .iter()
+                    .map(|r| event(&p, &r.id, "TimedOut", r.result.clone(), "controller", now))
+                    .collect();
+                let n = recovered.len();
+                (LedgerWrites { replace: recovered, events, ..Default::default() }, n)
+            })
+            .await?;
+    }
+    Ok(total)
+}
+
+/// L14 execute-checked and auto-execute: up to `limit` rows run, one after another.
+pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) -> Result<Vec<Row>, StoreError> {
+    recover_stale(app, now).await?;
+    let rt = app.runtime();
+    let mut ran = Vec::new();
+    for ledger in &rt.ledgers {
+        if ran.len() >= limit {
+            break;
+        }
+        let select = match trigger {
+            Trigger::Manual => LedgerSelect::RunRequested { limit },
+            Trigger::Auto => LedgerSelect::Open,
+        };
+        let rows =
+            app.store().ledger_transaction(&ledger.project, select, |s| (LedgerWrites::default(), s.rows)).await?;
+        let generate = |r: &Row| rt.functions.iter().any(|(n, f)| *n == r.function && f.mode == FunctionMode::Generate);
+        let candidates = rows.into_iter().filter(|r| match trigger {
+            Trigger::Manual => r.run_requested,
+            Trigger::Auto => r.state == RowState::Todo && generate(r),
+        });
+        for row in candidates {
+            if ran.len() >= limit {
+                break;
+            }
+            match run_row(app, &ledger.project, &row.id, trigger, crate::now()).await {
+                Ok(r) => ran.push(r),
+                // Not claimable (already claimed by a concurrent pass, a send row for auto…):
+                // say why on the row's trail and go on.
+                Err(e) => {
+                    tracing::info!(project = %ledger.project, row = %row.id, reason = %e, "ledger row skipped");
+                    if trigger == Trigger::Manual {
+                        let (p, id, why) = (ledger.project.clone(), row.id.clone(), e.to_string());
+                        app.store()
+                            .ledger_transaction(&ledger.project, LedgerSelect::Ids(vec![row.id.clone()]), move |s| {
+                                let mut replace = Vec::new();
+                                // A request that cannot run is cleared, with the reason, so it
+                                // is not retried every pass.
+                                if let Some(r) =
+                                    s.rows.first().filter(|r| r.run_requested && r.state != RowState::Running)
+                                {
+                                    replace.push(Row { run_requested: false, ..r.clone() });
+                                }
+                                let ev = event(&p, &id, "Skipped", why, "controller", now);
+                                (LedgerWrites { replace, events: vec![ev], ..Default::default() }, ())
+                            })
+                            .await?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(ran)
+}
+
+/// The fields a person may change with `set-row` (L3).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RowEdit {
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub instruction: Option<String>,
+    #[serde(default)]
+    pub run: Option<bool>,
+    #[serde(default)]
+    pub due: Option<String>,
+    #[serde(default)]
+    pub assignee: Option<String>,
+}
+
+/// L16 set-row: writes the fields a person may change, then reads the row back.
+pub async fn set_row(app: &App, project: &str, id: &str, edit: RowEdit, now: Ts) -> Result<Row, ApiError> {
+    let state = edit.state.as_deref().map(str::parse::<RowState>).transpose().map_err(ApiError::bad_request)?;
+    if state == Some(RowState::Running) {
+        return Err(ApiError::bad_request("running is set by the runner, not by hand"));
+    }
+    let (p, id_owned) = (project.to_string(), id.to_string());
+    app.store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
+            let Some(mut row) = s.rows.first().cloned() else {
+                return (LedgerWrites::default(), Err(ApiError::not_found(format!("{p}/{id_owned} not found"))));
+            };
+            if let Some(st) = state {
+                row.state = st;
+            }
+            if let Some(i) = edit.instruction {
+                row.instruction = i;
+            }
+            if let Some(r) = edit.run {
+                row.run_requested = r;
+            }
+            if let Some(d) = edit.due {
+                row.due = d;
+            }
+            if let Some(a) = edit.assignee {
+                row.assignee = a;
+            }
+            let ev = event(&p, &row.id, "Edited", "set-row".into(), "admin", now);
+            (LedgerWrites { replace: vec![row], events: vec![ev], ..Default::default() }, Ok(()))
+        })
+        .await??;
+    app.store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), |s| (LedgerWrites::default(), s.rows))
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::not_found(format!("{project}/{id} not found after writing")))
+}
+
+/// L16 purge-source: a dry run unless `yes`; deletes only untouched rows, bottom-up.
+pub async fn purge(app: &App, project: &str, source: &str, yes: bool, now: Ts) -> Result<PurgePlan, StoreError> {
+    let (p, source) = (project.to_string(), source.to_string());
+    app.store()
+        .ledger_transaction(project, LedgerSelect::All, move |s| {
+            let plan = plan_purge(&s.rows, &source);
+            if !yes {
+                return (LedgerWrites::default(), plan);
+            }
+            let events = plan
+                .delete
+                .iter()
+                .map(|id| event(&p, id, "Purged", format!("source {source}"), "admin", now))
+                .collect();
+            (LedgerWrites { delete: plan.delete.clone(), events, ..Default::default() }, plan)
+        })
+        .await
+}
+
+/// L15: the cross-project view, rendered from the store now.
+pub async fn view(app: &App, today: &str) -> Result<String, StoreError> {
+    let rt = app.runtime();
+    let mut rows_by_project = Vec::new();
+    for l in &rt.ledgers {
+        rows_by_project.push(app.store().ledger_rows(Some(&l.project)).await?);
+    }
+    let count_only: Vec<Vec<String>> = rt
+        .ledgers
+        .iter()
+        .map(|l| l.sources.iter().filter(|s| s.count_only).map(|s| s.name.clone()).collect())
+        .collect();
+    let projects: Vec<ViewProject<'_>> = rt
+        .ledgers
+        .iter()
+        .zip(&rows_by_project)
+        .zip(&count_only)
+        .map(|((l, rows), co)| ViewProject { project: &l.project, rows, count_only: co, cap: l.view_cap as usize })
+        .collect();
+    Ok(render_view(&projects, today))
+}
+
+/// Ledger row counts by project and state for `pcmail_ledger_rows` (0 for absent states).
+pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
+    let counts = app.store().ledger_counts().await?;
+    for l in &app.runtime().ledgers {
+        for s in RowState::ALL {
+            let n = counts.iter().find(|(p, st, _)| *p == l.project && st == s.as_str()).map_or(0, |c| c.2);
+            app.metrics().ledger_rows.with_label_values(&[&l.project, s.as_str()]).set(n as i64);
+        }
+    }
+    Ok(())
+}

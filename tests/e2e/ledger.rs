@@ -1,0 +1,195 @@
+//! DESIGN §7 end to end: a real `serve`, a test function script, and the `ledger` verbs.
+
+use std::path::{Path, PathBuf};
+
+use crate::harness::*;
+
+/// A project with a CSV source, a `draft` function (a shell script that logs every prompt and
+/// fails or hangs on demand), and a `mail` send function.
+struct Setup {
+    s: Server,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn setup(stale_after: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("draft.sh");
+    let log = dir.path().join("runs.log");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nprompt=$(cat)\n{ echo \"=== $PCMAIL_ROW_ID instruction=[$PCMAIL_INSTRUCTION]\"; echo \"$prompt\"; } >> \"$LOG\"\n\
+         case \"$PCMAIL_TASK\" in *fail*) echo boom >&2; exit 1;; *slow*) sleep 30;; esac\n\
+         echo '{\"result\": \"done '$PCMAIL_ROW_ID'\", \"link\": \"https://example.invalid/x\"}'\n",
+    )
+    .expect("script");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::write(dir.path().join("tasks.csv"), "task,content,due\n見積書を送る,A社,2026-12-01\n請求書を作る,B社,\n")
+        .expect("csv");
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).expect("dir");
+    std::fs::copy(examples().join("roster.yaml"), manifests.join("roster.yaml")).expect("roster");
+    std::fs::write(
+        manifests.join("ledger.yaml"),
+        format!(
+            "apiVersion: pcmail/v1\nkind: Ledger\nmetadata: {{name: office}}\nspec:\n  project: office\n  sources:\n  - {{name: csv, file: {}}}\n---\n\
+             apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: draft}}\nspec:\n  command: [{}]\n  mode: generate\n  timeout: 20s\n  env: {{LOG: {}}}\n---\n\
+             apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: mail}}\nspec:\n  command: [{}]\n  mode: send\n  env: {{LOG: {}}}\n---\n\
+             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec:\n  workers: 1\n  staleAfter: {stale_after}\n",
+            dir.path().join("tasks.csv").display(),
+            script.display(),
+            log.display(),
+            script.display(),
+            log.display()
+        ),
+    )
+    .expect("manifests");
+    let s = Server::start_opts(Some(manifests), "127.0.0.1:0", &[]);
+    Setup { s, log, _dir: dir }
+}
+
+fn push(s: &Server, source: &str, task: &str, function: &str) -> serde_json::Value {
+    let out = s.admin(&["ledger", "push", "--source", source, "--task", task, "--function", function]);
+    json(out)
+}
+
+fn rows(s: &Server) -> Vec<serde_json::Value> {
+    json(s.admin(&["ledger", "list", "-o", "json"])).as_array().cloned().unwrap_or_default()
+}
+
+fn row(s: &Server, id: &str) -> serde_json::Value {
+    rows(s).into_iter().find(|r| r["id"] == id).unwrap_or_default()
+}
+
+fn runs_of(log: &Path, id: &str) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.starts_with(&format!("=== {id} "))).count()
+}
+
+#[test]
+fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_their_row() {
+    let Setup { s, log, _dir } = setup("30m");
+    assert_eq!(push(&s, "manual", "write the estimate", "draft")["added"], 1);
+    assert_eq!(push(&s, "manual", "this will fail", "draft")["added"], 1);
+    assert_eq!(push(&s, "manual", "write the invoice", "draft")["added"], 1);
+    assert_eq!(push(&s, "manual", "write the estimate!", "draft")["skipped"], 1, "L4: the same key");
+
+    ok(s.admin(&["ledger", "set-row", "T-0002", "--instruction", "最優先: 箇条書きにする"]));
+    let failed = json(s.admin(&["ledger", "run", "T-0002", "-o", "json"]));
+    assert_eq!((failed[0]["state"].as_str(), failed[0]["failures"].as_u64()), (Some("todo"), Some(1)), "{failed}");
+    assert!(failed[0]["result"].as_str().is_some_and(|r| r.contains("failed (1/3)") && r.contains("boom")));
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        text.contains("=== T-0002 instruction=[最優先: 箇条書きにする]") && text.contains("highest priority"),
+        "{text}"
+    );
+
+    let next = json(s.admin(&["ledger", "run", "T-0003", "-o", "json"]));
+    assert_eq!(next[0]["state"], "review");
+    let text = std::fs::read_to_string(&log).expect("log");
+    let t3 = text.split("=== T-0003").nth(1).expect("T-0003 ran");
+    assert!(t3.starts_with(" instruction=[]") && !t3.contains("箇条書き"), "the instruction leaked: {t3}");
+
+    for n in [2, 3] {
+        let r = json(s.admin(&["ledger", "run", "T-0002", "-o", "json"]));
+        assert_eq!(r[0]["failures"].as_u64(), Some(n));
+    }
+    assert_eq!(row(&s, "T-0002")["state"], "needs-human", "L10: the third failure hands it to a person");
+    let out = s.admin(&["ledger", "run", "T-0002"]);
+    assert_eq!(code(&out), 1, "a needs-human row does not run");
+
+    let done = json(s.admin(&["ledger", "run", "T-0001", "-o", "json"]));
+    assert_eq!(done[0]["result"], "done T-0001\nhttps://example.invalid/x");
+    let executed = done[0]["executedAt"].as_str().expect("executedAt");
+    assert!(!executed.is_empty() && done[0]["runRequested"] == false);
+}
+
+#[test]
+fn l8_l14_a_checked_row_runs_exactly_once_when_two_passes_fire_together() {
+    let Setup { s, log, _dir } = setup("30m");
+    push(&s, "manual", "write the estimate", "draft");
+    push(&s, "manual", "send the estimate", "mail");
+    ok(s.admin(&["ledger", "set-row", "T-0001", "--run"]));
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, token, home) = (s.url.clone(), s.admin_token(), s.dir.path().join("home-passes"));
+            std::thread::spawn(move || {
+                std::process::Command::new(BIN)
+                    .args(["ledger", "execute-checked"])
+                    .env("PCMAIL_SERVER", url)
+                    .env("PCMAIL_TOKEN", token)
+                    .env("PCMAIL_HOME", home)
+                    .output()
+                    .expect("pass")
+            })
+        })
+        .collect();
+    for p in passes {
+        assert!(p.join().expect("join").status.success());
+    }
+    assert_eq!(runs_of(&log, "T-0001"), 1, "one run, however many passes");
+    let r = row(&s, "T-0001");
+    assert_eq!((r["state"].as_str(), r["runRequested"].as_bool()), (Some("review"), Some(false)));
+
+    // L9: a send function runs only from a person's tick, never from auto-execute.
+    assert_eq!(runs_of(&log, "T-0002"), 0);
+    ok(s.admin(&["ledger", "set-row", "T-0002", "--run"]));
+    ok(s.admin(&["ledger", "execute-checked"]));
+    assert_eq!(runs_of(&log, "T-0002"), 1);
+}
+
+#[test]
+fn l11_sigkill_during_a_run_counts_one_timeout_failure_and_never_runs_twice() {
+    let Setup { mut s, log, _dir } = setup("2s");
+    push(&s, "manual", "a slow draft", "draft");
+    let claimed = json(s.admin(&["ledger", "run", "T-0001", "--no-wait", "-o", "json"]));
+    assert_eq!(claimed[0]["state"], "running");
+    eventually(10, "the function to start", || (runs_of(&log, "T-0001") == 1).then_some(()));
+    s.kill9();
+    s.spawn();
+    assert_eq!(row(&s, "T-0001")["state"], "running", "the claim survived the crash");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    ok(s.admin(&["ledger", "execute-checked"]));
+    let r = row(&s, "T-0001");
+    assert_eq!((r["state"].as_str(), r["failures"].as_u64()), (Some("todo"), Some(1)), "{r}");
+    assert!(r["result"].as_str().is_some_and(|t| t.contains("timed out")));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(runs_of(&log, "T-0001"), 1, "never run again by itself, never twice at once");
+}
+
+#[test]
+fn l16_purge_source_lists_untouched_rows_in_a_dry_run_and_deletes_only_them() {
+    let Setup { s, _dir, .. } = setup("30m");
+    for t in ["one", "two", "three"] {
+        push(&s, "old", t, "");
+    }
+    push(&s, "keep", "other source", "");
+    ok(s.admin(&["ledger", "set-row", "T-0002", "--instruction", "keep this"]));
+    let dry = ok(s.admin(&["ledger", "purge-source", "old"]));
+    assert!(dry.starts_with("would delete 2 row(s): T-0003 T-0001"), "{dry}");
+    assert!(dry.contains("kept T-0002: it has a correction instruction"), "{dry}");
+    assert_eq!(rows(&s).len(), 4, "a dry run deletes nothing");
+    let done = ok(s.admin(&["ledger", "purge-source", "old", "--yes"]));
+    assert!(done.starts_with("deleted 2 row(s): T-0003 T-0001"), "{done}");
+    let left: Vec<String> = rows(&s).iter().map(|r| r["id"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(left, ["T-0002", "T-0004"]);
+    assert_eq!(push(&s, "new", "after the purge", "")["added"], 1);
+    assert!(rows(&s).iter().any(|r| r["id"] == "T-0005"), "L1: ids are never reused");
+}
+
+#[test]
+fn l7_sync_pulls_the_csv_source_once_and_push_failures_never_break_the_caller() {
+    let Setup { s, _dir, .. } = setup("30m");
+    let first = json(s.admin(&["ledger", "sync"]));
+    assert_eq!(first["counts"]["added"], 2, "{first}");
+    let second = json(s.admin(&["ledger", "sync"]));
+    assert_eq!((second["counts"]["added"].as_u64(), second["counts"]["updated"].as_u64()), (Some(0), Some(0)));
+    let view = ok(s.admin(&["ledger", "view"]));
+    assert!(view.contains("## office") && view.contains("見積書を送る"), "{view}");
+    let out = s.admin(&["ledger", "--project", "nope", "push", "--source", "s", "--task", "t"]);
+    assert_eq!(code(&out), 0);
+    assert!(stdout(&out).contains("\"error\"") && stdout(&out).contains("no Ledger for project"), "{}", stdout(&out));
+}
