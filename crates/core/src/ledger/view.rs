@@ -42,6 +42,17 @@ pub fn render_view(projects: &[ViewProject<'_>], today: &str) -> String {
     out
 }
 
+/// L14 sync order: projects round-robin starting after the stored `cursor`, at most `cap` of
+/// them; answers the projects to sync now and how many were left for next time.
+pub fn sync_order<'a>(projects: &[&'a str], cursor: &str, cap: Option<usize>) -> (Vec<&'a str>, usize) {
+    let mut sorted = projects.to_vec();
+    sorted.sort_unstable();
+    let start = sorted.iter().position(|p| *p > cursor).unwrap_or(0);
+    let order: Vec<&str> = sorted.iter().cycle().skip(start).take(sorted.len()).copied().collect();
+    let cap = cap.unwrap_or(order.len()).min(order.len());
+    (order[..cap].to_vec(), order.len() - cap)
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PurgePlan {
     /// Untouched rows of the source, bottom-up (highest id first).
@@ -92,6 +103,15 @@ mod tests {
         let kept: Vec<&str> = plan.kept.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(kept, ["T-0004", "T-0003", "T-0002"]);
         assert!(plan.kept[0].1.contains("完了"));
+    }
+
+    #[test]
+    fn l14_sync_walks_projects_round_robin_and_reports_what_it_left() {
+        let projects = ["b", "a", "c"];
+        assert_eq!(sync_order(&projects, "", Some(2)), (vec!["a", "b"], 1));
+        assert_eq!(sync_order(&projects, "b", Some(2)), (vec!["c", "a"], 1), "from after the cursor, wrapping");
+        assert_eq!(sync_order(&projects, "c", None), (vec!["a", "b", "c"], 0));
+        assert_eq!(sync_order(&[], "x", Some(1)), (vec![], 0));
     }
 
     #[test]

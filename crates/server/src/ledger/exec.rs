@@ -85,3 +85,87 @@ fn kill_group(pid: Option<u32>) {
     #[cfg(not(unix))]
     let _ = pid;
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use pcmail_core::duration::Dur;
+    use pcmail_core::ledger::RowState;
+    use pcmail_core::manifest::spec::FunctionMode;
+
+    use super::*;
+
+    fn row(instruction: &str) -> Row {
+        Row {
+            project: "p".into(),
+            id: "T-0001".into(),
+            state: RowState::Running,
+            run_requested: false,
+            task: "t".into(),
+            content: String::new(),
+            source: "s".into(),
+            evidence: String::new(),
+            due: String::new(),
+            assignee: String::new(),
+            function: "f".into(),
+            result: String::new(),
+            executed_at: None,
+            instruction: instruction.into(),
+            key: "s|t".into(),
+            failures: 0,
+            refresh: false,
+        }
+    }
+
+    fn function(script: &str, timeout: Dur) -> FunctionSpec {
+        FunctionSpec {
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            mode: FunctionMode::Generate,
+            timeout,
+            rate_limit: None,
+            env: BTreeMap::from([("EXTRA".to_string(), "x".to_string())]),
+        }
+    }
+
+    #[tokio::test]
+    async fn l12_the_prompt_arrives_on_stdin_with_a_minimal_environment_for_this_run_only() {
+        let f = function("cat; echo; env | sort", Dur::from_secs(10));
+        let out = run("f", &f, &row("be brief"), "PROMPT".into()).await.expect("runs");
+        assert!(out.starts_with("PROMPT\n"), "{out}");
+        assert!(
+            out.contains("PCMAIL_INSTRUCTION=be brief")
+                && out.contains("PCMAIL_ROW_ID=T-0001")
+                && out.contains("EXTRA=x")
+        );
+        assert!(!out.contains("CARGO_"), "the server's environment does not leak: {out}");
+        let without = run("f", &f, &row(""), String::new()).await.expect("runs");
+        assert!(!without.contains("PCMAIL_INSTRUCTION"), "{without}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_process_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+        let err =
+            run("f", &function(&script, Dur::from_millis(500)), &row(""), String::new()).await.expect_err("times out");
+        assert!(err.starts_with("timed out after 500ms"), "{err}");
+        let pid = std::fs::read_to_string(&pidfile).expect("pid").trim().to_string();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Gone, or a zombie waiting for whoever inherited it: either way no longer running.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running =
+            state.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|s| s != "Z");
+        assert!(!running, "the background grandchild {pid} outlived the timeout: {state}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_function_reports_its_exit_status_and_stderr() {
+        let err = run("f", &function("echo nope >&2; exit 3", Dur::from_secs(10)), &row(""), String::new())
+            .await
+            .expect_err("fails");
+        assert!(err.contains("exit status: 3") && err.contains("nope"), "{err}");
+    }
+}

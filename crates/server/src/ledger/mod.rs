@@ -9,7 +9,7 @@ use pcmail_core::api::Event;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
     Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, merge_plan, plan_claim,
-    plan_failure, plan_purge, plan_stale, plan_success, render_view,
+    plan_failure, plan_purge, plan_stale, plan_success, render_view, sync_order,
 };
 use pcmail_core::manifest::spec::{FunctionMode, LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
@@ -132,15 +132,14 @@ pub async fn sync_pass(app: &App, cap: Option<usize>, now: Ts) -> Result<(Vec<Sy
         return Ok((vec![], 0));
     }
     let cursor = app.store().kv_get("ledger_sync_cursor").await?.unwrap_or_default();
-    let start = ledgers.iter().position(|l| l.project > cursor).unwrap_or(0);
-    let order: Vec<&LedgerSpec> = ledgers.iter().cycle().skip(start).take(ledgers.len()).collect();
-    let cap = cap.unwrap_or(order.len()).min(order.len());
+    let projects: Vec<&str> = ledgers.iter().map(|l| l.project.as_str()).collect();
+    let (now_due, truncated) = sync_order(&projects, &cursor, cap);
     let mut reports = Vec::new();
-    for ledger in &order[..cap] {
+    for project in now_due {
+        let Some(ledger) = ledgers.iter().find(|l| l.project == project) else { continue };
         reports.push(sync_project(app, ledger, now).await?);
-        app.store().kv_set("ledger_sync_cursor", &ledger.project).await?;
+        app.store().kv_set("ledger_sync_cursor", project).await?;
     }
-    let truncated = order.len() - cap;
     if truncated > 0 {
         tracing::info!(truncated, "ledger sync stopped at its cap; the rest go first next time");
     }
