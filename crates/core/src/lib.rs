@@ -11,6 +11,7 @@ pub mod cron;
 pub mod duration;
 pub mod ids;
 pub mod intent;
+pub mod jobs;
 pub mod ledger;
 pub mod mail;
 pub mod manifest;

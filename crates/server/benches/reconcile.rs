@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use pcmail_core::Ts;
+use pcmail_core::ledger::{Incoming, merge_plan};
 use pcmail_core::mail::{Mail, MailKind, MailState};
 use pcmail_server::controller::{mail_sweep, pass};
 use pcmail_server::{App, ServeConfig};
-use pcmail_core::ledger::{Incoming, merge_plan};
 use pcmail_store::{LedgerSelect, LedgerWrites, MailWrites, Store};
 
 fn mail(n: u64, now: Ts, state: MailState, age: chrono::TimeDelta, expires_in: chrono::TimeDelta) -> Mail {
