@@ -8,7 +8,11 @@ use pcmail_core::api::Event;
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
-use crate::{LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store};
+use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
+
+use crate::{
+    Claim, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store,
+};
 use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
 pub fn at(secs: i64) -> Ts {
@@ -365,6 +369,93 @@ pub async fn ledger_selections_and_whole_row_writes(store: &impl Store) {
     assert_eq!(store.kv_get("cursor").await.expect("kv").as_deref(), Some("p"));
 }
 
+fn job(n: u32, priority: i64, run_after: i64) -> Job {
+    Job {
+        id: format!("job-{n:04}"),
+        queue: "q".into(),
+        function: "f".into(),
+        payload: "{}".into(),
+        state: JobState::Queued,
+        priority,
+        attempts: 0,
+        max_attempts: 3,
+        run_after: at(run_after),
+        lease_owner: None,
+        lease_token: None,
+        lease_expires_at: None,
+        heartbeat_at: None,
+        rescues: 0,
+        last_error: None,
+        result: None,
+        unique_key: None,
+        ledger_ref: None,
+        created_at: at(0),
+        finished_at: None,
+    }
+}
+
+fn claim(owner: &str, limit: usize, now: i64) -> Claim {
+    Claim {
+        queue: "q".into(),
+        limit,
+        owner: owner.into(),
+        token_prefix: format!("{owner}-"),
+        now: at(now),
+        lease_until: at(now + 60),
+    }
+}
+
+pub async fn j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens(store: &impl Store) {
+    let jobs = vec![job(1, 0, 5), job(2, 10, 5), job(3, 0, 1), job(4, 0, 100), job(5, 0, 1)];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
+    let first = store.claim_jobs(claim("w1", 3, 10)).await.expect("claim");
+    let ids: Vec<&str> = first.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, ["job-0002", "job-0003", "job-0005"]);
+    assert!(
+        first.iter().all(|j| j.state == JobState::Running && j.attempts == 1 && j.lease_owner.as_deref() == Some("w1"))
+    );
+    assert_eq!(first[0].lease_token.as_deref(), Some("w1-job-0002"));
+    let second = store.claim_jobs(claim("w2", 10, 10)).await.expect("claim");
+    assert_eq!(second.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["job-0001"], "job-0004 is not due yet");
+}
+
+pub async fn j2_j3_a_rescued_lease_can_no_longer_write(store: &impl Store) {
+    store.jobs_transaction(JobSelect::Ids(vec![]), |_| (vec![job(1, 0, 0)], ())).await.expect("enqueue");
+    let claimed = store.claim_jobs(claim("w1", 1, 10)).await.expect("claim").remove(0);
+    let rescued = store
+        .jobs_transaction(JobSelect::ExpiredLeases { now: at(100), limit: 10 }, |expired| {
+            let out: Vec<Job> = expired.iter().map(|j| plan_rescue(j, at(100), 0.0)).collect();
+            (out.clone(), out)
+        })
+        .await
+        .expect("rescue");
+    assert_eq!((rescued.len(), rescued[0].rescues, rescued[0].state), (1, 1, JobState::Queued));
+    let token = claimed.lease_token.clone().unwrap_or_default();
+    let verdict = store
+        .jobs_transaction(JobSelect::Ids(vec![claimed.id.clone()]), move |mut j| {
+            let current = j.remove(0);
+            (vec![], check_lease(&current, &token))
+        })
+        .await
+        .expect("check");
+    assert!(verdict.is_err(), "the zombie worker cannot complete");
+}
+
+pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
+    let mut j = job(1, 0, 0);
+    j.unique_key = Some("nightly".into());
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
+    let live =
+        store.jobs_transaction(JobSelect::LiveUnique("nightly".into()), |found| (vec![], found)).await.expect("find");
+    assert_eq!(live.len(), 1);
+    let mut dup = job(2, 0, 0);
+    dup.unique_key = Some("nightly".into());
+    let res = store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![dup], ())).await;
+    assert!(res.is_err(), "the store refuses a second live job with the key");
+    let counts = store.job_counts().await.expect("counts");
+    assert_eq!(counts, vec![("q".to_string(), "queued".to_string(), 1)]);
+}
+
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
 macro_rules! contract_tests {
     ($make:ident) => {
@@ -385,7 +476,10 @@ macro_rules! contract_tests {
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,
-            ledger_selections_and_whole_row_writes
+            ledger_selections_and_whole_row_writes,
+            j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens,
+            j2_j3_a_rescued_lease_can_no_longer_write,
+            j6_a_unique_key_held_by_a_live_job_is_found
         );
     };
     (@each $make:ident; $($check:ident),*) => {

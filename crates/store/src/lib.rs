@@ -13,6 +13,7 @@ use std::future::Future;
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
+use pcmail_core::jobs::Job;
 use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
@@ -138,6 +139,31 @@ pub struct LedgerWrites {
     pub events: Vec<Event>,
 }
 
+/// Which jobs a [`Store::jobs_transaction`] loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobSelect {
+    Ids(Vec<String>),
+    /// J6: the live job (queued, running or failed) holding this unique key, if any.
+    LiveUnique(String),
+    /// J3: running jobs whose lease expired at or before `now`.
+    ExpiredLeases {
+        now: Ts,
+        limit: usize,
+    },
+}
+
+/// A claim request (J1): up to `limit` due jobs of `queue`, leased to `owner` until
+/// `lease_until`; each lease token is `token_prefix` plus the job's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub queue: String,
+    pub limit: usize,
+    pub owner: String,
+    pub token_prefix: String,
+    pub now: Ts,
+    pub lease_until: Ts,
+}
+
 pub trait Store: Send + Sync + 'static {
     /// Loads the selected rows, hands them to `plan`, and applies the writes it returns, all in
     /// one transaction with no other writer in between.
@@ -185,6 +211,25 @@ pub trait Store: Send + Sync + 'static {
     /// Small controller state (cursors, the rebuilt view) that must survive restarts.
     fn kv_get(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     fn kv_set(&self, key: &str, value: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// J1: takes up to `limit` due queued jobs, in (priority desc, runAfter, insertion) order,
+    /// in one statement: each gets a fresh lease token, attempts + 1, and is running.
+    fn claim_jobs(&self, claim: Claim) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// Loads the selected jobs, hands them to `plan`, and upserts the jobs it returns (new ids
+    /// are inserted) in one transaction.
+    fn jobs_transaction<R, F>(&self, select: JobSelect, plan: F) -> impl Future<Output = Result<R>> + Send
+    where
+        F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
+        R: Send + 'static;
+    /// Jobs newest first, optionally of one queue and state.
+    fn list_jobs(
+        &self,
+        queue: Option<&str>,
+        state: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// Job counts by (queue, state), for the gauges.
+    fn job_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
 
     /// Alerts in state `firing`.
     fn firing_alerts(&self) -> impl Future<Output = Result<Vec<Alert>>> + Send;

@@ -15,13 +15,14 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::{
-    LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Result, SpecWrites, Store,
-    StoreError,
+    Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Result,
+    SpecWrites, Store, StoreError,
 };
+use pcmail_core::jobs::Job;
 use pcmail_core::ledger::Row as LedgerRow;
 use rows::{
-    ALERT_COLUMNS, INSERT_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, ledger_from_row,
-    ledger_params, mail_from_row, ms, spec_from_row,
+    ALERT_COLUMNS, INSERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, job_from_row,
+    job_params, ledger_from_row, ledger_params, mail_from_row, ms, spec_from_row,
 };
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
@@ -285,6 +286,35 @@ fn apply_ledger_writes(conn: &Connection, project: &str, w: &LedgerWrites) -> Re
         .map_err(map_err)?;
     }
     insert_events(conn, &w.events)
+}
+
+fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
+    let collect = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Job>> {
+        let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
+        let rows = stmt.query_map(args, job_from_row).map_err(map_err)?;
+        rows.map(|r| r.map_err(map_err)?).collect()
+    };
+    match select {
+        JobSelect::Ids(ids) => {
+            let mut out = Vec::new();
+            for id in ids {
+                out.extend(collect(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"), &[id])?);
+            }
+            Ok(out)
+        }
+        JobSelect::LiveUnique(key) => collect(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ?1 AND state IN ('queued', 'running', 'failed')"
+            ),
+            &[key],
+        ),
+        JobSelect::ExpiredLeases { now, limit } => collect(
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
+            ),
+            &[&ms(*now), &(*limit as i64)],
+        ),
+    }
 }
 
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
@@ -574,6 +604,101 @@ impl Store for SqliteStore {
             )
             .map_err(map_err)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let jobs = {
+                let mut stmt = tx
+                    .prepare_cached(&format!(
+                        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?1, \
+                         lease_token = ?2 || id, lease_expires_at = ?3, heartbeat_at = ?4 \
+                         WHERE seq IN (SELECT seq FROM jobs WHERE state = 'queued' AND queue = ?5 AND run_after <= ?4 \
+                         ORDER BY priority DESC, run_after, seq LIMIT ?6) RETURNING {JOB_COLUMNS}"
+                    ))
+                    .map_err(map_err)?;
+                let rows = stmt
+                    .query_map(
+                        params![
+                            claim.owner,
+                            claim.token_prefix,
+                            ms(claim.lease_until),
+                            ms(claim.now),
+                            claim.queue,
+                            claim.limit as i64
+                        ],
+                        job_from_row,
+                    )
+                    .map_err(map_err)?;
+                rows.map(|r| r.map_err(map_err)?).collect::<Result<Vec<Job>>>()?
+            };
+            if !jobs.is_empty() {
+                tx.commit().map_err(map_err)?;
+            }
+            Ok(jobs)
+        })
+        .await
+    }
+
+    async fn jobs_transaction<R, F>(&self, select: JobSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let loaded = select_jobs(&tx, &select)?;
+            let (writes, out) = plan(loaded);
+            if !writes.is_empty() {
+                let placeholders: Vec<String> = (1..=20).map(|i| format!("?{i}")).collect();
+                let sql = format!(
+                    "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET state = excluded.state, \
+                     priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
+                     run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
+                     lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at, \
+                     rescues = excluded.rescues, last_error = excluded.last_error, result = excluded.result, \
+                     finished_at = excluded.finished_at",
+                    placeholders.join(", ")
+                );
+                let mut stmt = tx.prepare_cached(&sql).map_err(map_err)?;
+                for j in &writes {
+                    stmt.execute(rusqlite::params_from_iter(job_params(j))).map_err(map_err)?;
+                }
+                drop(stmt);
+                tx.commit().map_err(map_err)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
+        let (queue, state) = (queue.map(String::from), state.map(String::from));
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
+                     ORDER BY seq DESC LIMIT ?3"
+                ))
+                .map_err(map_err)?;
+            let rows = stmt.query_map(params![queue, state, limit as i64], job_from_row).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)?).collect()
+        })
+        .await
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
+                .map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
         })
         .await
     }

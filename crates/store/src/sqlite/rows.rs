@@ -2,6 +2,7 @@
 
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
+use pcmail_core::jobs::Job;
 use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord};
@@ -225,5 +226,67 @@ pub fn ledger_params(row: &LedgerRow) -> Vec<Box<dyn ToSql + '_>> {
         Box::new(row.failures),
         Box::new(row.refresh),
         Box::new(seq),
+    ]
+}
+
+pub const JOB_COLUMNS: &str = "id, queue, function, payload, state, priority, attempts, max_attempts, run_after, \
+    lease_owner, lease_token, lease_expires_at, heartbeat_at, rescues, last_error, result, unique_key, ledger_ref, \
+    created_at, finished_at";
+
+pub fn job_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
+    let id: String = r.get(0)?;
+    let state: String = r.get(4)?;
+    let state = match state.parse() {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(StoreError::Corrupt(format!("job {id}: {e}")))),
+    };
+    Ok(Ok(Job {
+        id,
+        queue: r.get(1)?,
+        function: r.get(2)?,
+        payload: r.get(3)?,
+        state,
+        priority: r.get(5)?,
+        attempts: r.get(6)?,
+        max_attempts: r.get(7)?,
+        run_after: from_ms(r.get(8)?),
+        lease_owner: r.get(9)?,
+        lease_token: r.get(10)?,
+        lease_expires_at: opt_ts(r.get(11)?),
+        heartbeat_at: opt_ts(r.get(12)?),
+        rescues: r.get(13)?,
+        last_error: r.get(14)?,
+        result: r.get(15)?,
+        unique_key: r.get(16)?,
+        ledger_ref: r.get(17)?,
+        created_at: from_ms(r.get(18)?),
+        finished_at: opt_ts(r.get(19)?),
+    }))
+}
+
+/// Parameters ?1..?20 in JOB_COLUMNS order.
+pub fn job_params(j: &Job) -> Vec<Box<dyn ToSql + '_>> {
+    let t = |v: Option<Ts>| v.map(ms);
+    vec![
+        Box::new(&j.id),
+        Box::new(&j.queue),
+        Box::new(&j.function),
+        Box::new(&j.payload),
+        Box::new(j.state.as_str()),
+        Box::new(j.priority),
+        Box::new(j.attempts),
+        Box::new(j.max_attempts),
+        Box::new(ms(j.run_after)),
+        Box::new(&j.lease_owner),
+        Box::new(&j.lease_token),
+        Box::new(t(j.lease_expires_at)),
+        Box::new(t(j.heartbeat_at)),
+        Box::new(j.rescues),
+        Box::new(&j.last_error),
+        Box::new(&j.result),
+        Box::new(&j.unique_key),
+        Box::new(&j.ledger_ref),
+        Box::new(ms(j.created_at)),
+        Box::new(t(j.finished_at)),
     ]
 }

@@ -147,6 +147,36 @@ const MIGRATIONS: &[&str] = &[
     CREATE TABLE ledger_projects (project TEXT PRIMARY KEY, next_seq INTEGER NOT NULL);
     CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     "#,
+    // 3: the job queue. `seq` is insertion order, the tie-breaker of the claim order.
+    r#"
+    CREATE TABLE jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        queue TEXT NOT NULL,
+        function TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        state TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        run_after INTEGER NOT NULL,
+        lease_owner TEXT,
+        lease_token TEXT,
+        lease_expires_at INTEGER,
+        heartbeat_at INTEGER,
+        rescues INTEGER NOT NULL,
+        last_error TEXT,
+        result TEXT,
+        unique_key TEXT,
+        ledger_ref TEXT,
+        created_at INTEGER NOT NULL,
+        finished_at INTEGER
+    );
+    CREATE INDEX jobs_claim ON jobs(queue, priority DESC, run_after, seq) WHERE state = 'queued';
+    CREATE INDEX jobs_leases ON jobs(lease_expires_at) WHERE state = 'running';
+    CREATE UNIQUE INDEX jobs_unique ON jobs(unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+    "#,
 ];
 
 /// The columns this build reads, per table. Checked at open so that a hand-edited or
@@ -198,6 +228,32 @@ const REQUIRED: &[(&str, &[&str])] = &[
     ),
     ("ledger_projects", &["project", "next_seq"]),
     ("kv", &["key", "value"]),
+    (
+        "jobs",
+        &[
+            "seq",
+            "id",
+            "queue",
+            "function",
+            "payload",
+            "state",
+            "priority",
+            "attempts",
+            "max_attempts",
+            "run_after",
+            "lease_owner",
+            "lease_token",
+            "lease_expires_at",
+            "heartbeat_at",
+            "rescues",
+            "last_error",
+            "result",
+            "unique_key",
+            "ledger_ref",
+            "created_at",
+            "finished_at",
+        ],
+    ),
 ];
 
 /// The column list every mail-shaped table carries (the store's `mail`, the PC cache's `inbox`).
