@@ -1,0 +1,148 @@
+//! P3 of DESIGN §11: jobs claimed and completed per second through the Store (no-op function),
+//! against a raw-SQL baseline doing the same statements by hand in the same run. Prints the
+//! figures, the targets and the ratios; asserts nothing.
+
+use std::time::Instant;
+
+use pcmail_core::Ts;
+use pcmail_core::jobs::{Job, JobState, check_lease};
+use pcmail_store::{Claim, JobSelect, SqliteStore, Store};
+
+const JOBS: usize = 50_000;
+const BATCH: usize = 100;
+
+fn job(n: usize, now: Ts) -> Job {
+    Job {
+        id: format!("job-{n:08}"),
+        queue: "bench".into(),
+        function: "noop".into(),
+        payload: "{}".into(),
+        state: JobState::Queued,
+        priority: 0,
+        attempts: 0,
+        max_attempts: 3,
+        run_after: now,
+        lease_owner: None,
+        lease_token: None,
+        lease_expires_at: None,
+        heartbeat_at: None,
+        rescues: 0,
+        last_error: None,
+        result: None,
+        unique_key: None,
+        ledger_ref: None,
+        created_at: now,
+        finished_at: None,
+    }
+}
+
+async fn fill(store: &SqliteStore, now: Ts) {
+    for chunk in (0..JOBS).collect::<Vec<_>>().chunks(10_000) {
+        let jobs: Vec<Job> = chunk.iter().map(|n| job(*n, now)).collect();
+        store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("fill");
+    }
+}
+
+async fn through_store(store: &SqliteStore) -> f64 {
+    let started = Instant::now();
+    let mut done = 0;
+    loop {
+        let now = chrono::Utc::now();
+        let claim = Claim {
+            queue: "bench".into(),
+            limit: BATCH,
+            owner: "w".into(),
+            token_prefix: "w-".into(),
+            now,
+            lease_until: now + chrono::TimeDelta::seconds(60),
+        };
+        let claimed = store.claim_jobs(claim).await.expect("claim");
+        if claimed.is_empty() {
+            break;
+        }
+        // The no-op function ran; complete the batch, each job checked against its lease (J2).
+        let tokens: Vec<(String, String)> =
+            claimed.iter().map(|j| (j.id.clone(), j.lease_token.clone().unwrap_or_default())).collect();
+        let ids = tokens.iter().map(|(id, _)| id.clone()).collect();
+        done += store
+            .jobs_transaction(JobSelect::Ids(ids), move |jobs| {
+                let finished: Vec<Job> = jobs
+                    .into_iter()
+                    .zip(&tokens)
+                    .filter(|(j, (_, token))| check_lease(j, token).is_ok())
+                    .map(|(j, _)| Job { state: JobState::Succeeded, finished_at: Some(now), lease_token: None, ..j })
+                    .collect();
+                let n = finished.len();
+                (finished, n)
+            })
+            .await
+            .expect("complete");
+    }
+    done as f64 / started.elapsed().as_secs_f64()
+}
+
+fn raw_sql(path: &std::path::Path) -> f64 {
+    let mut conn = rusqlite::Connection::open(path).expect("open");
+    conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
+    conn.pragma_update(None, "synchronous", "FULL").expect("sync");
+    let started = Instant::now();
+    let mut done = 0;
+    loop {
+        let now = chrono::Utc::now().timestamp_millis();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("tx");
+        let claimed: Vec<(String, String)> = {
+            let mut stmt = tx
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = 'w', lease_token = 'w-' || id, \
+                     lease_expires_at = ?1, heartbeat_at = ?2 WHERE seq IN (SELECT seq FROM jobs WHERE state = 'queued' \
+                     AND queue = 'bench' AND run_after <= ?2 ORDER BY priority DESC, run_after, seq LIMIT ?3) \
+                     RETURNING id, lease_token",
+                )
+                .expect("prepare");
+            stmt.query_map(rusqlite::params![now + 60_000, now, BATCH as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                .expect("claim")
+                .collect::<Result<_, _>>()
+                .expect("rows")
+        };
+        tx.commit().expect("commit");
+        if claimed.is_empty() {
+            break;
+        }
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("tx");
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'succeeded', finished_at = ?1, lease_token = NULL \
+                     WHERE id = ?2 AND lease_token = ?3 AND state = 'running'",
+                )
+                .expect("prepare");
+            for (id, token) in &claimed {
+                done += stmt.execute(rusqlite::params![now, id, token]).expect("complete");
+            }
+        }
+        tx.commit().expect("commit");
+    }
+    done as f64 / started.elapsed().as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = chrono::Utc::now();
+    let store = SqliteStore::open(dir.path().join("store.db")).await.expect("store");
+    fill(&store, now).await;
+    let ours = through_store(&store).await;
+    let base_path = dir.path().join("baseline.db");
+    let baseline = SqliteStore::open(&base_path).await.expect("baseline");
+    fill(&baseline, now).await;
+    drop(baseline);
+    let raw = raw_sql(&base_path);
+    println!("| id | what | figure | target | ratio |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| P3 | jobs claim+complete through the Store, batches of {BATCH}, sqlite | {ours:.0}/s | ≥ 20000/s | {:.2} |",
+        ours / 20_000.0
+    );
+    println!("| P3 | raw-SQL baseline, same statements, same run | {raw:.0}/s | | |");
+    println!("| P3 | Store ÷ baseline | {:.2} | ≥ 0.5 | {:.2} |", ours / raw, (ours / raw) / 0.5);
+}
