@@ -165,6 +165,21 @@ pub enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
+    /// The job queue
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// An external worker: claims jobs of a queue over the API, runs their functions, reports
+    Worker {
+        #[arg(long)]
+        queue: String,
+        #[arg(long, default_value = "60s")]
+        lease: Dur,
+        /// Stop when the queue has nothing due instead of waiting for more
+        #[arg(long)]
+        once: bool,
+    },
     /// Inbound chat messages that must not be lost
     Intent {
         #[command(subcommand)]
@@ -252,6 +267,41 @@ pub enum LedgerCommand {
     },
     /// Run one execute-checked pass now, as its schedule would
     ExecuteChecked,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Queue a job; prints its id (a live job holding --unique-key is answered instead)
+    Enqueue {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        function: String,
+        /// JSON given to the function on stdin
+        #[arg(long)]
+        payload: Option<String>,
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        priority: i64,
+        #[arg(long)]
+        unique_key: Option<String>,
+        #[arg(long)]
+        run_after: Option<Dur>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// Jobs, newest first
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Run a dead, failed or cancelled job again
+    Retry { id: String },
+    /// Cancel a job
+    Cancel { id: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,6 +2,7 @@
 //! `exit` maps to one.
 
 mod agent;
+mod jobs;
 mod ledger;
 mod mail;
 mod serve;
@@ -55,6 +56,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Agent { command, wait } => agent::run(&client, command, wait).await,
                 Command::Alerts { output } => mail::alerts(&client, output).await,
                 Command::Ledger { project, command } => ledger::run(&client, project, command).await,
+                Command::Jobs { command } => jobs::run(&client, command).await,
+                Command::Worker { queue, lease, once } => jobs::worker(&client, &queue, lease, once).await,
                 other @ (Command::Serve(_) | Command::Login { .. } | Command::Hook { .. } | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }

@@ -3,6 +3,7 @@
 //! per area.
 
 mod harness;
+mod jobs;
 mod ledger;
 mod mail;
 mod monitoring;

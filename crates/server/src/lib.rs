@@ -8,6 +8,8 @@ mod api;
 mod app;
 mod auth;
 pub mod controller;
+pub mod exec;
+mod jobs;
 mod ledger;
 mod mailbox;
 pub mod manifests;

@@ -124,7 +124,16 @@ impl Metrics {
                 m.mail_transitions.with_label_values(&[f, t.as_str()]);
             }
         }
-        for r in ["mail-sweep", "notify", "specs", "execute-checked", "auto-execute", "ledger-sync", "rebuild-view"] {
+        for r in [
+            "mail-sweep",
+            "notify",
+            "specs",
+            "job-reaper",
+            "execute-checked",
+            "auto-execute",
+            "ledger-sync",
+            "rebuild-view",
+        ] {
             m.reconcile_errors.with_label_values(&[r]);
         }
         Ok(m)

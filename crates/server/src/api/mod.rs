@@ -2,6 +2,7 @@
 //! authenticate here, then call the shell modules (`mailbox`, `specs`).
 
 mod error;
+mod jobs;
 mod ledger;
 mod mail;
 mod specs;
@@ -42,6 +43,9 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/poll", get(mail::poll))
         .route("/api/v1/intents", post(mail::record_intent))
         .route("/api/v1/policy", get(mail::policy))
+        .route("/api/v1/jobs", post(jobs::enqueue).get(jobs::list))
+        .route("/api/v1/jobs/claim", post(jobs::claim))
+        .route("/api/v1/jobs/{id}/{action}", post(jobs::report))
         .route("/api/v1/ledger", get(ledger::list))
         .route("/api/v1/ledger/view", get(ledger::view))
         .route("/api/v1/ledger/push", post(ledger::push))
@@ -77,6 +81,7 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
     m.workqueue_depth.set(app.queue().depth() as i64);
     crate::ledger::refresh_metrics(&app).await?;
+    crate::jobs::refresh_metrics(&app).await?;
     let body = m.encode().map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }

@@ -29,6 +29,8 @@ pub enum Key {
     Notify,
     /// Rebuild the runtime from the specs and write each object's status.
     Specs,
+    /// J3: rescue jobs whose lease expired.
+    JobReaper,
     /// L14: run the rows people ticked (1 a pass by default).
     ExecuteChecked,
     /// L14: run todo rows of generate functions (2 a pass by default).
@@ -42,7 +44,7 @@ pub enum Key {
 impl Key {
     /// The keys the resync runs. The ledger roles run on their Schedule only: executing rows
     /// or pulling sources every few seconds is not what anyone scheduled.
-    pub const ALL: [Key; 3] = [Key::MailSweep, Key::Notify, Key::Specs];
+    pub const ALL: [Key; 4] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper];
 
     /// Also the `reconciler` label of the metrics.
     pub fn name(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Key {
             Key::MailSweep => "mail-sweep",
             Key::Notify => "notify",
             Key::Specs => "specs",
+            Key::JobReaper => "job-reaper",
             Key::ExecuteChecked => "execute-checked",
             Key::AutoExecute => "auto-execute",
             Key::LedgerSync => "ledger-sync",
@@ -113,6 +116,7 @@ async fn run_key(app: &App, key: Key) -> Result<(), String> {
         Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
         Key::Notify => notifier::run(app, now).await,
         Key::Specs => crate::specs::sync(app, now).await.map_err(|e| e.to_string()),
+        Key::JobReaper => crate::jobs::rescue_expired(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
         Key::ExecuteChecked | Key::AutoExecute => {
             let (trigger, role, default) = match key {
                 Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked, 1),

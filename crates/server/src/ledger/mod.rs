@@ -2,8 +2,6 @@
 //! passes (L14), set-row and purge (L16). Each change is one store transaction around a
 //! planner of `pcmail_core::ledger`; a function runs between its claim and its result.
 
-mod exec;
-
 use pcmail_core::Ts;
 use pcmail_core::api::Event;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
@@ -189,7 +187,16 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
     let Some((name, function)) = rt.functions.iter().find(|(n, _)| *n == claimed.function).cloned() else {
         return Err(ApiError::internal("function vanished between claim and run"));
     };
-    let outcome = exec::run(&name, &function, &claimed, build_prompt(&claimed)).await;
+    let mut vars = vec![
+        ("PCMAIL_PROJECT", claimed.project.clone()),
+        ("PCMAIL_ROW_ID", claimed.id.clone()),
+        ("PCMAIL_TASK", claimed.task.clone()),
+    ];
+    // L12: the instruction goes to this run only.
+    if !claimed.instruction.trim().is_empty() {
+        vars.push(("PCMAIL_INSTRUCTION", claimed.instruction.trim().to_string()));
+    }
+    let outcome = crate::exec::run(&name, &function, &vars, build_prompt(&claimed)).await;
     let metrics = app.metrics();
     let label = match &outcome {
         Ok(_) => "ok",

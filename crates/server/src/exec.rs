@@ -1,9 +1,9 @@
-//! Running a Function as a child process (L12, L13): argv without a shell, the prompt on stdin,
-//! a minimal environment plus `PCMAIL_*`, and a timeout that kills the whole process group.
+//! Running a Function as a child process, for ledger rows (L12, L13) and jobs (§8): argv
+//! without a shell, the input on stdin, a minimal environment plus the caller's `PCMAIL_*`
+//! variables, and a timeout that kills the whole process group.
 
 use std::process::Stdio;
 
-use pcmail_core::ledger::Row;
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::AsyncWriteExt;
 
@@ -12,9 +12,15 @@ const MAX_STDOUT: usize = 1 << 20;
 /// Variables passed through from the server's environment; everything else is dropped.
 const PASSED: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT"];
 
-/// Runs `function` for `row` with `prompt` on stdin. Ok is its stdout; Err says why it failed
-/// (exit status and the end of stderr, a timeout, or a spawn error).
-pub async fn run(name: &str, function: &FunctionSpec, row: &Row, prompt: String) -> Result<String, String> {
+/// Runs `function` with `input` on stdin and `vars` (the `PCMAIL_*` of this one run) in its
+/// environment. Ok is its stdout; Err says why it failed (exit status and the end of stderr,
+/// a timeout, or a spawn error).
+pub async fn run(
+    name: &str,
+    function: &FunctionSpec,
+    vars: &[(&str, String)],
+    input: String,
+) -> Result<String, String> {
     let Some((program, args)) = function.command.split_first() else {
         return Err(format!("function {name} has an empty command"));
     };
@@ -25,14 +31,11 @@ pub async fn run(name: &str, function: &FunctionSpec, row: &Row, prompt: String)
             cmd.env(key, v);
         }
     }
-    cmd.envs(&function.env)
-        .env("PCMAIL_PROJECT", &row.project)
-        .env("PCMAIL_ROW_ID", &row.id)
-        .env("PCMAIL_TASK", &row.task)
-        .env("PCMAIL_FUNCTION", name);
-    // L12: the instruction is set for this run only: each run builds its own environment.
-    if !row.instruction.trim().is_empty() {
-        cmd.env("PCMAIL_INSTRUCTION", row.instruction.trim());
+    // Each run builds its own environment, so nothing set for one run (L12's instruction)
+    // reaches another.
+    cmd.envs(&function.env).env("PCMAIL_FUNCTION", name);
+    for (k, v) in vars {
+        cmd.env(k, v);
     }
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(unix)]
@@ -54,7 +57,7 @@ pub async fn run(name: &str, function: &FunctionSpec, row: &Row, prompt: String)
     let pid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         // A function that does not read its stdin is not an error.
-        let _ = stdin.write_all(prompt.as_bytes()).await;
+        let _ = stdin.write_all(input.as_bytes()).await;
     }
     match tokio::time::timeout(function.timeout.to_std(), child.wait_with_output()).await {
         Err(_) => {
@@ -91,31 +94,16 @@ mod tests {
     use std::collections::BTreeMap;
 
     use pcmail_core::duration::Dur;
-    use pcmail_core::ledger::RowState;
     use pcmail_core::manifest::spec::FunctionMode;
 
     use super::*;
 
-    fn row(instruction: &str) -> Row {
-        Row {
-            project: "p".into(),
-            id: "T-0001".into(),
-            state: RowState::Running,
-            run_requested: false,
-            task: "t".into(),
-            content: String::new(),
-            source: "s".into(),
-            evidence: String::new(),
-            due: String::new(),
-            assignee: String::new(),
-            function: "f".into(),
-            result: String::new(),
-            executed_at: None,
-            instruction: instruction.into(),
-            key: "s|t".into(),
-            failures: 0,
-            refresh: false,
+    fn vars(instruction: &str) -> Vec<(&'static str, String)> {
+        let mut v = vec![("PCMAIL_ROW_ID", "T-0001".to_string())];
+        if !instruction.is_empty() {
+            v.push(("PCMAIL_INSTRUCTION", instruction.to_string()));
         }
+        v
     }
 
     fn function(script: &str, timeout: Dur) -> FunctionSpec {
@@ -129,9 +117,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn l12_the_prompt_arrives_on_stdin_with_a_minimal_environment_for_this_run_only() {
+    async fn l12_the_input_arrives_on_stdin_with_a_minimal_environment_for_this_run_only() {
         let f = function("cat; echo; env | sort", Dur::from_secs(10));
-        let out = run("f", &f, &row("be brief"), "PROMPT".into()).await.expect("runs");
+        let out = run("f", &f, &vars("be brief"), "PROMPT".into()).await.expect("runs");
         assert!(out.starts_with("PROMPT\n"), "{out}");
         assert!(
             out.contains("PCMAIL_INSTRUCTION=be brief")
@@ -139,7 +127,7 @@ mod tests {
                 && out.contains("EXTRA=x")
         );
         assert!(!out.contains("CARGO_"), "the server's environment does not leak: {out}");
-        let without = run("f", &f, &row(""), String::new()).await.expect("runs");
+        let without = run("f", &f, &vars(""), String::new()).await.expect("runs");
         assert!(!without.contains("PCMAIL_INSTRUCTION"), "{without}");
     }
 
@@ -150,7 +138,7 @@ mod tests {
         let pidfile = dir.path().join("grandchild.pid");
         let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
         let err =
-            run("f", &function(&script, Dur::from_millis(500)), &row(""), String::new()).await.expect_err("times out");
+            run("f", &function(&script, Dur::from_millis(500)), &vars(""), String::new()).await.expect_err("times out");
         assert!(err.starts_with("timed out after 500ms"), "{err}");
         let pid = std::fs::read_to_string(&pidfile).expect("pid").trim().to_string();
         std::thread::sleep(std::time::Duration::from_millis(200));
@@ -163,7 +151,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_function_reports_its_exit_status_and_stderr() {
-        let err = run("f", &function("echo nope >&2; exit 3", Dur::from_secs(10)), &row(""), String::new())
+        let err = run("f", &function("echo nope >&2; exit 3", Dur::from_secs(10)), &vars(""), String::new())
             .await
             .expect_err("fails");
         assert!(err.contains("exit status: 3") && err.contains("nope"), "{err}");
