@@ -118,3 +118,196 @@ fn j4_a_failing_job_retries_with_backoff_then_is_dead() {
     let retried = ok(s.admin(&["jobs", "retry", &id]));
     assert!(retried.ends_with("queued"), "{retried}");
 }
+
+/// A pool manifest dir whose `count` function appends "<job> <ns>" to `log` after `sleep_ms`.
+fn pool_setup(
+    workers: u32,
+    function_rate: &str,
+    lease: &str,
+    sleep_ms: u32,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("calls.log");
+    let script = dir.path().join("count.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$PCMAIL_JOB_ID $(date +%s%N)\" >> {}\nsleep {}\necho ok\n",
+            log.display(),
+            f64::from(sleep_ms) / 1000.0
+        ),
+    )
+    .expect("script");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).expect("dir");
+    std::fs::copy(examples().join("roster.yaml"), m.join("roster.yaml")).expect("roster");
+    std::fs::write(
+        m.join("jobs.yaml"),
+        format!(
+            "apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: count}}\nspec:\n  command: [{}]\n  mode: heavy\n  timeout: 30s\n{function_rate}---\n\
+             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: pool}}\nspec:\n  workers: {workers}\n  queues: [work]\n  leaseDuration: {lease}\n  maxAttempts: 10\n",
+            script.display()
+        ),
+    )
+    .expect("manifests");
+    (dir, log)
+}
+
+fn enqueue_many(s: &Server, n: usize) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let mut ids = Vec::with_capacity(n);
+        for chunk in (0..n).collect::<Vec<_>>().chunks(16) {
+            let futures = chunk.iter().map(|i| {
+                client
+                    .post(format!("{}/api/v1/jobs", s.url))
+                    .bearer_auth(s.admin_token())
+                    .json(&serde_json::json!({"queue": "work", "function": "count", "payload": {"n": i}}))
+                    .send()
+            });
+            for r in futures_join(futures).await {
+                let v: serde_json::Value = r.expect("enqueue").json().await.expect("json");
+                ids.push(v["job"]["id"].as_str().expect("id").to_string());
+            }
+        }
+        ids
+    })
+}
+
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
+
+fn counts(s: &Server) -> std::collections::BTreeMap<String, u64> {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let body =
+        rt.block_on(async { reqwest::get(format!("{}/metrics", s.url)).await.expect("m").text().await.expect("t") });
+    body.lines()
+        .filter(|l| l.starts_with("pcmail_jobs{queue=\"work\""))
+        .filter_map(|l| {
+            let state = l.split("state=\"").nth(1)?.split('"').next()?.to_string();
+            Some((state, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn pool_status(s: &Server) -> (u64, u64) {
+    let obj = json(s.admin(&["get", "workerpool", "pool", "-o", "json"]));
+    (obj["status"]["desiredWorkers"].as_u64().unwrap_or(99), obj["status"]["readyWorkers"].as_u64().unwrap_or(99))
+}
+
+fn apply_workers(s: &Server, dir: &std::path::Path, n: u32) {
+    let path = dir.join("m/jobs.yaml");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let next = text
+        .lines()
+        .map(|l| if l.starts_with("  workers:") { format!("  workers: {n}") } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    std::fs::write(&path, next).expect("write");
+    ok(s.admin(&["apply", "-f", &path.display().to_string()]));
+}
+
+#[test]
+fn j5_scaling_workers_2_5_1_by_apply_converges_and_loses_nothing() {
+    let (dir, log) = pool_setup(2, "", "10s", 20);
+    let s = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &["--resync", "300ms"]);
+    eventually(10, "2 workers", || (pool_status(&s) == (2, 2)).then_some(()));
+    let ids = enqueue_many(&s, 300);
+    apply_workers(&s, dir.path(), 5);
+    eventually(10, "5 workers", || (pool_status(&s) == (5, 5)).then_some(()));
+    apply_workers(&s, dir.path(), 1);
+    eventually(10, "1 worker", || (pool_status(&s) == (1, 1)).then_some(()));
+    eventually(120, "every job to succeed", || (counts(&s).get("succeeded") == Some(&300)).then_some(()));
+    let calls = std::fs::read_to_string(&log).expect("log");
+    for id in &ids {
+        assert_eq!(calls.lines().filter(|l| l.starts_with(&format!("{id} "))).count(), 1, "{id} ran once");
+    }
+    assert_eq!(counts(&s).get("running").copied().unwrap_or(0), 0);
+}
+
+#[test]
+fn j5_a_rate_limited_function_is_never_called_faster_than_its_spec() {
+    // 120 a minute with bursts of 1: two calls are at least 500 ms apart, whatever the workers.
+    let (dir, log) = pool_setup(3, "  rateLimit: {perMinute: 120, burst: 1}\n", "30s", 0);
+    let s = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &["--resync", "300ms"]);
+    enqueue_many(&s, 6);
+    eventually(30, "every job to succeed", || (counts(&s).get("succeeded") == Some(&6)).then_some(()));
+    let mut times: Vec<u128> = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    times.sort_unstable();
+    for pair in times.windows(2) {
+        let gap_ms = (pair[1] - pair[0]) / 1_000_000;
+        // The bucket admits a call every 500 ms; process start-up jitter may shift a
+        // timestamp by a few milliseconds either way.
+        assert!(gap_ms >= 450, "two calls {gap_ms} ms apart: {times:?}");
+    }
+}
+
+/// A small deterministic generator for the kill moments (no `rand` in the tree).
+fn next(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+#[test]
+fn j1_j3_chaos_10000_jobs_4_workers_and_5_sigkills_lose_nothing_and_duplicate_only_rescued_runs() {
+    let (dir, log) = pool_setup(4, "", "2s", 0);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut s = Server::start_opts(Some(dir.path().join("m")), &listen, &["--resync", "300ms"]);
+    let total = 10_000;
+    let ids = enqueue_many(&s, total);
+    assert_eq!(ids.len(), total);
+    let mut seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
+    for _ in 0..5 {
+        std::thread::sleep(std::time::Duration::from_millis(300 + next(&mut seed) % 1500));
+        s.kill9();
+        s.spawn();
+    }
+    eventually(600, "every job to succeed", || (counts(&s).get("succeeded") == Some(&(total as u64))).then_some(()));
+    let c = counts(&s);
+    assert_eq!(
+        (c.get("running").copied(), c.get("queued").copied(), c.get("dead").copied()),
+        (Some(0), Some(0), Some(0))
+    );
+
+    let db = rusqlite::Connection::open_with_flags(
+        s.dir.path().join("data/pcmail.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("db");
+    let mut stmt = db.prepare("SELECT id, rescues FROM jobs").expect("query");
+    let rescues: std::collections::HashMap<String, u64> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("rows").map(|r| r.expect("row")).collect();
+    assert_eq!(rescues.len(), total, "no job lost or invented");
+    let mut runs: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    let calls = std::fs::read_to_string(&log).expect("log");
+    for line in calls.lines() {
+        if let Some(id) = line.split(' ').next() {
+            *runs.entry(id).or_default() += 1;
+        }
+    }
+    for id in &ids {
+        let (ran, rescued) = (runs.get(id.as_str()).copied().unwrap_or(0), rescues.get(id).copied().unwrap_or(0));
+        assert!(ran >= 1, "{id} never ran");
+        assert!(ran <= 1 + rescued, "{id} ran {ran} times with only {rescued} rescue(s)");
+    }
+    let rescued_total: u64 = rescues.values().sum();
+    eprintln!("chaos: {total} jobs, {} runs, {rescued_total} rescues", calls.lines().count());
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use pcmail_core::duration::Dur;
+use pcmail_core::manifest::spec::RateLimit;
 use pcmail_store::SqliteStore;
 use tokio::sync::watch;
 
@@ -43,6 +44,9 @@ struct Inner {
     notify_limiter: Mutex<Option<(Dur, Arc<DefaultDirectRateLimiter>)>>,
     http: reqwest::Client,
     listen: OnceLock<SocketAddr>,
+    pools: crate::controller::pools::Pools,
+    /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
+    limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
 
 impl App {
@@ -77,6 +81,8 @@ impl App {
                 notify_limiter: Mutex::new(None),
                 http,
                 listen: OnceLock::new(),
+                pools: Default::default(),
+                limiters: Mutex::new(Default::default()),
             }),
         };
         crate::specs::sync(&app, crate::now()).await?;
@@ -167,6 +173,31 @@ impl App {
                 let quota = Quota::with_period(period).unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN));
                 let limiter = Arc::new(RateLimiter::direct(quota));
                 *slot = Some((min_interval, limiter.clone()));
+                limiter
+            }
+        }
+    }
+
+    /// J5: brings every pool's running workers to its spec; records how many run.
+    pub fn converge_pools(&self) {
+        let ready = self.inner.pools.converge(self);
+        let mut h = self.inner.health.lock().unwrap_or_else(PoisonError::into_inner);
+        if h.ready_workers != ready {
+            h.ready_workers = ready;
+            self.queue().add(Key::Specs);
+        }
+    }
+
+    /// The token bucket for `key` at `rate`: `perMinute` with bursts of `burst`.
+    pub fn limiter(&self, key: &str, rate: RateLimit) -> Arc<DefaultDirectRateLimiter> {
+        let mut map = self.inner.limiters.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get(key) {
+            Some((r, l)) if *r == rate => l.clone(),
+            _ => {
+                let per_minute = NonZeroU32::new(rate.per_minute).unwrap_or(NonZeroU32::MIN);
+                let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+                let limiter = Arc::new(RateLimiter::direct(Quota::per_minute(per_minute).allow_burst(burst)));
+                map.insert(key.to_string(), (rate, limiter.clone()));
                 limiter
             }
         }

@@ -214,8 +214,17 @@ pub async fn admin_move(app: &App, id: &str, retry: bool, now: Ts) -> Result<Job
 /// `pcmail_jobs{queue,state}` from the store's counts (0 for absent states of known queues).
 pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
     let counts = app.store().job_counts().await?;
-    for (queue, state, n) in counts {
-        app.metrics().jobs.with_label_values(&[&queue, &state]).set(n as i64);
+    let rt = app.runtime();
+    let mut queues: Vec<&str> = counts.iter().map(|(q, _, _)| q.as_str()).collect();
+    queues.extend(rt.pools.iter().flat_map(|(_, p)| p.queues.iter().map(String::as_str)));
+    queues.sort_unstable();
+    queues.dedup();
+    for queue in queues {
+        for state in JobState::ALL {
+            // A state that emptied must read 0, not its last count.
+            let n = counts.iter().find(|(q, s, _)| q == queue && s == state.as_str()).map_or(0, |c| c.2);
+            app.metrics().jobs.with_label_values(&[queue, state.as_str()]).set(n as i64);
+        }
     }
     Ok(())
 }

@@ -37,6 +37,8 @@ pub struct Runtime {
 pub struct Health {
     /// The last notification failure, cleared by the next success.
     pub notify_error: Option<String>,
+    /// Workers running now, by WorkerPool name.
+    pub ready_workers: std::collections::BTreeMap<String, u32>,
 }
 
 /// Builds the runtime from the stored specs, and the status each object should now show
@@ -62,11 +64,6 @@ pub fn build(specs: &[SpecRecord], health: &Health, now: Ts) -> (Runtime, Vec<(S
 }
 
 fn conditions(rt: &mut Runtime, spec: Spec, name: &str, health: &Health, status: &mut Status, now: Ts) {
-    let kind = spec.kind();
-    let pending = |status: &mut Status, what: &str| {
-        let message = format!("stored and validated; this build does not act on {what} yet");
-        status.set_condition("Ready", false, "ControllerPending", &message, now);
-    };
     match spec {
         Spec::Roster(r) => {
             rt.roster = Some(r);
@@ -107,8 +104,13 @@ fn conditions(rt: &mut Runtime, spec: Spec, name: &str, health: &Health, status:
             if rt.pools.is_empty() {
                 rt.stale_after = w.stale_after;
             }
+            let ready = health.ready_workers.get(name).copied().unwrap_or(0);
+            status.desired_workers = Some(w.workers);
+            status.ready_workers = Some(ready);
+            let converged = ready == w.workers;
+            let message = format!("{ready} of {} workers running on {}", w.workers, w.queues.join(", "));
+            status.set_condition("Ready", converged, if converged { "Converged" } else { "Scaling" }, &message, now);
             rt.pools.push((name.to_string(), w));
-            pending(status, &format!("{kind} workers (the job queue)"));
         }
     }
 }
@@ -178,7 +180,8 @@ mod tests {
         assert_eq!(rt.roster.map(|r| r.owner), Some("pc1".into()));
         assert_eq!(statuses[0].1.observed_generation, 3);
         assert_eq!(ready(&statuses[0].1), ("True", "Applied"));
-        assert_eq!(ready(&statuses[1].1), ("False", "ControllerPending"));
+        assert_eq!(ready(&statuses[1].1), ("False", "Scaling"));
+        assert_eq!((statuses[1].1.desired_workers, statuses[1].1.ready_workers), (Some(2), Some(0)));
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     let machines: Vec<String> = rt.roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect();
     app.metrics().declare_specs(&machines, &ledgers, &functions, &pools);
     app.set_runtime(rt);
+    app.converge_pools();
     for (record, status) in statuses {
         app.store().set_spec_status(record.kind, &record.name, status).await?;
     }

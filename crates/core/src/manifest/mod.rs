@@ -180,6 +180,12 @@ pub struct Status {
     pub observed_generation: u64,
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// WorkerPool: the `workers` asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_workers: Option<u32>,
+    /// WorkerPool: workers running now (draining ones excluded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_workers: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 
 pub mod mail_sweep;
 mod notifier;
+pub mod pools;
 pub mod queue;
 pub mod schedules;
 
