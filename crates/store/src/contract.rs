@@ -197,7 +197,7 @@ pub async fn specs_upsert_delete_and_status(store: &impl Store) {
         .write_specs(SpecWrites { upsert: vec![record(Kind::MailPolicy, "default", 2)], ..Default::default() })
         .await
         .expect("update");
-    let mut status = Status { observed_generation: 2, conditions: vec![] };
+    let mut status = Status { observed_generation: 2, ..Status::default() };
     status.set_condition("Ready", true, "Applied", "ok", at(3));
     store.set_spec_status(Kind::MailPolicy, "default", status.clone()).await.expect("status");
     store.set_spec_status(Kind::MailPolicy, "gone", status.clone()).await.expect("missing is fine");
