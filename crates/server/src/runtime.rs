@@ -196,7 +196,7 @@ mod tests {
     #[test]
     fn mail_policy_is_degraded_while_notifications_fail() {
         let policy = serde_json::json!({"notify": {"webhook": "http://127.0.0.1:9/hook"}});
-        let failing = Health { notify_error: Some("connection refused".into()) };
+        let failing = Health { notify_error: Some("connection refused".into()), ..Health::default() };
         let (_, statuses) = build(&[record(Kind::MailPolicy, 1, policy)], &failing, at(5));
         let degraded = statuses[0].1.conditions.iter().find(|c| c.type_ == "Degraded").expect("Degraded");
         assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "NotifyFailing"));
