@@ -267,12 +267,14 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn j1_j3_chaos_10000_jobs_4_workers_and_5_sigkills_lose_nothing_and_duplicate_only_rescued_runs() {
-    let (dir, log) = pool_setup(4, "", "2s", 0);
+    // Queue everything with no worker running, then start 4 and kill serve while they work.
+    let (dir, log) = pool_setup(0, "", "2s", 0);
     let listen = format!("127.0.0.1:{}", free_port());
     let mut s = Server::start_opts(Some(dir.path().join("m")), &listen, &["--resync", "300ms"]);
     let total = 10_000;
     let ids = enqueue_many(&s, total);
     assert_eq!(ids.len(), total);
+    apply_workers(&s, dir.path(), 4);
     let mut seed =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
     for _ in 0..5 {
@@ -310,4 +312,5 @@ fn j1_j3_chaos_10000_jobs_4_workers_and_5_sigkills_lose_nothing_and_duplicate_on
     }
     let rescued_total: u64 = rescues.values().sum();
     eprintln!("chaos: {total} jobs, {} runs, {rescued_total} rescues", calls.lines().count());
+    assert!(rescued_total >= 1, "the kills interrupted running jobs, whose leases were rescued");
 }

@@ -39,8 +39,11 @@ fn setup(stale_after: &str) -> Setup {
             "apiVersion: pcmail/v1\nkind: Ledger\nmetadata: {{name: office}}\nspec:\n  project: office\n  sources:\n  - {{name: csv, file: {}}}\n---\n\
              apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: draft}}\nspec:\n  command: [{}]\n  mode: generate\n  timeout: 20s\n  env: {{LOG: {}}}\n---\n\
              apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: mail}}\nspec:\n  command: [{}]\n  mode: send\n  env: {{LOG: {}}}\n---\n\
-             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec:\n  workers: 1\n  staleAfter: {stale_after}\n",
+             apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: render}}\nspec:\n  command: [{}]\n  mode: heavy\n  env: {{LOG: {}}}\n---\n\
+             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec:\n  workers: 1\n  queues: [heavy]\n  staleAfter: {stale_after}\n",
             dir.path().join("tasks.csv").display(),
+            script.display(),
+            log.display(),
             script.display(),
             log.display(),
             script.display(),
@@ -192,4 +195,23 @@ fn l7_sync_pulls_the_csv_source_once_and_push_failures_never_break_the_caller() 
     let out = s.admin(&["ledger", "--project", "nope", "push", "--source", "s", "--task", "t"]);
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).contains("\"error\"") && stdout(&out).contains("no Ledger for project"), "{}", stdout(&out));
+}
+
+#[test]
+fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() {
+    let Setup { s, _dir, .. } = setup("30m");
+    push(&s, "manual", "render the big PDF", "render");
+    let handed = json(s.admin(&["ledger", "run", "T-0001", "-o", "json"]));
+    let result = handed[0]["result"].as_str().unwrap_or_default().to_string();
+    assert!(result.contains("runs as job job-") && result.contains("on queue heavy"), "{handed}");
+    assert_eq!(handed[0]["state"], "todo", "the ledger itself never runs it");
+    eventually(20, "the job to run and write the row", || {
+        let r = row(&s, "T-0001");
+        (r["state"] == "review").then_some(r)
+    });
+    let r = row(&s, "T-0001");
+    assert!(r["result"].as_str().is_some_and(|t| t.starts_with("done ")), "{r}");
+    let jobs = json(s.admin(&["jobs", "list", "--queue", "heavy", "-o", "json"]));
+    assert_eq!(jobs[0]["ledgerRef"], "office/T-0001");
+    assert_eq!(jobs[0]["state"], "succeeded");
 }

@@ -165,6 +165,7 @@ pub async fn report(app: &App, id: &str, token: &str, report: Report, now: Ts) -
     if failed {
         app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
     }
+    crate::ledger::job_ended(app, &job, now).await?;
     Ok(job)
 }
 
@@ -181,6 +182,7 @@ pub async fn rescue_expired(app: &App, now: Ts) -> Result<usize, StoreError> {
     for j in &rescued {
         tracing::warn!(job = %j.id, queue = %j.queue, state = %j.state, "rescued an expired lease");
         app.metrics().job_rescues.with_label_values(&[&j.queue]).inc();
+        crate::ledger::job_ended(app, j, now).await?;
     }
     Ok(rescued.len())
 }

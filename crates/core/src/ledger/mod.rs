@@ -17,7 +17,9 @@ use unicode_normalization::UnicodeNormalization;
 
 use crate::Ts;
 pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
-pub use run::{ClaimError, Trigger, build_prompt, plan_claim, plan_failure, plan_stale, plan_success};
+pub use run::{
+    ClaimError, Trigger, build_prompt, ledger_ref, plan_claim, plan_failure, plan_handoff, plan_stale, plan_success,
+};
 pub use view::{PurgePlan, ViewProject, plan_purge, render_view, sync_order};
 
 /// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.

@@ -50,6 +50,21 @@ pub fn plan_claim(row: &Row, mode: Option<FunctionMode>, trigger: Trigger, now: 
     }
 }
 
+/// L9: a heavy row is handed to the job queue instead of running: the tick is cleared and the
+/// result says which job on which queue carries it; the row stays todo until the job ends.
+pub fn plan_handoff(row: &Row, job_id: &str, queue: &str) -> Row {
+    Row {
+        run_requested: false,
+        result: format!("heavy: runs as job {job_id} on queue {queue} (pcmail-ctl jobs list --queue {queue})"),
+        ..row.clone()
+    }
+}
+
+/// The ledger reference a heavy row's job carries: `project/id`.
+pub fn ledger_ref(row: &Row) -> String {
+    format!("{}/{}", row.project, row.id)
+}
+
 /// L13: stdout (`{"result": …, "link": …}` or plain text) becomes the result; the row goes to
 /// review for a person.
 pub fn plan_success(row: &Row, stdout: &str) -> Row {
@@ -159,6 +174,14 @@ mod tests {
             plan_claim(&r, Some(FunctionMode::Generate), Trigger::Manual, at(1))
                 .is_err_and(|e| e.contains("for a person"))
         );
+    }
+
+    #[test]
+    fn l9_a_heavy_row_is_handed_to_the_job_queue_and_says_which_job() {
+        let r = plan_handoff(&runnable(), "job-abc", "heavy");
+        assert_eq!((r.state, r.run_requested), (RowState::Todo, false));
+        assert!(r.result.contains("job-abc") && r.result.contains("queue heavy"), "{}", r.result);
+        assert_eq!(ledger_ref(&r), "p/T-0001");
     }
 
     #[test]

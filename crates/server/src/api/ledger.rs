@@ -95,6 +95,9 @@ pub async fn run(
 ) -> Result<Json<Row>, ApiError> {
     admin(&app, &headers).await?;
     let project = resolve_project(&app, req.project.as_deref())?;
+    if let Some(handed) = ledger::handoff_if_heavy(&app, &project, &id, Trigger::Manual, crate::now()).await? {
+        return Ok(Json(handed));
+    }
     let claimed = ledger::claim_row(&app, &project, &id, Trigger::Manual, crate::now()).await?;
     // The run belongs to the controller, not to this request: it finishes whatever the client does.
     let running = tokio::spawn({

@@ -6,8 +6,8 @@ use pcmail_core::Ts;
 use pcmail_core::api::Event;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
-    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, merge_plan, plan_claim,
-    plan_failure, plan_purge, plan_stale, plan_success, render_view, sync_order,
+    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, ledger_ref, merge_plan,
+    plan_claim, plan_failure, plan_handoff, plan_purge, plan_stale, plan_success, render_view, sync_order,
 };
 use pcmail_core::manifest::spec::{FunctionMode, LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
@@ -144,10 +144,89 @@ pub async fn sync_pass(app: &App, cap: Option<usize>, now: Ts) -> Result<(Vec<Sy
     Ok((reports, truncated))
 }
 
-/// L8–L13: claims a row, runs its function, writes the result.
+/// L8–L13: claims a row, runs its function, writes the result; a heavy row goes to the job
+/// queue instead (L9).
 pub async fn run_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ApiError> {
+    if let Some(row) = handoff_if_heavy(app, project, id, trigger, now).await? {
+        return Ok(row);
+    }
     let claimed = claim_row(app, project, id, trigger, now).await?;
     finish_row(app, claimed).await
+}
+
+/// L9: a person's run of a heavy row enqueues a job (one per row: its unique key is the row)
+/// and records which job and queue on the row. None when the row is not heavy.
+pub async fn handoff_if_heavy(
+    app: &App,
+    project: &str,
+    id: &str,
+    trigger: Trigger,
+    now: Ts,
+) -> Result<Option<Row>, ApiError> {
+    let rt = app.runtime();
+    let rows = app
+        .store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), |s| (LedgerWrites::default(), s.rows))
+        .await?;
+    let Some(row) = rows.into_iter().next() else { return Ok(None) };
+    let heavy = rt.functions.iter().any(|(n, f)| *n == row.function && f.mode == FunctionMode::Heavy);
+    if !heavy || trigger != Trigger::Manual || row.state != RowState::Todo {
+        return Ok(None);
+    }
+    let queues: Vec<&String> = rt.pools.iter().flat_map(|(_, p)| &p.queues).collect();
+    let Some(queue) = queues.iter().find(|q| q.as_str() == "heavy").or(queues.first()).map(|q| q.to_string()) else {
+        return Err(ApiError::conflict(format!(
+            "{id}: {:?} is heavy and runs from the job queue, but no WorkerPool has a queue; apply one",
+            row.function
+        )));
+    };
+    let reference = ledger_ref(&row);
+    let request = crate::jobs::EnqueueRequest {
+        queue: queue.clone(),
+        function: row.function.clone(),
+        payload: Some(serde_json::Value::String(build_prompt(&row))),
+        unique_key: Some(format!("ledger:{reference}")),
+        ledger_ref: Some(reference),
+        ..Default::default()
+    };
+    let job = crate::jobs::enqueue(app, request, now).await?.job;
+    let (p, job_id) = (project.to_string(), job.id.clone());
+    let handed = app
+        .store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
+            let Some(row) = s.rows.first() else { return (LedgerWrites::default(), None) };
+            let next = plan_handoff(row, &job_id, &queue);
+            let ev = event(&p, &next.id, "Enqueued", next.result.clone(), "admin", now);
+            (LedgerWrites { replace: vec![next.clone()], events: vec![ev], ..Default::default() }, Some(next))
+        })
+        .await?;
+    Ok(handed)
+}
+
+/// L9/L13/L10 for heavy rows: when a row's job ends, its result or its failure is written on
+/// the row (a job that will retry leaves the row as it is).
+pub async fn job_ended(app: &App, job: &pcmail_core::jobs::Job, now: Ts) -> Result<(), StoreError> {
+    use pcmail_core::jobs::JobState;
+    let Some((project, id)) = job.ledger_ref.as_deref().and_then(|r| r.split_once('/')) else { return Ok(()) };
+    let outcome = match job.state {
+        JobState::Succeeded => Ok(job.result.clone().unwrap_or_default()),
+        JobState::Dead => Err(job.last_error.clone().unwrap_or_else(|| "the job died".into())),
+        _ => return Ok(()),
+    };
+    let (p, job_id) = (project.to_string(), job.id.clone());
+    app.store()
+        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
+            let Some(row) = s.rows.first().filter(|r| r.state == RowState::Todo) else {
+                return (LedgerWrites::default(), ());
+            };
+            let (next, reason) = match &outcome {
+                Ok(stdout) => (Row { executed_at: Some(now), ..plan_success(row, stdout) }, "Succeeded"),
+                Err(e) => (plan_failure(row, e), "Failed"),
+            };
+            let ev = event(&p, &next.id, reason, format!("job {job_id} ended"), "job-queue", now);
+            (LedgerWrites { replace: vec![next], events: vec![ev], ..Default::default() }, ())
+        })
+        .await
 }
 
 /// L8: commits the claim (running, executedAt, runRequested cleared) before anything runs.
