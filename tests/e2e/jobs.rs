@@ -251,12 +251,14 @@ fn j5_a_rate_limited_function_is_never_called_faster_than_its_spec() {
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     times.sort_unstable();
+    // The bucket admits a call every 500 ms. A timestamp is taken inside the started process,
+    // so start-up jitter (larger on a loaded CI machine) shifts single gaps, never the total.
     for pair in times.windows(2) {
         let gap_ms = (pair[1] - pair[0]) / 1_000_000;
-        // The bucket admits a call every 500 ms; process start-up jitter may shift a
-        // timestamp by a few milliseconds either way.
-        assert!(gap_ms >= 450, "two calls {gap_ms} ms apart: {times:?}");
+        assert!(gap_ms >= 300, "two calls {gap_ms} ms apart: {times:?}");
     }
+    let span_ms = (times[times.len() - 1] - times[0]) / 1_000_000;
+    assert!(span_ms >= 5 * 500 - 150, "6 calls within {span_ms} ms: faster than 120/min");
 }
 
 /// A small deterministic generator for the kill moments (no `rand` in the tree).
