@@ -112,8 +112,16 @@ fn describe_shows_status_and_events_and_delete_removes() {
     let s = Server::start();
     let out = ok(s.admin(&["describe", "roster", "office"]));
     assert!(out.contains("observedGeneration: 1") && out.contains("Created"), "{out}");
-    let table = ok(s.admin(&["get", "workerpools"]));
-    assert!(table.contains("ControllerPending"), "{table}");
+    // The example pool asks for 2 workers; its status says when they run.
+    eventually(10, "the pool to converge", || {
+        let table = ok(s.admin(&["get", "workerpools"]));
+        table.lines().any(|l| l.starts_with("default") && l.contains("True") && l.contains("Converged")).then_some(())
+    });
+    let pool = json(s.admin(&["get", "workerpool", "default", "-o", "json"]));
+    assert_eq!(
+        (pool["status"]["desiredWorkers"].as_u64(), pool["status"]["readyWorkers"].as_u64()),
+        (Some(2), Some(2))
+    );
     assert_eq!(ok(s.admin(&["delete", "workerpool", "default"])), "workerpool/default deleted");
     assert_eq!(objects(&s, "workerpool").as_array().map(Vec::len), Some(0));
     let out = s.admin(&["delete", "workerpool", "default"]);
