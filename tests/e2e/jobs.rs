@@ -3,6 +3,8 @@
 
 use crate::harness::*;
 
+/// A queue `q` whose pool runs no worker in-process: these tests claim by hand or with the
+/// external `worker`.
 fn setup() -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("job.sh");
@@ -23,7 +25,7 @@ fn setup() -> (Server, tempfile::TempDir) {
         manifests.join("jobs.yaml"),
         format!(
             "apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: work}}\nspec:\n  command: [{}]\n  mode: heavy\n---\n\
-             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec:\n  workers: 1\n  queues: [q]\n  maxAttempts: 2\n",
+             apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: default}}\nspec:\n  workers: 0\n  queues: [q]\n  maxAttempts: 2\n",
             script.display()
         ),
     )

@@ -45,6 +45,8 @@ struct Inner {
     http: reqwest::Client,
     listen: OnceLock<SocketAddr>,
     pools: crate::controller::pools::Pools,
+    /// Rung on every enqueue: idle workers claim at once instead of at their next poll.
+    job_bell: tokio::sync::Notify,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -82,6 +84,7 @@ impl App {
                 http,
                 listen: OnceLock::new(),
                 pools: Default::default(),
+                job_bell: tokio::sync::Notify::new(),
                 limiters: Mutex::new(Default::default()),
             }),
         };
@@ -176,6 +179,14 @@ impl App {
                 limiter
             }
         }
+    }
+
+    pub fn ring_job_bell(&self) {
+        self.inner.job_bell.notify_waiters();
+    }
+
+    pub async fn job_enqueued(&self) {
+        self.inner.job_bell.notified().await;
     }
 
     /// J5: brings every pool's running workers to its spec; records how many run.

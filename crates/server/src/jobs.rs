@@ -94,13 +94,17 @@ pub async fn enqueue(app: &App, req: EnqueueRequest, now: Ts) -> Result<EnqueueR
         Some(k) => JobSelect::LiveUnique(k.clone()),
         None => JobSelect::Ids(vec![]),
     };
-    Ok(app
+    let response = app
         .store()
         .jobs_transaction(select, move |live| match live.into_iter().next() {
             Some(existing) => (vec![], EnqueueResponse { job: existing, created: false }),
             None => (vec![job.clone()], EnqueueResponse { job, created: true }),
         })
-        .await?)
+        .await?;
+    if response.created {
+        app.ring_job_bell();
+    }
+    Ok(response)
 }
 
 /// J1: up to `limit` due jobs of `queue`, leased to `owner` for `lease`.

@@ -62,8 +62,13 @@ impl Pools {
     }
 }
 
+/// How long an idle worker waits before asking again, unless a new job rings first.
+const IDLE_MIN: Duration = Duration::from_millis(200);
+const IDLE_MAX: Duration = Duration::from_secs(2);
+
 async fn work(app: App, pool: String, me: String, mut stop: watch::Receiver<bool>) {
     let mut shutdown = app.watch_shutdown();
+    let mut idle = IDLE_MIN;
     loop {
         if *stop.borrow() || *shutdown.borrow() {
             return;
@@ -85,13 +90,18 @@ async fn work(app: App, pool: String, me: String, mut stop: watch::Receiver<bool
             }
         }
         match claimed {
-            Some(job) => run_job(&app, job, spec.lease_duration).await,
+            Some(job) => {
+                idle = IDLE_MIN;
+                run_job(&app, job, spec.lease_duration).await;
+            }
             None => {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = tokio::time::sleep(idle) => {}
+                    _ = app.job_enqueued() => {}
                     _ = stop.changed() => {}
                     _ = shutdown.changed() => {}
                 }
+                idle = (idle * 2).min(IDLE_MAX);
             }
         }
     }

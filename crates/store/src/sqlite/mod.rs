@@ -609,6 +609,21 @@ impl Store for SqliteStore {
     }
 
     async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
+        // Idle workers ask often: answer "nothing due" from a reader, without the writer.
+        let (queue, now) = (claim.queue.clone(), ms(claim.now));
+        let due = self
+            .read(move |conn| {
+                conn.prepare_cached(
+                    "SELECT 1 FROM jobs WHERE state = 'queued' AND queue = ?1 AND run_after <= ?2 LIMIT 1",
+                )
+                .map_err(map_err)?
+                .exists(params![queue, now])
+                .map_err(map_err)
+            })
+            .await?;
+        if !due {
+            return Ok(vec![]);
+        }
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let jobs = {
