@@ -89,6 +89,35 @@ pub struct Job {
     pub finished_at: Option<Ts>,
 }
 
+impl Job {
+    /// A queued job due now: no lease, no attempts yet, 3 attempts allowed. Callers set the rest
+    /// with struct update syntax.
+    pub fn new(id: String, queue: String, function: String, payload: String, now: Ts) -> Job {
+        Job {
+            id,
+            queue,
+            function,
+            payload,
+            state: JobState::Queued,
+            priority: 0,
+            attempts: 0,
+            max_attempts: 3,
+            run_after: now,
+            lease_owner: None,
+            lease_token: None,
+            lease_expires_at: None,
+            heartbeat_at: None,
+            rescues: 0,
+            last_error: None,
+            result: None,
+            unique_key: None,
+            ledger_ref: None,
+            created_at: now,
+            finished_at: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
     #[error("job {0} not found")]
@@ -167,28 +196,7 @@ mod tests {
     use crate::mail::fixtures::at;
 
     pub fn job() -> Job {
-        Job {
-            id: "job-1".into(),
-            queue: "default".into(),
-            function: "f".into(),
-            payload: "{}".into(),
-            state: JobState::Queued,
-            priority: 0,
-            attempts: 0,
-            max_attempts: 3,
-            run_after: at(0),
-            lease_owner: None,
-            lease_token: None,
-            lease_expires_at: None,
-            heartbeat_at: None,
-            rescues: 0,
-            last_error: None,
-            result: None,
-            unique_key: None,
-            ledger_ref: None,
-            created_at: at(0),
-            finished_at: None,
-        }
+        Job::new("job-1".into(), "default".into(), "f".into(), "{}".into(), at(0))
     }
 
     #[test]

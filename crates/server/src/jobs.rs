@@ -68,27 +68,14 @@ pub async fn enqueue(app: &App, req: EnqueueRequest, now: Ts) -> Result<EnqueueR
     let run_after = now
         .checked_add_signed(req.run_after.unwrap_or_default().to_chrono())
         .ok_or_else(|| ApiError::bad_request("runAfter is too far away"))?;
+    let payload = req.payload.map_or_else(|| "null".into(), |p| p.to_string());
     let job = Job {
-        id: format!("job-{}", random_hex(6)?),
-        queue: req.queue,
-        function: req.function,
-        payload: req.payload.map_or_else(|| "null".into(), |p| p.to_string()),
-        state: JobState::Queued,
         priority: req.priority,
-        attempts: 0,
         max_attempts: max_attempts.max(1),
         run_after,
-        lease_owner: None,
-        lease_token: None,
-        lease_expires_at: None,
-        heartbeat_at: None,
-        rescues: 0,
-        last_error: None,
-        result: None,
         unique_key: req.unique_key.clone(),
         ledger_ref: req.ledger_ref,
-        created_at: now,
-        finished_at: None,
+        ..Job::new(format!("job-{}", random_hex(6)?), req.queue, req.function, payload, now)
     };
     let select = match &req.unique_key {
         Some(k) => JobSelect::LiveUnique(k.clone()),

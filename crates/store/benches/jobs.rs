@@ -12,28 +12,7 @@ const JOBS: usize = 50_000;
 const BATCH: usize = 100;
 
 fn job(n: usize, now: Ts) -> Job {
-    Job {
-        id: format!("job-{n:08}"),
-        queue: "bench".into(),
-        function: "noop".into(),
-        payload: "{}".into(),
-        state: JobState::Queued,
-        priority: 0,
-        attempts: 0,
-        max_attempts: 3,
-        run_after: now,
-        lease_owner: None,
-        lease_token: None,
-        lease_expires_at: None,
-        heartbeat_at: None,
-        rescues: 0,
-        last_error: None,
-        result: None,
-        unique_key: None,
-        ledger_ref: None,
-        created_at: now,
-        finished_at: None,
-    }
+    Job::new(format!("job-{n:08}"), "bench".into(), "noop".into(), "{}".into(), now)
 }
 
 async fn fill(store: &SqliteStore, now: Ts) {

@@ -371,26 +371,9 @@ pub async fn ledger_selections_and_whole_row_writes(store: &impl Store) {
 
 fn job(n: u32, priority: i64, run_after: i64) -> Job {
     Job {
-        id: format!("job-{n:04}"),
-        queue: "q".into(),
-        function: "f".into(),
-        payload: "{}".into(),
-        state: JobState::Queued,
         priority,
-        attempts: 0,
-        max_attempts: 3,
         run_after: at(run_after),
-        lease_owner: None,
-        lease_token: None,
-        lease_expires_at: None,
-        heartbeat_at: None,
-        rescues: 0,
-        last_error: None,
-        result: None,
-        unique_key: None,
-        ledger_ref: None,
-        created_at: at(0),
-        finished_at: None,
+        ..Job::new(format!("job-{n:04}"), "q".into(), "f".into(), "{}".into(), at(0))
     }
 }
 

@@ -562,16 +562,7 @@ impl Store for SqliteStore {
     }
 
     async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.read(|conn| {
-            let mut stmt = conn
-                .prepare_cached("SELECT project, state, count(*) FROM ledger GROUP BY project, state")
-                .map_err(map_err)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
-                .map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)).collect()
-        })
-        .await
+        self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
     }
 
     async fn ledger_projects(&self) -> Result<Vec<String>> {
@@ -706,16 +697,7 @@ impl Store for SqliteStore {
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.read(|conn| {
-            let mut stmt = conn
-                .prepare_cached("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state")
-                .map_err(map_err)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
-                .map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)).collect()
-        })
-        .await
+        self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
@@ -761,6 +743,18 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
+    /// `(group, state, count)` rows of a `GROUP BY` query, for the gauges.
+    async fn group_counts(&self, sql: &'static str) -> Result<Vec<(String, String, u64)>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
+                .map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
     async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
         self.read(move |conn| query_alerts(conn, filter, order, limit)).await
     }
