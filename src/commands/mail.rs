@@ -46,11 +46,10 @@ fn refresh_cache(mail: &Mail) {
     }
 }
 
-/// M4: the id is drawn here; on a duplicate the client draws again once and resends.
+/// M4: the id is drawn here; on a duplicate the client draws again once and resends. A reply
+/// sends one too: it is used when the fixed reply id (M6) is taken by a different answer.
 async fn post_mail(client: &Client, mut req: SendRequest) -> anyhow::Result<SendResponse> {
-    if req.reply_to.is_none() {
-        req.id = Some(random_mail_id()?);
-    }
+    req.id = Some(random_mail_id()?);
     match client.post("/api/v1/mail", &req).await {
         Err(e) if e.code() == Some(ErrorCode::DuplicateId) => {
             req.id = Some(random_mail_id()?);

@@ -82,6 +82,9 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
     let (candidate_id, parent_id) = send_ids(&req, sender, &fresh_id);
     let mut load = vec![candidate_id.clone(), fresh_id.clone()];
     load.extend(parent_id.clone());
+    // A reply that brings its own id: whether that id is already this reply (a retry).
+    let client_id = req.id.clone().filter(|_| req.reply_to.is_some());
+    load.extend(client_id.clone());
     let sender = sender.to_string();
     let (plan, moves, notice) = app
         .store()
@@ -91,6 +94,7 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
                 candidate: find(&candidate_id),
                 parent: parent_id.as_deref().and_then(find),
                 fresh_taken: find(&fresh_id).is_some(),
+                client_row: client_id.as_deref().and_then(find),
             };
             let ctx =
                 SendContext { roster: rt.roster.as_ref(), policy: &rt.mail_policy, now, fresh_id: fresh_id.clone() };

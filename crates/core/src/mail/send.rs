@@ -44,12 +44,14 @@ pub fn send_ids(req: &SendRequest, sender: &str, fresh_id: &str) -> (String, Opt
     }
 }
 
-/// What the store holds for the ids of [`send_ids`], plus the fresh id's.
+/// What the store holds for the ids of [`send_ids`], plus the fresh id's and, for a reply
+/// that brings its own id, that id's.
 #[derive(Debug, Default)]
 pub struct SendObserved<'a> {
     pub candidate: Option<&'a Mail>,
     pub parent: Option<&'a Mail>,
     pub fresh_taken: bool,
+    pub client_row: Option<&'a Mail>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,9 +150,28 @@ pub fn plan_send(
                 parent_update,
             });
         }
-        // M6: a different body must not be swallowed by an earlier receipt-ack.
-        Some(_) if seen.fresh_taken => return Err(SendError::DuplicateId(ctx.fresh_id.clone())),
-        Some(_) => ctx.fresh_id.clone(),
+        // M6: a different body must not be swallowed by an earlier receipt-ack. It takes the
+        // client's id when it brings one, so that re-sending it after a lost answer is the
+        // same mail again, not a second one.
+        Some(_) => match (&req.id, seen.client_row) {
+            (Some(_), Some(same)) if same.body == req.body && same.from == sender && same.reply_to == req.reply_to => {
+                return Ok(SendPlan {
+                    id: same.id.clone(),
+                    outcome: SendOutcome::AlreadySent,
+                    insert: None,
+                    parent_update,
+                });
+            }
+            (Some(id), Some(_)) => return Err(SendError::DuplicateId(id.clone())),
+            (Some(id), None) if ids::is_mail_id(id) => id.clone(),
+            (Some(id), None) => {
+                return Err(SendError::Invalid(format!(
+                    "mail id {id:?} must be mail-- followed by 8 lowercase hex digits"
+                )));
+            }
+            (None, _) if seen.fresh_taken => return Err(SendError::DuplicateId(ctx.fresh_id.clone())),
+            (None, _) => ctx.fresh_id.clone(),
+        },
     };
     let subject = if req.subject.is_empty() { format!("Re: {}", parent.subject) } else { req.subject.clone() };
     let mut mail = base(id.clone(), parent.from.clone(), req.kind.unwrap_or(MailKind::Answer), hop);
@@ -293,7 +314,7 @@ mod tests {
         .expect("replies");
         let stored = first.insert.expect("inserted");
         let done_parent = first.parent_update.expect("done");
-        let seen = SendObserved { parent: Some(&done_parent), candidate: Some(&stored), fresh_taken: false };
+        let seen = SendObserved { parent: Some(&done_parent), candidate: Some(&stored), ..Default::default() };
         let again = plan_send(&reply(&parent.id, "answer"), "pc2", seen, &ctx(&r, &p)).expect("idempotent");
         assert_eq!(
             (again.id, again.outcome, again.insert, again.parent_update),
@@ -308,7 +329,7 @@ mod tests {
         let mut ack = mail(&ids::reply_id(&parent.id, "pc2"), "pc2", "pc1");
         ack.reply_to = Some(parent.id.clone());
         ack.body = "received, working on it".into();
-        let seen = SendObserved { parent: Some(&parent), candidate: Some(&ack), fresh_taken: false };
+        let seen = SendObserved { parent: Some(&parent), candidate: Some(&ack), ..Default::default() };
         let plan = plan_send(&reply(&parent.id, "the real answer"), "pc2", seen, &ctx(&r, &p)).expect("replies");
         assert_eq!(plan.id, ctx(&r, &p).fresh_id);
         assert_eq!(plan.insert.map(|m| m.body), Some("the real answer".into()));
@@ -345,6 +366,27 @@ mod tests {
             plan_send(&huge, "pc1", SendObserved::default(), &ctx(&r, &p))
                 .is_err_and(|e| e.to_string().contains("ttl"))
         );
+    }
+
+    #[test]
+    fn m6_a_retried_second_reply_with_its_client_id_is_not_duplicated() {
+        let (r, p) = (roster(), MailPolicySpec::default());
+        let parent = mail("mail--00000001", "pc1", "pc2");
+        let mut ack = mail(&ids::reply_id(&parent.id, "pc2"), "pc2", "pc1");
+        ack.reply_to = Some(parent.id.clone());
+        let req = SendRequest { id: Some("mail--0000c11e".into()), ..reply(&parent.id, "the real answer") };
+        let seen = SendObserved { parent: Some(&parent), candidate: Some(&ack), ..Default::default() };
+        let first = plan_send(&req, "pc2", seen, &ctx(&r, &p)).expect("replies");
+        assert_eq!(first.id, "mail--0000c11e");
+        let stored = first.insert.expect("row");
+        let seen = SendObserved {
+            parent: Some(&parent),
+            candidate: Some(&ack),
+            client_row: Some(&stored),
+            ..Default::default()
+        };
+        let retry = plan_send(&req, "pc2", seen, &ctx(&r, &p)).expect("idempotent");
+        assert_eq!((retry.id.as_str(), retry.outcome), ("mail--0000c11e", SendOutcome::AlreadySent));
     }
 
     #[test]
