@@ -144,3 +144,81 @@ fn c4_health_and_readiness_answer_and_unknown_routes_are_json_404() {
     assert_eq!((health, ready), (200, 200));
     assert!(missing.contains("not_found"), "{missing}");
 }
+
+/// C3/C4 over every API route: no token and a wrong token get 401 before anything is read;
+/// a machine token on an admin route gets 403. (`*` marks admin-only routes.)
+#[test]
+fn c3_c4_every_route_refuses_no_token_a_wrong_token_and_a_machine_on_admin_routes() {
+    let s = Server::start();
+    let machine = s.token("laptop");
+    let id = "mail--00000001";
+    let routes: &[(&str, &str, bool)] = &[
+        ("GET", "/api/v1/whoami", false),
+        ("GET", "/api/v1/alerts", true),
+        ("GET", "/api/v1/specs", true),
+        ("GET", "/api/v1/specs/roster/office", true),
+        ("DELETE", "/api/v1/specs/function/summarize", true),
+        ("POST", "/api/v1/apply", true),
+        ("POST", "/api/v1/diff", true),
+        ("POST", "/api/v1/tokens", true),
+        ("POST", "/api/v1/mail", false),
+        ("GET", "/api/v1/mail", false),
+        ("GET", &format!("/api/v1/mail/{id}"), false),
+        ("POST", &format!("/api/v1/mail/{id}/seen"), false),
+        ("GET", "/api/v1/poll", false),
+        ("POST", "/api/v1/intents", false),
+        ("GET", "/api/v1/policy", false),
+        ("POST", "/api/v1/jobs", false),
+        ("GET", "/api/v1/jobs", false),
+        ("POST", "/api/v1/jobs/claim", false),
+        ("POST", "/api/v1/jobs/job-1/retry", true),
+        ("GET", "/api/v1/ledger", false),
+        ("GET", "/api/v1/ledger/view", false),
+        ("POST", "/api/v1/ledger/push", false),
+        ("POST", "/api/v1/ledger/sync", true),
+        ("POST", "/api/v1/ledger/purge", true),
+        ("POST", "/api/v1/ledger/execute-checked", true),
+        ("POST", "/api/v1/ledger/rows/T-0001", true),
+        ("POST", "/api/v1/ledger/rows/T-0001/run", true),
+    ];
+    let rt = rt();
+    let call = |method: &str, path: &str, token: Option<&str>, body: serde_json::Value| {
+        rt.block_on(async {
+            let c = s.http();
+            let url = format!("{}{path}", s.url);
+            let mut req = match method {
+                "GET" => c.get(url),
+                "DELETE" => c.delete(url),
+                _ => c.post(url).json(&body),
+            };
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            req.send().await.expect("send").status().as_u16()
+        })
+    };
+    // Bodies that parse for each admin route, so a 403 is about who calls, not what is sent.
+    let body_for = |path: &str| match path {
+        "/api/v1/apply" | "/api/v1/diff" => serde_json::json!({"files": []}),
+        "/api/v1/tokens" => serde_json::json!({"machine": "desk"}),
+        "/api/v1/ledger/purge" => serde_json::json!({"source": "x"}),
+        "/api/v1/jobs/job-1/retry" => serde_json::json!({}),
+        _ => serde_json::json!({}),
+    };
+    for (method, path, admin_only) in routes {
+        // A malformed body must not be parsed before the token is checked.
+        assert_eq!(
+            call(method, path, None, serde_json::json!({"bogus": true})),
+            401,
+            "{method} {path} without a token"
+        );
+        assert_eq!(
+            call(method, path, Some("pcm_wrong"), serde_json::json!({"bogus": true})),
+            401,
+            "{method} {path} with a wrong token"
+        );
+        if *admin_only {
+            assert_eq!(call(method, path, Some(&machine), body_for(path)), 403, "{method} {path} with a machine token");
+        }
+    }
+}

@@ -291,6 +291,29 @@ spec:
     }
 
     #[test]
+    fn yaml_alias_bombs_and_deep_nesting_are_refused_not_expanded() {
+        let mut bomb =
+            String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        for (i, prev) in ["a", "b", "c", "d", "e", "f", "g", "h"].iter().enumerate() {
+            let name = (b'b' + i as u8) as char;
+            bomb +=
+                &format!("{name}: &{name} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n");
+        }
+        let doc = format!(
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {{name: x}}\nspec:\n  owner: a\n  machines: []\n{bomb}"
+        );
+        let e = &errors(&doc)[0];
+        assert!(e.message.contains("repetition limit"), "{e}");
+        let deep = format!(
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {{name: x}}\nspec: {}{}\n",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        let e = &errors(&deep)[0];
+        assert!(e.message.contains("recursion limit"), "{e}");
+    }
+
+    #[test]
     fn get_output_with_status_and_metadata_applies_back() {
         let text = ROSTER.replace("  name: office", "  name: office\n  generation: 3\n  creationTimestamp: x")
             + "status:\n  observedGeneration: 3\n";

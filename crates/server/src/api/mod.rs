@@ -28,10 +28,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/apply", post(specs::apply))
         .route("/api/v1/diff", post(specs::diff))
         .layer(DefaultBodyLimit::max(MANIFEST_BODY_LIMIT));
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    let api = Router::new()
         .route("/api/v1/alerts", get(specs::alerts))
         .route("/api/v1/whoami", get(mail::whoami))
         .route("/api/v1/specs", get(specs::list))
@@ -56,8 +53,23 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/ledger/rows/{id}/run", post(ledger::run))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
+        // Every API route needs a valid token before its body is even read: an unknown
+        // caller learns nothing from a 400 about its body.
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(api)
         .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
         .with_state(app)
+}
+
+async fn require_token(State(app): State<App>, req: Request, next: axum::middleware::Next) -> axum::response::Response {
+    match crate::auth::authenticate(&app, req.headers()).await {
+        Ok(_) => next.run(req).await,
+        Err(e) => axum::response::IntoResponse::into_response(e),
+    }
 }
 
 async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
