@@ -1,10 +1,10 @@
 //! Job routes: enqueue and list (any machine), claim/heartbeat/complete/fail (external
 //! workers, J7), retry and cancel (admin).
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
 use pcmail_core::manifest::spec::FunctionSpec;
@@ -13,15 +13,13 @@ use serde::{Deserialize, Serialize};
 
 use super::{ApiError, JsonBody, detached};
 use crate::App;
-use crate::auth::authenticate;
+use crate::auth::Caller;
 use crate::jobs::{self, EnqueueRequest, EnqueueResponse, Report};
 
 pub async fn enqueue(
     State(app): State<App>,
-    headers: HeaderMap,
     JsonBody(req): JsonBody<EnqueueRequest>,
 ) -> Result<Json<EnqueueResponse>, ApiError> {
-    authenticate(&app, &headers).await?;
     Ok(Json(detached(async move { jobs::enqueue(&app, req, crate::now()).await }).await?))
 }
 
@@ -38,10 +36,8 @@ pub struct ListQuery {
 
 pub async fn list(
     State(app): State<App>,
-    headers: HeaderMap,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Job>>, ApiError> {
-    authenticate(&app, &headers).await?;
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
     if let Some(s) = &q.state {
         s.parse::<pcmail_core::jobs::JobState>().map_err(ApiError::bad_request)?;
@@ -79,10 +75,8 @@ pub struct ClaimResponse {
 
 pub async fn claim(
     State(app): State<App>,
-    headers: HeaderMap,
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
-    authenticate(&app, &headers).await?;
     let claimed = {
         let app = app.clone();
         detached(async move { jobs::claim(&app, &req.queue, req.limit, &req.owner, req.lease, crate::now()).await })
@@ -110,10 +104,9 @@ pub struct LeaseReport {
 pub async fn report(
     State(app): State<App>,
     Path((id, action)): Path<(String, String)>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<LeaseReport>,
 ) -> Result<Json<Job>, ApiError> {
-    let caller = authenticate(&app, &headers).await?;
     let report = match action.as_str() {
         "heartbeat" => Report::Heartbeat { lease: req.lease.unwrap_or_else(minute) },
         "complete" => Report::Complete { result: req.result.unwrap_or_default() },

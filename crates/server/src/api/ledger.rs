@@ -1,10 +1,10 @@
 //! Ledger routes: list, view, push (any machine); set-row, run, sync, purge, execute-checked
 //! (admin).
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use pcmail_core::ledger::{Incoming, Row, Trigger};
 use pcmail_store::Store;
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, detached};
 use crate::App;
-use crate::auth::authenticate;
+use crate::auth::Caller;
 use crate::ledger::{self, MergeCounts, RowEdit, resolve_project};
 
 #[derive(Debug, Deserialize)]
@@ -22,23 +22,16 @@ pub struct ProjectQuery {
     project: Option<String>,
 }
 
-async fn admin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    authenticate(app, headers).await?.require_admin()
-}
-
 pub async fn list(
     State(app): State<App>,
-    headers: HeaderMap,
     q: Result<Query<ProjectQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Row>>, ApiError> {
-    authenticate(&app, &headers).await?;
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
     let project = resolve_project(&app, q.project.as_deref())?;
     Ok(Json(app.store().ledger_rows(Some(&project)).await?))
 }
 
-pub async fn view(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    authenticate(&app, &headers).await?;
+pub async fn view(State(app): State<App>) -> Result<Json<Value>, ApiError> {
     let today = crate::now().format("%Y-%m-%d").to_string();
     Ok(Json(json!({"view": ledger::view(&app, &today).await?})))
 }
@@ -54,10 +47,9 @@ pub struct PushRequest {
 /// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
 pub async fn push(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<PushRequest>,
 ) -> Result<Json<MergeCounts>, ApiError> {
-    let caller = authenticate(&app, &headers).await?;
     let project = resolve_project(&app, req.project.as_deref())?;
     if let Some(bad) = req.items.iter().find(|i| i.source.trim().is_empty() || i.task.trim().is_empty()) {
         return Err(ApiError::bad_request(format!("every item needs a source and a task (got {bad:?})")));
@@ -69,10 +61,10 @@ pub async fn push(
 pub async fn set_row(
     State(app): State<App>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(edit): JsonBody<RowEdit>,
 ) -> Result<Json<Row>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let project = resolve_project(&app, edit.project.as_deref())?;
     Ok(Json(detached(async move { ledger::set_row(&app, &project, &id, edit, crate::now()).await }).await?))
 }
@@ -90,10 +82,10 @@ pub struct RunRequest {
 pub async fn run(
     State(app): State<App>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<RunRequest>,
 ) -> Result<Json<Row>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let project = resolve_project(&app, req.project.as_deref())?;
     if let Some(handed) = ledger::handoff_if_heavy(&app, &project, &id, Trigger::Manual, crate::now()).await? {
         return Ok(Json(handed));
@@ -112,10 +104,10 @@ pub async fn run(
 
 pub async fn sync(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(q): JsonBody<ProjectBody>,
 ) -> Result<Json<Value>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let project = resolve_project(&app, q.project.as_deref())?;
     let spec = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
     let spec = spec.ok_or_else(|| ApiError::not_found(format!("no Ledger for {project}")))?;
@@ -150,10 +142,10 @@ pub struct PurgeReport {
 
 pub async fn purge(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<PurgeRequest>,
 ) -> Result<Json<PurgeReport>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let project = resolve_project(&app, req.project.as_deref())?;
     let (source, yes) = (req.source.clone(), req.yes);
     let plan = detached(async move { Ok(ledger::purge(&app, &project, &source, yes, crate::now()).await?) }).await?;
@@ -162,8 +154,11 @@ pub async fn purge(
 }
 
 /// One execute-checked pass now, as its schedule would run it.
-pub async fn execute_checked(State(app): State<App>, headers: HeaderMap) -> Result<Json<Vec<Row>>, ApiError> {
-    admin(&app, &headers).await?;
+pub async fn execute_checked(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<Row>>, ApiError> {
+    caller.require_admin()?;
     let limit = app
         .runtime()
         .max_per_run

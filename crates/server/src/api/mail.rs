@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use pcmail_core::api::{MailStatus, PollResponse, SendRequest, SendResponse, StepRequest, WhoAmI};
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::is_mail_id;
@@ -15,7 +16,7 @@ use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
 use super::{ApiError, JsonBody, detached, parse_json};
-use crate::auth::authenticate;
+use crate::auth::Caller;
 use crate::{App, mailbox};
 
 /// Long-polls are capped so that a proxy or client timeout never cuts one off mid-answer.
@@ -34,17 +35,15 @@ fn check_id(id: &str) -> Result<(), ApiError> {
     }
 }
 
-pub async fn whoami(State(app): State<App>, headers: HeaderMap) -> Result<Json<WhoAmI>, ApiError> {
-    let caller = authenticate(&app, &headers).await?;
+pub async fn whoami(Extension(caller): Extension<Caller>) -> Result<Json<WhoAmI>, ApiError> {
     Ok(Json(WhoAmI { machine: caller.machine().map(String::from), admin: caller.admin }))
 }
 
 pub async fn send(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<SendRequest>,
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
-    let caller = authenticate(&app, &headers).await?;
     let sender = caller.require_machine()?.to_string();
     let response = detached(async move { mailbox::send(&app, &sender, req, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -66,11 +65,10 @@ pub struct ListQuery {
 
 pub async fn list(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Mail>>, ApiError> {
     let q = query(q)?;
-    let caller = authenticate(&app, &headers).await?;
     let mut filter = MailQuery { limit: q.limit.unwrap_or(100).min(MAX_LIMIT), ..Default::default() };
     match q.mailbox.as_deref().unwrap_or("inbox") {
         "inbox" => filter.to = Some(caller.require_machine()?.to_string()),
@@ -98,12 +96,11 @@ pub struct StatusQuery {
 pub async fn status(
     State(app): State<App>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     q: Result<Query<StatusQuery>, QueryRejection>,
 ) -> Result<Json<MailStatus>, ApiError> {
     let q = query(q)?;
     check_id(&id)?;
-    let caller = authenticate(&app, &headers).await?;
     let mail = app.store().get_mail(&id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
     if !can_view(&mail, &caller.principal) {
         return Err(ApiError::forbidden(format!("mail {id} is neither from nor to you")));
@@ -122,7 +119,7 @@ pub async fn status(
 pub async fn step(
     State(app): State<App>,
     Path((id, step)): Path<(String, String)>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<Json<Mail>, ApiError> {
     check_id(&id)?;
@@ -138,7 +135,6 @@ pub async fn step(
             return Err(ApiError::not_found(format!("no mail action {other:?}; use seen, ack or fail")));
         }
     };
-    let caller = authenticate(&app, &headers).await?;
     Ok(Json(detached(async move { mailbox::step(&app, &caller, &id, step, crate::now()).await }).await?))
 }
 
@@ -155,11 +151,10 @@ pub struct PollQuery {
 
 pub async fn poll(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     q: Result<Query<PollQuery>, QueryRejection>,
 ) -> Result<Json<PollResponse>, ApiError> {
     let q = query(q)?;
-    let caller = authenticate(&app, &headers).await?;
     let machine = caller.require_machine()?;
     let wait = q.wait.map_or(Duration::ZERO, |d| d.to_std().min(MAX_WAIT));
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
@@ -170,10 +165,9 @@ pub async fn poll(
 /// twice answers the same id and adds nothing.
 pub async fn record_intent(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(msg): JsonBody<pcmail_core::intent::InboundMessage>,
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
-    let caller = authenticate(&app, &headers).await?;
     caller.require_machine()?;
     let response = detached(async move { mailbox::record_intent(&app, msg, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -181,10 +175,6 @@ pub async fn record_intent(
 }
 
 /// The IntentPolicy the PC's hooks follow (they cannot ask the server themselves).
-pub async fn policy(
-    State(app): State<App>,
-    headers: HeaderMap,
-) -> Result<Json<pcmail_core::manifest::spec::IntentPolicySpec>, ApiError> {
-    authenticate(&app, &headers).await?;
+pub async fn policy(State(app): State<App>) -> Result<Json<pcmail_core::manifest::spec::IntentPolicySpec>, ApiError> {
     Ok(Json(app.runtime().intent_policy.clone()))
 }

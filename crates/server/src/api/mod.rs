@@ -53,8 +53,8 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/ledger/rows/{id}/run", post(ledger::run))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
-        // Every API route needs a valid token before its body is even read: an unknown
-        // caller learns nothing from a 400 about its body.
+        // Every API route needs a valid token before its body is even read (an unknown caller
+        // learns nothing from a 400 about its body); handlers get the `Caller` it found.
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -65,9 +65,17 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-async fn require_token(State(app): State<App>, req: Request, next: axum::middleware::Next) -> axum::response::Response {
+/// Authenticates once per request; handlers take the `Caller` from the request's extensions.
+async fn require_token(
+    State(app): State<App>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     match crate::auth::authenticate(&app, req.headers()).await {
-        Ok(_) => next.run(req).await,
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
         Err(e) => axum::response::IntoResponse::into_response(e),
     }
 }

@@ -1,8 +1,8 @@
 //! Spec routes (apply, diff, get, delete) and token issue: admin only (C3).
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use pcmail_core::api::{ApplyRequest, ApplyResult, TokenRequest, TokenResponse};
 use pcmail_core::ids::sha256_hex;
 use pcmail_core::manifest::Kind;
@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::{ApiError, JsonBody};
 use crate::App;
-use crate::auth::{authenticate, new_token};
+use crate::auth::{Caller, new_token};
 
 fn kind(s: &str) -> Result<Kind, ApiError> {
     Kind::from_cli(s).ok_or_else(|| {
@@ -21,31 +21,27 @@ fn kind(s: &str) -> Result<Kind, ApiError> {
     })
 }
 
-async fn admin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    authenticate(app, headers).await?.require_admin()
-}
-
 pub async fn apply(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ApplyRequest>,
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     Ok(Json(crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?))
 }
 
 /// `apply` forced to a dry run: the diff path is the apply path.
 pub async fn diff(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ApplyRequest>,
 ) -> Result<Json<Vec<ApplyResult>>, ApiError> {
-    apply(State(app), headers, JsonBody(ApplyRequest { dry_run: true, ..req })).await
+    apply(State(app), Extension(caller), JsonBody(ApplyRequest { dry_run: true, ..req })).await
 }
 
 /// Every object as Kubernetes-shaped JSON, with its recent events for `describe`.
-pub async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Vec<Value>>, ApiError> {
-    admin(&app, &headers).await?;
+pub async fn list(State(app): State<App>, Extension(caller): Extension<Caller>) -> Result<Json<Vec<Value>>, ApiError> {
+    caller.require_admin()?;
     let specs = app.store().list_specs().await?;
     Ok(Json(specs.iter().map(|r| r.to_object()).collect()))
 }
@@ -53,9 +49,9 @@ pub async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Vec
 pub async fn get_one(
     State(app): State<App>,
     Path((k, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let k = kind(&k)?;
     let specs = app.store().list_specs().await?;
     let record = specs
@@ -71,9 +67,9 @@ pub async fn get_one(
 pub async fn delete(
     State(app): State<App>,
     Path((k, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let k = kind(&k)?;
     crate::specs::delete(&app, k, &name, crate::now()).await?;
     Ok(Json(serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"})))
@@ -82,19 +78,19 @@ pub async fn delete(
 /// The alerts tab, most recently changed first (admin).
 pub async fn alerts(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<pcmail_core::alert::Alert>>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     Ok(Json(app.store().list_alerts(500).await?))
 }
 
 /// C2: a machine token is shown once and stored only as its hash; issuing again replaces it.
 pub async fn issue_token(
     State(app): State<App>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<TokenRequest>,
 ) -> Result<Json<TokenResponse>, ApiError> {
-    admin(&app, &headers).await?;
+    caller.require_admin()?;
     let rt = app.runtime();
     let machine = roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
     let token = new_token("pcm_").map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
