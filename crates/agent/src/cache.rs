@@ -9,9 +9,7 @@ use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
 use pcmail_core::mail::{Mail, Step, apply_step};
 use pcmail_store::StoreError;
-use pcmail_store::sqlite::rows::{
-    INSERT_COLUMNS, MAIL_COLUMNS, from_ms, identity_params, lifecycle_params, mail_from_row, ms,
-};
+use pcmail_store::codec::{self, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, MAIL_TABLE_COLUMNS, Value, from_ms, ms};
 use pcmail_store::sqlite::{map_err, schema};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
@@ -126,7 +124,7 @@ impl Cache {
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| wrap(map_err(e)))?;
         // Hooks read through the page cache instead of a syscall per page.
         conn.pragma_update(None, "mmap_size", 64i64 << 20).map_err(|e| wrap(map_err(e)))?;
-        let inbox: Vec<&str> = schema::MAIL_TABLE_COLUMNS.iter().chain(INBOX_EXTRA).copied().collect();
+        let inbox: Vec<&str> = MAIL_TABLE_COLUMNS.iter().chain(INBOX_EXTRA).copied().collect();
         let required: [(&str, &[&str]); 3] = [
             ("inbox", &inbox),
             ("pending", &["id", "action", "target", "body", "unknown_tries", "next_at", "created_at", "last_error"]),
@@ -415,11 +413,12 @@ fn server_call(step: &Step) -> (&'static str, serde_json::Value) {
 fn select_in(conn: &Connection, filter: &str, args: impl rusqlite::Params) -> rusqlite::Result<Vec<Mail>> {
     let sql = format!("SELECT {MAIL_COLUMNS} FROM inbox WHERE {filter}");
     let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(args, mail_from_row)?;
+    let mut rows = stmt.query(args)?;
     let mut out = Vec::new();
-    for r in rows {
+    while let Some(row) = rows.next()? {
         out.push(
-            r?.map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?,
+            codec::mail(row)
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?,
         );
     }
     Ok(out)
@@ -440,12 +439,11 @@ fn set_state(tx: &Transaction, key: &str, value: &str) -> rusqlite::Result<()> {
 fn insert(tx: &Transaction, m: &Mail, now: Ts, quarantine: Option<&str>) -> rusqlite::Result<()> {
     let placeholders: Vec<String> = (1..=28).map(|i| format!("?{i}")).collect();
     let sql = format!(
-        "INSERT INTO inbox (seq, received_at, quarantine, {INSERT_COLUMNS}) VALUES ({})",
+        "INSERT INTO inbox (seq, received_at, quarantine, {MAIL_INSERT_COLUMNS}) VALUES ({})",
         placeholders.join(", ")
     );
-    let head: Vec<Box<dyn rusqlite::ToSql>> =
-        vec![Box::new(m.seq), Box::new(ms(now)), Box::new(quarantine.map(str::to_string))];
-    let params = head.into_iter().chain(lifecycle_params(m)).chain(identity_params(m));
+    let head = [Value::int(m.seq), Value::ts(now), Value::Text(quarantine)];
+    let params = head.into_iter().chain(codec::mail_lifecycle(m)).chain(codec::mail_identity(m));
     tx.prepare_cached(&sql)?.execute(rusqlite::params_from_iter(params)).map(|_| ())
 }
 
@@ -455,7 +453,7 @@ fn update(tx: &Transaction, m: &Mail) -> rusqlite::Result<()> {
          done_at = ?8, result = ?9, fail_reason = ?10, presented_at = ?11, presented_session = ?12, last_reminded_at = ?13 \
          WHERE id = ?1",
     )?
-    .execute(rusqlite::params_from_iter(lifecycle_params(m)))
+    .execute(rusqlite::params_from_iter(codec::mail_lifecycle(m)))
     .map(|_| ())
 }
 

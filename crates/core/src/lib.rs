@@ -12,6 +12,7 @@ pub mod duration;
 pub mod ids;
 pub mod intent;
 pub mod jobs;
+pub mod lease;
 pub mod ledger;
 pub mod mail;
 pub mod manifest;

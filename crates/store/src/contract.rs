@@ -439,6 +439,66 @@ pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
     assert_eq!(counts, vec![("q".to_string(), "queued".to_string(), 1)]);
 }
 
+pub async fn c1_exactly_one_replica_holds_the_lease(store: &(impl Store + Clone)) {
+    use pcmail_core::lease::{CONTROLLER, Leadership, plan_acquire, plan_release};
+    let minute = chrono::TimeDelta::seconds(60);
+    let attempt = |me: &'static str| {
+        let s = store.clone();
+        async move {
+            s.lease_transaction(CONTROLLER, move |current, now| {
+                plan_acquire(current.as_ref(), CONTROLLER, me, now, minute)
+            })
+            .await
+            .expect("attempt")
+        }
+    };
+    let racers: Vec<_> = ["a", "b", "c", "d", "e", "f"].into_iter().map(|me| tokio::spawn(attempt(me))).collect();
+    let mut leaders = Vec::new();
+    for (me, racer) in ["a", "b", "c", "d", "e", "f"].into_iter().zip(racers) {
+        if let Leadership::Leading { .. } = racer.await.expect("task") {
+            leaders.push(me);
+        }
+    }
+    assert_eq!(leaders.len(), 1, "racing replicas: {leaders:?} lead");
+    let leader = leaders[0];
+    let other = if leader == "a" { "b" } else { "a" };
+    assert!(matches!(attempt(other).await, Leadership::Following { holder, .. } if holder == leader));
+    assert!(matches!(attempt(leader).await, Leadership::Leading { .. }), "the holder renews");
+    store
+        .lease_transaction(CONTROLLER, move |current, now| (plan_release(current.as_ref(), leader, now), ()))
+        .await
+        .expect("release");
+    assert!(matches!(attempt(other).await, Leadership::Leading { .. }), "a released lease is taken at once");
+}
+
+pub async fn j1_concurrent_claims_never_hand_one_job_to_two_workers(store: &(impl Store + Clone)) {
+    let jobs: Vec<Job> = (0..200).map(|n| job(n, 0, 0)).collect();
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let s = store.clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let got = s.claim_jobs(claim(&format!("w{w}"), 7, 10)).await.expect("claim");
+                    if got.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(got.into_iter().map(|j| j.id));
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.expect("worker"));
+    }
+    let claimed = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!((claimed, all.len()), (200, 200), "every job claimed exactly once");
+}
+
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
 macro_rules! contract_tests {
     ($make:ident) => {
@@ -462,7 +522,9 @@ macro_rules! contract_tests {
             ledger_selections_and_whole_row_writes,
             j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens,
             j2_j3_a_rescued_lease_can_no_longer_write,
-            j6_a_unique_key_held_by_a_live_job_is_found
+            j6_a_unique_key_held_by_a_live_job_is_found,
+            j1_concurrent_claims_never_hand_one_job_to_two_workers,
+            c1_exactly_one_replica_holds_the_lease
         );
     };
     (@each $make:ident; $($check:ident),*) => {

@@ -4,6 +4,7 @@
 //! function of pcmail-core) decides, and the adapter applies the result in one transaction.
 //! Adapters hold no rules of DESIGN.md; they only store, select and keep writes atomic.
 
+pub mod codec;
 #[cfg(test)]
 mod contract;
 pub mod sqlite;
@@ -14,6 +15,7 @@ use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
 use pcmail_core::jobs::Job;
+use pcmail_core::lease::Lease;
 use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
@@ -242,6 +244,38 @@ pub trait Store: Send + Sync + 'static {
     /// it was loaded (another state, a newer `updatedAt`) is left alone, so its new state is
     /// still notified.
     fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> impl Future<Output = Result<()>> + Send;
+
+    /// C1: loads the lease `name`, hands it to `plan` with the store's clock (one clock for every
+    /// replica), and writes the lease it returns, in one transaction.
+    fn lease_transaction<R, F>(&self, name: &str, plan: F) -> impl Future<Output = Result<R>> + Send
+    where
+        F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
+        R: Send + 'static;
+
+    /// Changes other processes commit, when the store can announce them (PostgreSQL's
+    /// LISTEN/NOTIFY). `None`: this process is the only writer, and announces its own changes.
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
+        None
+    }
+}
+
+/// A change committed by some replica, as the store announces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// New mail for this recipient.
+    Mail { to: String },
+    /// A job became due (enqueued, retried, released).
+    Jobs,
+    /// A spec was applied or deleted.
+    Specs,
+    /// The announcements were interrupted: anything may have changed meanwhile.
+    Missed,
+}
+
+/// The store's clock at the millisecond precision every adapter keeps. The SQLite adapter runs
+/// in one process, so the process clock is the store's clock.
+pub(crate) fn store_clock() -> Ts {
+    chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
 }
 
 /// Opens the store a URL names: `sqlite:PATH` now; `postgres://` and `sheets://` arrive with

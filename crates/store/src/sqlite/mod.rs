@@ -14,16 +14,18 @@ use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+use crate::codec::{
+    self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
+    SPEC_COLUMNS, from_ms, json, ms,
+};
 use crate::{
     Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Result,
     SpecWrites, Store, StoreError,
 };
 use pcmail_core::jobs::Job;
+use pcmail_core::lease::Lease;
 use pcmail_core::ledger::Row as LedgerRow;
-use rows::{
-    ALERT_COLUMNS, INSERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, alert_from_row, from_ms, job_from_row,
-    job_params, ledger_from_row, ledger_params, mail_from_row, ms, spec_from_row,
-};
+use rows::collect;
 
 /// Readers kept open for reuse; more are opened on demand and dropped after use.
 const READER_POOL: usize = 16;
@@ -120,9 +122,7 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     let mut by_time = |filter: &str, order: &str, t: Ts, limit: usize| -> Result<()> {
         let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT ?2");
         let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-        for m in stmt.query_map(params![ms(t), limit as i64], mail_from_row).map_err(map_err)? {
-            out.push(m.map_err(map_err)??);
-        }
+        out.extend(collect(&mut stmt, params![ms(t), limit as i64], codec::mail)?);
         Ok(())
     };
     match select {
@@ -147,9 +147,7 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
             let mut stmt =
                 conn.prepare_cached(&format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ?1")).map_err(map_err)?;
             for id in ids {
-                if let Some(m) = stmt.query_row([id], mail_from_row).optional().map_err(map_err)? {
-                    out.push(m?);
-                }
+                out.extend(collect(&mut stmt, [id], codec::mail)?);
             }
         }
         MailSelect::After { to, cursor, limit } => {
@@ -158,9 +156,7 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
                     "SELECT {MAIL_COLUMNS} FROM mail WHERE \"to\" = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
                 ))
                 .map_err(map_err)?;
-            for m in stmt.query_map(params![to, cursor, *limit as i64], mail_from_row).map_err(map_err)? {
-                out.push(m.map_err(map_err)??);
-            }
+            out.extend(collect(&mut stmt, params![to, cursor, *limit as i64], codec::mail)?);
         }
     }
     Ok(out)
@@ -169,10 +165,10 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
 fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
     let placeholders: Vec<String> = (1..=25).map(|i| format!("?{i}")).collect();
     let mut insert = conn
-        .prepare_cached(&format!("INSERT INTO mail ({INSERT_COLUMNS}) VALUES ({})", placeholders.join(", ")))
+        .prepare_cached(&format!("INSERT INTO mail ({MAIL_INSERT_COLUMNS}) VALUES ({})", placeholders.join(", ")))
         .map_err(map_err)?;
     for m in &w.insert {
-        let params = rows::lifecycle_params(m).into_iter().chain(rows::identity_params(m));
+        let params = codec::mail_lifecycle(m).into_iter().chain(codec::mail_identity(m));
         insert.execute(rusqlite::params_from_iter(params)).map_err(map_err)?;
     }
     let mut update = conn
@@ -183,7 +179,7 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
         )
         .map_err(map_err)?;
     for m in &w.update {
-        if update.execute(rusqlite::params_from_iter(rows::lifecycle_params(m))).map_err(map_err)? != 1 {
+        if update.execute(rusqlite::params_from_iter(codec::mail_lifecycle(m))).map_err(map_err)? != 1 {
             return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
         }
     }
@@ -211,19 +207,8 @@ fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
         ))
         .map_err(map_err)?;
     for a in alerts {
-        stmt.execute(params![
-            a.kind.as_str(),
-            a.subject,
-            a.state.as_str(),
-            a.summary,
-            json(&a.labels),
-            ms(a.firing_since),
-            a.resolved_at.map(ms),
-            a.notified.map(|n| n.as_str()),
-            a.last_sent_at.map(ms),
-            ms(a.updated_at)
-        ])
-        .map_err(map_err)?;
+        let labels = json(&a.labels);
+        stmt.execute(rusqlite::params_from_iter(codec::alert_params(a, &labels))).map_err(map_err)?;
     }
     Ok(())
 }
@@ -231,9 +216,7 @@ fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
 fn select_ledger(conn: &Connection, project: &str, select: &LedgerSelect) -> Result<Vec<LedgerRow>> {
     let base = format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = ?1");
     let collect = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<LedgerRow>> {
-        let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
-        let rows = stmt.query_map(args, ledger_from_row).map_err(map_err)?;
-        rows.map(|r| r.map_err(map_err)?).collect()
+        collect(&mut conn.prepare_cached(sql).map_err(map_err)?, args, codec::ledger_row)
     };
     match select {
         LedgerSelect::All => collect(&format!("{base} ORDER BY seq"), &[&project]),
@@ -265,13 +248,13 @@ fn apply_ledger_writes(conn: &Connection, project: &str, w: &LedgerWrites) -> Re
     );
     let mut stmt = conn.prepare_cached(&upsert).map_err(map_err)?;
     for row in w.add.iter().chain(&w.replace) {
-        stmt.execute(rusqlite::params_from_iter(ledger_params(row))).map_err(map_err)?;
+        stmt.execute(rusqlite::params_from_iter(codec::ledger_params(row))).map_err(map_err)?;
     }
     for p in &w.patch {
         let mut current = select_ledger(conn, project, &LedgerSelect::Ids(vec![p.id.clone()]))?;
         if let Some(row) = current.first_mut() {
             p.apply(row);
-            stmt.execute(rusqlite::params_from_iter(ledger_params(row))).map_err(map_err)?;
+            stmt.execute(rusqlite::params_from_iter(codec::ledger_params(row))).map_err(map_err)?;
         }
     }
     for id in &w.delete {
@@ -290,9 +273,7 @@ fn apply_ledger_writes(conn: &Connection, project: &str, w: &LedgerWrites) -> Re
 
 fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
     let collect = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Job>> {
-        let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
-        let rows = stmt.query_map(args, job_from_row).map_err(map_err)?;
-        rows.map(|r| r.map_err(map_err)?).collect()
+        collect(&mut conn.prepare_cached(sql).map_err(map_err)?, args, codec::job)
     };
     match select {
         JobSelect::Ids(ids) => {
@@ -319,17 +300,15 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
     let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT ?1");
-    let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-    let rows = stmt.query_map([limit as i64], alert_from_row).map_err(map_err)?;
-    rows.map(|r| r.map_err(map_err)?).collect()
+    collect(&mut conn.prepare_cached(&sql).map_err(map_err)?, [limit as i64], codec::alert)
 }
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
     let mut stmt = conn
-        .prepare_cached("INSERT INTO events (at, object, reason, message, actor) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .prepare_cached(&format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"))
         .map_err(map_err)?;
     for e in events {
-        stmt.execute(params![ms(e.at), e.object, e.reason, e.message, e.actor]).map_err(map_err)?;
+        stmt.execute(rusqlite::params_from_iter(codec::event_params(e))).map_err(map_err)?;
     }
     Ok(())
 }
@@ -399,9 +378,11 @@ impl Store for SqliteStore {
                 sql += &format!(" AND state IN ({})", list.join(", "));
             }
             sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
-            let mut stmt = conn.prepare(&sql).map_err(map_err)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), mail_from_row).map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)?).collect()
+            collect(
+                &mut conn.prepare_cached(&sql).map_err(map_err)?,
+                rusqlite::params_from_iter(args.iter()),
+                codec::mail,
+            )
         })
         .await
     }
@@ -409,34 +390,16 @@ impl Store for SqliteStore {
     async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
         let object = object.to_string();
         self.read(move |conn| {
-            let mut stmt = conn
-                .prepare_cached("SELECT at, object, reason, message, actor FROM events WHERE object = ?1 ORDER BY id")
-                .map_err(map_err)?;
-            let rows = stmt
-                .query_map([object], |r| {
-                    Ok(Event {
-                        at: from_ms(r.get(0)?),
-                        object: r.get(1)?,
-                        reason: r.get(2)?,
-                        message: r.get(3)?,
-                        actor: r.get(4)?,
-                    })
-                })
-                .map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)).collect()
+            let sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE object = ?1 ORDER BY id");
+            collect(&mut conn.prepare_cached(&sql).map_err(map_err)?, [object], codec::event)
         })
         .await
     }
 
     async fn list_specs(&self) -> Result<Vec<SpecRecord>> {
         self.read(|conn| {
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT kind, name, labels, generation, spec, status, created_at, updated_at FROM specs ORDER BY kind, name",
-                )
-                .map_err(map_err)?;
-            let rows = stmt.query_map([], spec_from_row).map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)?).collect()
+            let sql = format!("SELECT {SPEC_COLUMNS} FROM specs ORDER BY kind, name");
+            collect(&mut conn.prepare_cached(&sql).map_err(map_err)?, [], codec::spec)
         })
         .await
     }
@@ -445,6 +408,7 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             for r in &w.upsert {
+                let (labels, spec, status) = codec::spec_params(r);
                 tx.prepare_cached(
                     "INSERT INTO specs (kind, name, labels, generation, spec, status, created_at, updated_at) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
@@ -455,10 +419,10 @@ impl Store for SqliteStore {
                 .execute(params![
                     r.kind.as_str(),
                     r.name,
-                    json(&r.labels),
+                    labels,
                     r.generation as i64,
-                    r.spec.to_string(),
-                    json(&r.status),
+                    spec,
+                    status,
                     ms(r.created_at),
                     ms(r.updated_at)
                 ])
@@ -554,9 +518,7 @@ impl Store for SqliteStore {
                 Some(_) => format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = ?1 ORDER BY seq"),
                 None => format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE ?1 IS NULL ORDER BY project, seq"),
             };
-            let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-            let rows = stmt.query_map([project], ledger_from_row).map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)?).collect()
+            collect(&mut conn.prepare_cached(&sql).map_err(map_err)?, [project], codec::ledger_row)
         })
         .await
     }
@@ -626,20 +588,15 @@ impl Store for SqliteStore {
                          ORDER BY priority DESC, run_after, seq LIMIT ?6) RETURNING {JOB_COLUMNS}"
                     ))
                     .map_err(map_err)?;
-                let rows = stmt
-                    .query_map(
-                        params![
-                            claim.owner,
-                            claim.token_prefix,
-                            ms(claim.lease_until),
-                            ms(claim.now),
-                            claim.queue,
-                            claim.limit as i64
-                        ],
-                        job_from_row,
-                    )
-                    .map_err(map_err)?;
-                rows.map(|r| r.map_err(map_err)?).collect::<Result<Vec<Job>>>()?
+                let args = params![
+                    claim.owner,
+                    claim.token_prefix,
+                    ms(claim.lease_until),
+                    ms(claim.now),
+                    claim.queue,
+                    claim.limit as i64
+                ];
+                collect(&mut stmt, args, codec::job)?
             };
             if !jobs.is_empty() {
                 tx.commit().map_err(map_err)?;
@@ -671,7 +628,7 @@ impl Store for SqliteStore {
                 );
                 let mut stmt = tx.prepare_cached(&sql).map_err(map_err)?;
                 for j in &writes {
-                    stmt.execute(rusqlite::params_from_iter(job_params(j))).map_err(map_err)?;
+                    stmt.execute(rusqlite::params_from_iter(codec::job_params(j))).map_err(map_err)?;
                 }
                 drop(stmt);
                 tx.commit().map_err(map_err)?;
@@ -690,8 +647,7 @@ impl Store for SqliteStore {
                      ORDER BY seq DESC LIMIT ?3"
                 ))
                 .map_err(map_err)?;
-            let rows = stmt.query_map(params![queue, state, limit as i64], job_from_row).map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)?).collect()
+            collect(&mut stmt, params![queue, state, limit as i64], codec::job)
         })
         .await
     }
@@ -717,6 +673,33 @@ impl Store for SqliteStore {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             upsert_alerts(&tx, &alerts)?;
             tx.commit().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn lease_transaction<R, F>(&self, name: &str, plan: F) -> Result<R>
+    where
+        F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let name = name.to_string();
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE name = ?1");
+            let current = collect(&mut tx.prepare_cached(&sql).map_err(map_err)?, [&name], codec::lease)?.pop();
+            let (write, out) = plan(current, crate::store_clock());
+            if let Some(lease) = write {
+                tx.prepare_cached(&format!(
+                    "INSERT INTO leases ({LEASE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET \
+                     holder = excluded.holder, acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, \
+                     expires_at = excluded.expires_at"
+                ))
+                .map_err(map_err)?
+                .execute(rusqlite::params_from_iter(codec::lease_params(&lease)))
+                .map_err(map_err)?;
+                tx.commit().map_err(map_err)?;
+            }
+            Ok(out)
         })
         .await
     }
@@ -758,10 +741,6 @@ impl SqliteStore {
     async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
         self.read(move |conn| query_alerts(conn, filter, order, limit)).await
     }
-}
-
-fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
 #[cfg(test)]

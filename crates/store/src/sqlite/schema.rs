@@ -2,6 +2,7 @@
 
 use rusqlite::Connection;
 
+use crate::codec::REQUIRED;
 use crate::{Result, StoreError};
 
 /// Applied in order; `PRAGMA user_version` counts how many ran. Never edit a shipped entry:
@@ -177,113 +178,16 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX jobs_unique ON jobs(unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
     "#,
-];
-
-/// The columns this build reads, per table. Checked at open so that a hand-edited or
-/// half-migrated database fails at start with the missing column named, not mid-request.
-const REQUIRED: &[(&str, &[&str])] = &[
-    ("mail", MAIL_TABLE_COLUMNS),
-    ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
-    ("events", &["id", "at", "object", "reason", "message", "actor"]),
-    ("machines", &["name", "last_poll_at"]),
-    (
-        "alerts",
-        &[
-            "kind",
-            "subject",
-            "state",
-            "summary",
-            "labels",
-            "firing_since",
-            "resolved_at",
-            "notified",
-            "last_sent_at",
-            "updated_at",
-        ],
-    ),
-    ("mail_counts", &["state", "kind", "channel", "n"]),
-    ("tokens", &["machine", "hash", "created_at"]),
-    (
-        "ledger",
-        &[
-            "project",
-            "id",
-            "seq",
-            "state",
-            "run_requested",
-            "task",
-            "content",
-            "source",
-            "evidence",
-            "due",
-            "assignee",
-            "function",
-            "result",
-            "executed_at",
-            "instruction",
-            "key",
-            "failures",
-            "refresh",
-        ],
-    ),
-    ("ledger_projects", &["project", "next_seq"]),
-    ("kv", &["key", "value"]),
-    (
-        "jobs",
-        &[
-            "seq",
-            "id",
-            "queue",
-            "function",
-            "payload",
-            "state",
-            "priority",
-            "attempts",
-            "max_attempts",
-            "run_after",
-            "lease_owner",
-            "lease_token",
-            "lease_expires_at",
-            "heartbeat_at",
-            "rescues",
-            "last_error",
-            "result",
-            "unique_key",
-            "ledger_ref",
-            "created_at",
-            "finished_at",
-        ],
-    ),
-];
-
-/// The column list every mail-shaped table carries (the store's `mail`, the PC cache's `inbox`).
-pub const MAIL_TABLE_COLUMNS: &[&str] = &[
-    "seq",
-    "id",
-    "from",
-    "to",
-    "kind",
-    "subject",
-    "body",
-    "urgent",
-    "auto",
-    "hop",
-    "reply_to",
-    "channel",
-    "external_key",
-    "state",
-    "created_at",
-    "expires_at",
-    "delivered_at",
-    "delivered_by",
-    "seen_at",
-    "seen_by",
-    "done_at",
-    "result",
-    "fail_reason",
-    "presented_at",
-    "presented_session",
-    "last_reminded_at",
+    // 4: the leader lease (C1). One process per SQLite file leads at once, as on PostgreSQL.
+    r#"
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        acquired_at INTEGER NOT NULL,
+        renewed_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
