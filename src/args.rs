@@ -327,8 +327,8 @@ pub enum IntentCommand {
 pub struct ServeArgs {
     #[arg(long, default_value = "./pcmail-data")]
     pub data_dir: PathBuf,
-    /// sqlite:PATH [default: sqlite:<data-dir>/pcmail.db]
-    #[arg(long)]
+    /// sqlite:PATH or postgres://USER@HOST/DB [default: sqlite:<data-dir>/pcmail.db]
+    #[arg(long, env = "PCMAIL_STORE")]
     pub store: Option<String>,
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
@@ -341,6 +341,10 @@ pub struct ServeArgs {
     /// How often every reconciler runs even when nothing asked for it
     #[arg(long, default_value = "10s")]
     pub resync: Dur,
+    /// How long the leader lease lasts without renewal (C1): with several replicas on
+    /// PostgreSQL, another takes over within this long after the leader dies
+    #[arg(long, default_value = "15s")]
+    pub lease: Dur,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,6 +17,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         apply: args.apply,
         insecure_listen: args.insecure_listen,
         resync: args.resync.to_std(),
+        lease: args.lease.to_std(),
     };
     pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)

@@ -39,6 +39,39 @@ impl Server {
         s
     }
 
+    /// Another replica of `first` (C1): its own data dir and port, the same admin token, store
+    /// and manifests.
+    pub fn replica_of(first: &Server) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("data")).expect("data dir");
+        std::fs::copy(first.dir.path().join("data/admin.token"), dir.path().join("data/admin.token"))
+            .expect("share the admin token");
+        let listen =
+            if first.listen.ends_with(":0") { first.listen.clone() } else { format!("127.0.0.1:{}", free_port()) };
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply: first.apply.clone(),
+            listen,
+            extra: first.extra.clone(),
+        };
+        s.spawn();
+        s
+    }
+
+    /// Whether this replica holds the leader lease, as its `/metrics` says.
+    pub fn is_leader(&self) -> bool {
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            let body = match reqwest::get(format!("{}/metrics", self.url)).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            body.lines().any(|l| l == "pcmail_leader 1")
+        })
+    }
+
     /// Starts `serve` again on the same data dir (and the same port, if it was fixed).
     pub fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);
@@ -201,5 +234,61 @@ pub fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Option<T>
         }
         assert!(std::time::Instant::now() < deadline, "timed out after {secs}s waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A database of its own on the test PostgreSQL (`PCMAIL_TEST_POSTGRES`, which `.ci/run`
+/// starts), dropped when the test ends.
+pub struct PgScratch {
+    pub url: String,
+    name: String,
+}
+
+fn pg_admin_url() -> String {
+    std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn pg_admin(sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&pg_admin_url(), tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL (.ci/run starts it)");
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.expect(sql);
+    });
+}
+
+impl PgScratch {
+    pub fn new() -> PgScratch {
+        let name = format!("pcmail_e2e_{}_{}", std::process::id(), free_port());
+        pg_admin(&format!("CREATE DATABASE {name}"));
+        let admin = pg_admin_url();
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+        PgScratch { url: format!("{base}/{name}"), name }
+    }
+
+    /// Runs `sql` in this database and answers the rows' first columns as text.
+    pub fn query(&self, sql: &str) -> Vec<Vec<String>> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await.expect("connect");
+            tokio::spawn(conn);
+            let rows = client.simple_query(sql).await.expect(sql);
+            rows.into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        Some((0..r.len()).map(|i| r.get(i).unwrap_or_default().to_string()).collect())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+}
+
+impl Drop for PgScratch {
+    fn drop(&mut self) {
+        pg_admin(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
     }
 }

@@ -271,39 +271,64 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn j1_j3_chaos_10000_jobs_4_workers_and_5_sigkills_lose_nothing_and_duplicate_only_rescued_runs() {
-    // Queue everything with no worker running, then start 4 and kill serve while they work.
     let (dir, log) = pool_setup(0, "", "2s", 0);
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut s = Server::start_opts(Some(dir.path().join("m")), &listen, &["--resync", "300ms"]);
-    let total = 10_000;
-    let ids = enqueue_many(&s, total);
+    let s = Server::start_opts(Some(dir.path().join("m")), &listen, &["--resync", "300ms"]);
+    let db = s.dir.path().join("data/pcmail.db");
+    chaos(vec![s], dir.path(), &log, 10_000, || {
+        let db = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("db");
+        let mut stmt = db.prepare("SELECT id, rescues FROM jobs").expect("query");
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("rows").map(|r| r.expect("row")).collect()
+    });
+}
+
+#[test]
+fn c1_j3_chaos_two_replicas_on_postgres_with_kills_of_either_lose_nothing() {
+    let pg = PgScratch::new();
+    let (dir, log) = pool_setup(0, "", "2s", 0);
+    let extra = ["--resync", "300ms", "--lease", "2s", "--store", pg.url.as_str()];
+    let first = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &extra);
+    let second = Server::replica_of(&first);
+    chaos(vec![first, second], dir.path(), &log, 10_000, || {
+        pg.query("SELECT id, rescues FROM jobs")
+            .into_iter()
+            .map(|r| (r[0].clone(), r[1].parse().expect("rescues")))
+            .collect()
+    });
+}
+
+/// Queues `total` jobs with no worker running, starts 4 workers on each server, SIGKILLs a
+/// random server 5 times while they work, and checks that every job succeeded, none was lost
+/// or invented, and none ran more often than 1 + its rescues (`rescues` reads the store).
+fn chaos(
+    mut servers: Vec<Server>,
+    dir: &std::path::Path,
+    log: &std::path::Path,
+    total: usize,
+    rescues: impl Fn() -> std::collections::HashMap<String, u64>,
+) {
+    let ids = enqueue_many(&servers[0], total);
     assert_eq!(ids.len(), total);
-    apply_workers(&s, dir.path(), 4);
+    apply_workers(&servers[0], dir, 4);
     let mut seed =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
     for _ in 0..5 {
         std::thread::sleep(std::time::Duration::from_millis(300 + next(&mut seed) % 1500));
-        s.kill9();
-        s.spawn();
+        let victim = next(&mut seed) as usize % servers.len();
+        servers[victim].kill9();
+        servers[victim].spawn();
     }
-    eventually(600, "every job to succeed", || (counts(&s).get("succeeded") == Some(&(total as u64))).then_some(()));
-    let c = counts(&s);
+    let s = &servers[0];
+    eventually(600, "every job to succeed", || (counts(s).get("succeeded") == Some(&(total as u64))).then_some(()));
+    let c = counts(s);
     assert_eq!(
         (c.get("running").copied(), c.get("queued").copied(), c.get("dead").copied()),
         (Some(0), Some(0), Some(0))
     );
-
-    let db = rusqlite::Connection::open_with_flags(
-        s.dir.path().join("data/pcmail.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .expect("db");
-    let mut stmt = db.prepare("SELECT id, rescues FROM jobs").expect("query");
-    let rescues: std::collections::HashMap<String, u64> =
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("rows").map(|r| r.expect("row")).collect();
+    let rescues = rescues();
     assert_eq!(rescues.len(), total, "no job lost or invented");
     let mut runs: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    let calls = std::fs::read_to_string(&log).expect("log");
+    let calls = std::fs::read_to_string(log).expect("log");
     for line in calls.lines() {
         if let Some(id) = line.split(' ').next() {
             *runs.entry(id).or_default() += 1;
@@ -315,6 +340,10 @@ fn j1_j3_chaos_10000_jobs_4_workers_and_5_sigkills_lose_nothing_and_duplicate_on
         assert!(ran <= 1 + rescued, "{id} ran {ran} times with only {rescued} rescue(s)");
     }
     let rescued_total: u64 = rescues.values().sum();
-    eprintln!("chaos: {total} jobs, {} runs, {rescued_total} rescues", calls.lines().count());
+    eprintln!(
+        "chaos on {} server(s): {total} jobs, {} runs, {rescued_total} rescues",
+        servers.len(),
+        calls.lines().count()
+    );
     assert!(rescued_total >= 1, "the kills interrupted running jobs, whose leases were rescued");
 }

@@ -8,6 +8,7 @@ mod ledger;
 mod mail;
 mod monitoring;
 mod pcside;
+mod replicas;
 mod security;
 mod specs;
 mod webhook;

@@ -9,7 +9,7 @@ use crate::webhook::{Answer, Receiver};
 
 /// The example manifests with a MailPolicy of seconds that posts to `webhook`, in a folder for
 /// `serve --apply` (so a restart re-applies the same policy).
-fn manifests(webhook: &str) -> tempfile::TempDir {
+pub fn manifests(webhook: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     for f in ["roster.yaml", "work.yaml"] {
         std::fs::copy(examples().join(f), dir.path().join(f)).expect("copy example");
@@ -90,7 +90,7 @@ mod reqwest {
     }
 }
 
-fn undelivered(receiver: &Receiver, subject: &str) -> Vec<String> {
+pub fn undelivered(receiver: &Receiver, subject: &str) -> Vec<String> {
     receiver
         .alerts()
         .into_iter()

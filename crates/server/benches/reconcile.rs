@@ -78,6 +78,7 @@ async fn main() {
         apply: None,
         insecure_listen: false,
         resync: Duration::from_secs(10),
+        lease: Duration::from_secs(15),
     };
     let app = App::start(&config).await.expect("start");
     let now = chrono::Utc::now();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::RateLimit;
-use pcmail_store::SqliteStore;
+use pcmail_store::{AnyStore, Change, Store};
 use tokio::sync::watch;
 
 use crate::controller::Key;
@@ -23,7 +23,7 @@ pub struct App {
 }
 
 struct Inner {
-    store: SqliteStore,
+    store: AnyStore,
     admin_token_hash: String,
     /// What the applied specs mean right now; swapped whole on every spec change.
     runtime: RwLock<Arc<Runtime>>,
@@ -47,6 +47,13 @@ struct Inner {
     pools: crate::controller::pools::Pools,
     /// Rung on every enqueue: idle workers claim at once instead of at their next poll.
     job_bell: tokio::sync::Notify,
+    /// C1: this replica's name in the lease, the lease's duration, and until when (local
+    /// monotonic time) this replica leads.
+    replica: String,
+    lease: Duration,
+    /// Other processes write to the store (PostgreSQL): follow their announcements.
+    shared_store: bool,
+    leading_until: Mutex<Option<tokio::time::Instant>>,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -61,6 +68,7 @@ impl App {
             None => format!("sqlite:{}", dir.join("pcmail.db").display()),
         };
         let store = pcmail_store::open(&url).await?;
+        let changes = store.changes();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(5))
@@ -86,13 +94,22 @@ impl App {
                 pools: Default::default(),
                 job_bell: tokio::sync::Notify::new(),
                 limiters: Mutex::new(Default::default()),
+                replica: crate::leader::replica_name(),
+                shared_store: changes.is_some(),
+                lease: config.lease.max(Duration::from_millis(300)),
+                leading_until: Mutex::new(None),
             }),
         };
+        if let Some(changes) = changes {
+            tokio::spawn(follow_changes(app.clone(), changes));
+        }
+        // Before the first sync, so a sole replica writes statuses from its first moment.
+        crate::leader::attempt(&app).await?;
         crate::specs::sync(&app, crate::now()).await?;
         Ok(app)
     }
 
-    pub fn store(&self) -> &SqliteStore {
+    pub fn store(&self) -> &AnyStore {
         &self.inner.store
     }
 
@@ -121,6 +138,13 @@ impl App {
         self.inner.mail_changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
+    /// How long a waiter trusts the wake-ups before it looks again anyway: announcements from
+    /// other replicas travel over a connection that can drop, so polling is the fallback.
+    pub fn recheck_every(&self) -> Duration {
+        if self.inner.shared_store { Duration::from_secs(2) } else { Duration::from_secs(3600) }
+    }
+
+    /// `to` empty wakes every long-poll (announcements may have been missed).
     pub fn mail_arrived(&self, to: &str) {
         // No receiver (nobody long-polling) is fine.
         let _ = self.inner.arrivals.send(Arc::from(to));
@@ -214,6 +238,29 @@ impl App {
         }
     }
 
+    pub fn replica(&self) -> &str {
+        &self.inner.replica
+    }
+
+    pub fn lease_duration(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// C1: whether this replica runs the leader's keys right now.
+    pub fn is_leader(&self) -> bool {
+        let until = *self.inner.leading_until.lock().unwrap_or_else(PoisonError::into_inner);
+        until.is_some_and(|t| tokio::time::Instant::now() < t)
+    }
+
+    /// Records the outcome of a lease attempt; answers whether leadership changed.
+    pub fn set_leading_until(&self, until: Option<tokio::time::Instant>) -> bool {
+        let was = self.is_leader();
+        *self.inner.leading_until.lock().unwrap_or_else(PoisonError::into_inner) = until;
+        let is = self.is_leader();
+        self.metrics().leader.set(i64::from(is));
+        was != is
+    }
+
     pub fn http(&self) -> &reqwest::Client {
         &self.inner.http
     }
@@ -224,5 +271,34 @@ impl App {
 
     pub fn listen_addr(&self) -> SocketAddr {
         self.inner.listen.get().copied().unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)))
+    }
+}
+
+/// Turns other replicas' announced commits into the same wake-ups this replica's own writes
+/// ring: long-polls, status waits, idle workers, the spec reconciler.
+async fn follow_changes(app: App, mut changes: tokio::sync::broadcast::Receiver<Change>) {
+    loop {
+        let change = match changes.recv().await {
+            Ok(c) => c,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Change::Missed,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        match change {
+            Change::Mail { to } => {
+                app.mail_arrived(&to);
+                app.mail_changed();
+                // Arrival notices (M10) are the leader's to post, whichever replica took the send.
+                app.queue().add(Key::Notify);
+            }
+            Change::MailMoved => app.mail_changed(),
+            Change::Jobs => app.ring_job_bell(),
+            Change::Specs => app.queue().add(Key::Specs),
+            Change::Missed => {
+                app.mail_arrived("");
+                app.mail_changed();
+                app.ring_job_bell();
+                app.queue().add(Key::Specs);
+            }
+        }
     }
 }

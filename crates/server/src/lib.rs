@@ -10,6 +10,7 @@ mod auth;
 pub mod controller;
 pub mod exec;
 mod jobs;
+mod leader;
 mod ledger;
 mod mailbox;
 pub mod manifests;
@@ -40,6 +41,8 @@ pub struct ServeConfig {
     pub insecure_listen: bool,
     /// How often every reconciler runs even when nothing asked for it.
     pub resync: std::time::Duration,
+    /// C1: the leader lease's duration; renewed three times within it.
+    pub lease: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,7 @@ pub async fn serve(
     tracing::info!(%local, data_dir = %config.data_dir.display(), "serving");
 
     let controller = tokio::spawn(controller::run(app.clone()));
+    let leader = tokio::spawn(leader::run(app.clone()));
     let stopping = app.clone();
     axum::serve(listener, api::router(app.clone()))
         .with_graceful_shutdown(async move {
@@ -95,8 +99,10 @@ pub async fn serve(
         })
         .await?;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
-    if let Err(e) = controller.await {
-        tracing::error!(error = %e, "controller task failed");
+    for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "{name} task failed");
+        }
     }
     tracing::info!("stopped");
     Ok(())

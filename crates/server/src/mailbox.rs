@@ -248,6 +248,7 @@ pub async fn poll(
     let mut arrivals = app.watch_arrivals();
     let mut shutdown = app.watch_shutdown();
     let mut first = true;
+    let recheck = app.recheck_every();
     loop {
         let response = poll_once(app, machine, cursor, limit, first, crate::now()).await?;
         first = false;
@@ -255,12 +256,13 @@ pub async fn poll(
             return Ok(response);
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
+        let next_look = deadline.min(tokio::time::Instant::now() + recheck);
         loop {
             tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tokio::time::sleep_until(next_look) => break,
                 _ = shutdown.changed() => break,
                 arrival = arrivals.recv() => match arrival {
-                    Ok(to) if *to == *machine => break,
+                    Ok(to) if *to == *machine || to.is_empty() => break,
                     Ok(_) => continue,
                     // Lagged: some arrivals were not seen; look again rather than miss one.
                     Err(_) => break,
@@ -284,7 +286,7 @@ pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Dura
             return Ok(mail);
         }
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
+            _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + app.recheck_every())) => {}
             _ = changes.changed() => {}
             _ = shutdown.changed() => {}
         }

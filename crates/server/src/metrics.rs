@@ -35,6 +35,7 @@ pub struct Metrics {
     pub workqueue_depth: IntGauge,
     pub workers: IntGaugeVec,
     pub build_info: IntGaugeVec,
+    pub leader: IntGauge,
 }
 
 /// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
@@ -110,6 +111,7 @@ impl Metrics {
             workqueue_depth: reg!(IntGauge::new("pcmail_workqueue_depth", "Keys waiting in the work queue.")?),
             workers: reg!(gauge("pcmail_workers", "Workers running, by pool.", &["pool"])?),
             build_info: reg!(gauge("pcmail_build_info", "Build information.", &["version"])?),
+            leader: reg!(IntGauge::new("pcmail_leader", "1 while this replica holds the leader lease (C1).")?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);

@@ -101,8 +101,11 @@ pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     app.metrics().declare_specs(&machines, &ledgers, &functions, &pools);
     app.set_runtime(rt);
     app.converge_pools();
-    for (record, status) in statuses {
-        app.store().set_spec_status(record.kind, &record.name, status).await?;
+    // C1: statuses are the leader's to write, so replicas never overwrite each other's.
+    if app.is_leader() {
+        for (record, status) in statuses {
+            app.store().set_spec_status(record.kind, &record.name, status).await?;
+        }
     }
     Ok(())
 }

@@ -4,9 +4,11 @@
 //! function of pcmail-core) decides, and the adapter applies the result in one transaction.
 //! Adapters hold no rules of DESIGN.md; they only store, select and keep writes atomic.
 
+mod any;
 pub mod codec;
 #[cfg(test)]
 mod contract;
+pub mod postgres;
 pub mod sqlite;
 
 use std::future::Future;
@@ -20,6 +22,8 @@ use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
+pub use any::AnyStore;
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +268,8 @@ pub trait Store: Send + Sync + 'static {
 pub enum Change {
     /// New mail for this recipient.
     Mail { to: String },
+    /// Some mail changed state.
+    MailMoved,
     /// A job became due (enqueued, retried, released).
     Jobs,
     /// A spec was applied or deleted.
@@ -278,19 +284,22 @@ pub(crate) fn store_clock() -> Ts {
     chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
 }
 
-/// Opens the store a URL names: `sqlite:PATH` now; `postgres://` and `sheets://` arrive with
-/// their adapters and are refused with a clear message until then.
-pub async fn open(url: &str) -> Result<SqliteStore> {
+/// Opens the store a URL names: `sqlite:PATH` or `postgres://…` (`postgresql://` too);
+/// `sheets://` arrives with its adapter and is refused with a clear message until then.
+pub async fn open(url: &str) -> Result<AnyStore> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
             return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
         }
-        return SqliteStore::open(path).await;
+        return SqliteStore::open(path).await.map(AnyStore::Sqlite);
     }
-    let reason = if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sheets://") {
-        "this build has only the sqlite adapter"
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return PgStore::open(url).await.map(AnyStore::Postgres);
+    }
+    let reason = if url.starts_with("sheets://") {
+        "this build has no sheets adapter yet"
     } else {
-        "expected sqlite:PATH"
+        "expected sqlite:PATH or postgres://USER@HOST/DB"
     };
     Err(StoreError::BadUrl { url: url.into(), reason: reason.into() })
 }

@@ -47,6 +47,11 @@ impl Key {
     /// or pulling sources every few seconds is not what anyone scheduled.
     pub const ALL: [Key; 4] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper];
 
+    /// C1: only the lease holder runs these; every replica rebuilds its own runtime.
+    pub fn leader_only(self) -> bool {
+        self != Key::Specs
+    }
+
     /// Also the `reconciler` label of the metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -112,6 +117,9 @@ async fn reconcile(app: &App, key: Key) -> bool {
 }
 
 async fn run_key(app: &App, key: Key) -> Result<(), String> {
+    if key.leader_only() && !app.is_leader() {
+        return Ok(());
+    }
     let now = crate::now();
     match key {
         Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),

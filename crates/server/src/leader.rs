@@ -1,0 +1,86 @@
+//! C1: this replica's side of the leader lease. Every replica attempts a few times per lease
+//! duration; the one that holds it runs the leader's keys (sweeps, notifications, schedules,
+//! the reaper), the others serve the API and run workers. With SQLite the one process leads.
+//!
+//! Leadership is believed locally until the time the attempt *started* plus the duration: the
+//! store's expiry is measured from a later instant, so this replica stops leading before
+//! anyone else can start.
+
+use std::time::Duration;
+
+use pcmail_core::lease::{CONTROLLER, Leadership, attempt_every, plan_acquire, plan_release};
+use pcmail_store::Store;
+use tokio::time::Instant;
+
+use crate::App;
+use crate::controller::Key;
+
+/// One attempt to take or renew the lease; records the outcome on the app.
+pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> {
+    let started = Instant::now();
+    let (me, duration) = (app.replica().to_string(), app.lease_duration());
+    let delta = chrono::TimeDelta::from_std(duration).unwrap_or(chrono::TimeDelta::MAX);
+    let leadership = app
+        .store()
+        .lease_transaction(CONTROLLER, move |current, now| plan_acquire(current.as_ref(), CONTROLLER, &me, now, delta))
+        .await?;
+    let until = match &leadership {
+        Leadership::Leading { .. } => Some(started + duration),
+        Leadership::Following { .. } => None,
+    };
+    if app.set_leading_until(until) {
+        tracing::info!(replica = app.replica(), leading = until.is_some(), "leadership changed");
+        if until.is_some() {
+            // A new leader looks at everything at once instead of waiting for the resync.
+            for key in Key::ALL {
+                app.queue().add(key);
+            }
+        }
+    }
+    Ok(leadership)
+}
+
+/// Runs until shutdown, then hands the lease back so another replica takes over at once.
+pub async fn run(app: App) {
+    let mut shutdown = app.watch_shutdown();
+    let every = attempt_every(app.lease_duration()).max(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.wait_for(|stop| *stop) => break,
+        }
+        if let Err(e) = attempt(&app).await {
+            // Leadership lapses on its own when renewals fail; nothing else to do here.
+            tracing::warn!(error = %e, "leader lease attempt failed");
+        }
+    }
+    release(&app).await;
+}
+
+async fn release(app: &App) {
+    if !app.is_leader() {
+        return;
+    }
+    app.set_leading_until(None);
+    let me = app.replica().to_string();
+    let released = app
+        .store()
+        .lease_transaction(CONTROLLER, move |current, now| (plan_release(current.as_ref(), &me, now), ()))
+        .await;
+    if let Err(e) = released {
+        tracing::warn!(error = %e, "could not release the leader lease; it expires on its own");
+    }
+}
+
+/// A name for this replica that no other process shares: the host (the pod's name under
+/// Kubernetes), the process id and a random suffix.
+pub fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_else(|| "pcmail".into());
+    let mut suffix = [0u8; 3];
+    let suffix = getrandom::fill(&mut suffix).map(|()| pcmail_core::ids::hex(&suffix)).unwrap_or_default();
+    format!("{host}-{}-{suffix}", std::process::id())
+}

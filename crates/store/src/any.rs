@@ -1,0 +1,175 @@
+//! The store a URL names, as one type the server can hold whichever adapter it is.
+
+use pcmail_core::Ts;
+use pcmail_core::alert::Alert;
+use pcmail_core::api::Event;
+use pcmail_core::jobs::Job;
+use pcmail_core::lease::Lease;
+use pcmail_core::ledger::Row as LedgerRow;
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::{Kind, SpecRecord, Status};
+
+use crate::{
+    Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
+    PgStore, Result, SpecWrites, SqliteStore, Store,
+};
+
+#[derive(Clone)]
+pub enum AnyStore {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+impl AnyStore {
+    /// `sqlite` or `postgres`, for logs and the health answer.
+    pub fn adapter(&self) -> &'static str {
+        match self {
+            AnyStore::Sqlite(_) => "sqlite",
+            AnyStore::Postgres(_) => "postgres",
+        }
+    }
+}
+
+/// Forwards one call to whichever adapter this is.
+macro_rules! forward {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Sqlite($s) => $call,
+            AnyStore::Postgres($s) => $call,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn mail_transaction<R, F>(&self, select: MailSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        forward!(self, s => s.mail_transaction(select, plan).await)
+    }
+
+    async fn select_mail(&self, select: MailSelect) -> Result<Vec<Mail>> {
+        forward!(self, s => s.select_mail(select).await)
+    }
+
+    async fn get_mail(&self, id: &str) -> Result<Option<Mail>> {
+        forward!(self, s => s.get_mail(id).await)
+    }
+
+    async fn mail_counts(&self) -> Result<Vec<MailCount>> {
+        forward!(self, s => s.mail_counts().await)
+    }
+
+    async fn list_mail(&self, query: MailQuery) -> Result<Vec<Mail>> {
+        forward!(self, s => s.list_mail(query).await)
+    }
+
+    async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
+        forward!(self, s => s.events_for(object).await)
+    }
+
+    async fn list_specs(&self) -> Result<Vec<SpecRecord>> {
+        forward!(self, s => s.list_specs().await)
+    }
+
+    async fn write_specs(&self, writes: SpecWrites) -> Result<()> {
+        forward!(self, s => s.write_specs(writes).await)
+    }
+
+    async fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> Result<()> {
+        forward!(self, s => s.set_spec_status(kind, name, status).await)
+    }
+
+    async fn put_token(&self, machine: &str, hash: &str, now: Ts) -> Result<()> {
+        forward!(self, s => s.put_token(machine, hash, now).await)
+    }
+
+    async fn machine_for_token(&self, hash: &str) -> Result<Option<String>> {
+        forward!(self, s => s.machine_for_token(hash).await)
+    }
+
+    async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
+        forward!(self, s => s.last_polls().await)
+    }
+
+    async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        forward!(self, s => s.ledger_transaction(project, select, plan).await)
+    }
+
+    async fn ledger_rows(&self, project: Option<&str>) -> Result<Vec<LedgerRow>> {
+        forward!(self, s => s.ledger_rows(project).await)
+    }
+
+    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        forward!(self, s => s.ledger_counts().await)
+    }
+
+    async fn ledger_projects(&self) -> Result<Vec<String>> {
+        forward!(self, s => s.ledger_projects().await)
+    }
+
+    async fn kv_get(&self, key: &str) -> Result<Option<String>> {
+        forward!(self, s => s.kv_get(key).await)
+    }
+
+    async fn kv_set(&self, key: &str, value: &str) -> Result<()> {
+        forward!(self, s => s.kv_set(key, value).await)
+    }
+
+    async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
+        forward!(self, s => s.claim_jobs(claim).await)
+    }
+
+    async fn jobs_transaction<R, F>(&self, select: JobSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        forward!(self, s => s.jobs_transaction(select, plan).await)
+    }
+
+    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
+        forward!(self, s => s.list_jobs(queue, state, limit).await)
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        forward!(self, s => s.job_counts().await)
+    }
+
+    async fn firing_alerts(&self) -> Result<Vec<Alert>> {
+        forward!(self, s => s.firing_alerts().await)
+    }
+
+    async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
+        forward!(self, s => s.alerts_to_notify(limit).await)
+    }
+
+    async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
+        forward!(self, s => s.list_alerts(limit).await)
+    }
+
+    async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
+        forward!(self, s => s.write_alerts(alerts).await)
+    }
+
+    async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
+        forward!(self, s => s.mark_notified(sent, at).await)
+    }
+
+    async fn lease_transaction<R, F>(&self, name: &str, plan: F) -> Result<R>
+    where
+        F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        forward!(self, s => s.lease_transaction(name, plan).await)
+    }
+
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
+        forward!(self, s => s.changes())
+    }
+}

@@ -1,0 +1,205 @@
+//! A small connection pool over tokio-postgres, with each connection's prepared statements
+//! cached, and the codec's rows and values in PostgreSQL's terms.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use bytes::BytesMut;
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+use crate::codec::{Columns, Value};
+use crate::{Result, StoreError};
+
+pub type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// Connections opened at most at once; more callers wait for one to come back.
+pub const POOL_SIZE: usize = 16;
+
+pub fn map_err(e: tokio_postgres::Error) -> StoreError {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        // 53: insufficient resources (disk full, out of memory, too many connections);
+        // 57P: the server is shutting down; 08: the connection failed; 25006: read-only.
+        if code.starts_with("53") || code.starts_with("57P") || code.starts_with("08") || code == "25006" {
+            return StoreError::Unavailable(format!("postgres: {}", db.message()));
+        }
+        return StoreError::Backend(format!("postgres: {} ({code})", db.message()));
+    }
+    if e.is_closed() || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) {
+        return StoreError::Unavailable(format!("postgres: {e}"));
+    }
+    StoreError::Backend(format!("postgres: {e}"))
+}
+
+pub struct Pool {
+    config: tokio_postgres::Config,
+    idle: Mutex<Vec<Conn>>,
+    permits: Semaphore,
+}
+
+impl Pool {
+    pub fn new(config: tokio_postgres::Config) -> Pool {
+        Pool { config, idle: Mutex::new(Vec::new()), permits: Semaphore::new(POOL_SIZE) }
+    }
+
+    pub async fn get(&self) -> Result<Pooled<'_>> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Unavailable("the connection pool is closed".into()))?;
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let conn = match idle {
+            Some(c) if !c.client.is_closed() => c,
+            _ => Conn::open(&self.config).await?,
+        };
+        Ok(Pooled { conn: Some(conn), pool: self, _permit: permit })
+    }
+}
+
+/// A connection borrowed from the pool; back into it on drop unless it may be mid-transaction.
+pub struct Pooled<'a> {
+    conn: Option<Conn>,
+    pool: &'a Pool,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl std::ops::Deref for Pooled<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        self.conn.as_ref().unwrap_or_else(|| unreachable!("taken only on drop"))
+    }
+}
+
+impl std::ops::DerefMut for Pooled<'_> {
+    fn deref_mut(&mut self) -> &mut Conn {
+        self.conn.as_mut().unwrap_or_else(|| unreachable!("taken only on drop"))
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take().filter(|c| !c.in_transaction && !c.client.is_closed()) {
+            self.pool.idle.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+        }
+    }
+}
+
+pub struct Conn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+    /// Set from BEGIN until COMMIT or ROLLBACK answered: a connection dropped in between (a
+    /// cancelled request) is closed rather than handed to the next caller mid-transaction.
+    in_transaction: bool,
+}
+
+impl Conn {
+    pub async fn open(config: &tokio_postgres::Config) -> Result<Conn> {
+        let (client, connection) = config.connect(NoTls).await.map_err(map_err)?;
+        // A broken connection is reported by the next query on it, which has a caller to tell.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Conn { client, statements: HashMap::new(), in_transaction: false })
+    }
+
+    async fn prepare(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let statement = self.client.prepare(sql).await.map_err(map_err)?;
+        self.statements.insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+
+    pub async fn query(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
+        let statement = self.prepare(sql).await?;
+        self.client.query(&statement, params).await.map_err(map_err)
+    }
+
+    pub async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
+        let statement = self.prepare(sql).await?;
+        self.client.execute(&statement, params).await.map_err(map_err)
+    }
+
+    /// Rows decoded by one of the codec's decoders.
+    pub async fn decode<T>(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+        decode: fn(&dyn Columns) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        self.query(sql, params).await?.iter().map(|r| decode(r)).collect()
+    }
+
+    pub async fn batch(&mut self, sql: &str) -> Result<()> {
+        self.client.batch_execute(sql).await.map_err(map_err)
+    }
+
+    pub async fn begin(&mut self) -> Result<()> {
+        self.in_transaction = true;
+        self.batch("BEGIN").await
+    }
+
+    /// Commits when `outcome` is Ok, rolls back otherwise, and answers `outcome`.
+    pub async fn finish<R>(&mut self, outcome: Result<R>) -> Result<R> {
+        let end = if outcome.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        let ended = self.batch(end).await;
+        if ended.is_ok() {
+            self.in_transaction = false;
+        }
+        let out = outcome?;
+        ended.map(|()| out)
+    }
+}
+
+/// Parameters as tokio-postgres takes them.
+pub fn params<'a>(values: &'a [Value<'a>]) -> Vec<Param<'a>> {
+    values.iter().map(|v| v as Param<'a>).collect()
+}
+
+impl Columns for Row {
+    fn text(&self, i: usize) -> Result<String> {
+        self.try_get(i).map_err(|e| column_error(i, e))
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        self.try_get(i).map_err(|e| column_error(i, e))
+    }
+
+    fn int(&self, i: usize) -> Result<i64> {
+        self.try_get(i).map_err(|e| column_error(i, e))
+    }
+
+    fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+        self.try_get(i).map_err(|e| column_error(i, e))
+    }
+
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.try_get(i).map_err(|e| column_error(i, e))
+    }
+}
+
+fn column_error(i: usize, e: tokio_postgres::Error) -> StoreError {
+    StoreError::Corrupt(format!("column {i}: {e}"))
+}
+
+impl ToSql for Value<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        // `accepts` answers for the enum as a whole; each variant checks its own column type.
+        match self {
+            Value::Text(v) if <&str as ToSql>::accepts(ty) => v.to_sql(ty, out),
+            Value::Int(v) if <i64 as ToSql>::accepts(ty) => v.to_sql(ty, out),
+            Value::Bool(v) if <bool as ToSql>::accepts(ty) => v.to_sql(ty, out),
+            other => Err(format!("{other:?} cannot be bound to a {ty} parameter").into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <&str as ToSql>::accepts(ty) || <i64 as ToSql>::accepts(ty) || <bool as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}

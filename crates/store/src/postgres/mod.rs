@@ -1,0 +1,733 @@
+//! The scale-out store: PostgreSQL, shared by several controller replicas (C1).
+//!
+//! Writers of one tab are serialized the way SQLite's single writer serializes them, with
+//! transaction-scoped advisory locks: all mail (so `seq` order is commit order and a cursor
+//! never skips a row committed late), one lock per ledger project, one per job unique key.
+//! Claims take rows with `FOR UPDATE SKIP LOCKED` and need no lock; other job writes lock
+//! their rows. Committed mail, due jobs and spec changes are announced with NOTIFY.
+
+mod conn;
+mod listen;
+mod schema;
+
+use std::sync::Arc;
+
+use pcmail_core::Ts;
+use pcmail_core::alert::Alert;
+use pcmail_core::api::Event;
+use pcmail_core::jobs::Job;
+use pcmail_core::lease::Lease;
+use pcmail_core::ledger::Row as LedgerRow;
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::{Kind, SpecRecord, Status};
+use tokio::sync::broadcast;
+
+use crate::codec::{
+    self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
+    SPEC_COLUMNS, Value, from_ms, json, ms,
+};
+use crate::{
+    Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
+    Result, SpecWrites, Store, StoreError,
+};
+use conn::{Conn, Param, Pool, params};
+
+/// Advisory lock keys: one namespace per tab, `hashtext` of the name inside it.
+const MAIL_LOCK: &str = "SELECT pg_advisory_xact_lock(1, 0)";
+const LEDGER_LOCK: &str = "SELECT pg_advisory_xact_lock(2, hashtext($1))";
+const UNIQUE_JOB_LOCK: &str = "SELECT pg_advisory_xact_lock(3, hashtext($1))";
+const LEASE_LOCK: &str = "SELECT pg_advisory_xact_lock(4, hashtext($1))";
+const SPECS_LOCK: &str = "SELECT pg_advisory_xact_lock(5, 0)";
+
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    changes: broadcast::Sender<Change>,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl PgStore {
+    /// Connects, migrates (once, whichever replica comes first) and starts listening.
+    pub async fn open(url: &str) -> Result<PgStore> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::BadUrl { url: redact(url), reason: format!("not a PostgreSQL URL: {e}") })?;
+        let pool = Pool::new(config.clone());
+        schema::migrate(&mut *pool.get().await?).await?;
+        let changes = broadcast::channel(4096).0;
+        let listener = tokio::spawn(listen::run(config, changes.clone()));
+        Ok(PgStore { inner: Arc::new(Inner { pool, changes, listener }) })
+    }
+
+    async fn conn(&self) -> Result<conn::Pooled<'_>> {
+        self.inner.pool.get().await
+    }
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+async fn select_mail(c: &mut Conn, select: &MailSelect) -> Result<Vec<Mail>> {
+    let by_time =
+        |filter: &str, order: &str| format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT $2");
+    let (sql, t, limit) = match select {
+        MailSelect::Expiring { now, limit } => {
+            (by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= $1", "expires_at"), *now, *limit)
+        }
+        MailSelect::Undelivered { created_before, limit } => {
+            (by_time("state = 'new' AND created_at <= $1", "created_at"), *created_before, *limit)
+        }
+        MailSelect::OpenIntents { created_before, limit } => (
+            by_time("kind = 'intent' AND state IN ('new', 'delivered', 'seen') AND created_at <= $1", "created_at"),
+            *created_before,
+            *limit,
+        ),
+        MailSelect::Unread { delivered_before, limit } => {
+            (by_time("state = 'delivered' AND delivered_at <= $1", "delivered_at"), *delivered_before, *limit)
+        }
+        MailSelect::Ids(ids) => {
+            let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ANY($1)");
+            let found = c.decode(&sql, &[ids], codec::mail).await?;
+            return Ok(in_order(found, ids, |m| &m.id));
+        }
+        MailSelect::After { to, cursor, limit } => {
+            let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE \"to\" = $1 AND seq > $2 ORDER BY seq LIMIT $3");
+            return c.decode(&sql, &[to, cursor, &(*limit as i64)], codec::mail).await;
+        }
+    };
+    c.decode(&sql, &[&ms(t), &(limit as i64)], codec::mail).await
+}
+
+/// Rows loaded by id, in the order the ids were asked for (as SQLite's one-by-one loads give).
+fn in_order<T>(mut found: Vec<T>, ids: &[String], id: impl Fn(&T) -> &String) -> Vec<T> {
+    found.sort_by_key(|row| ids.iter().position(|i| i == id(row)).unwrap_or(usize::MAX));
+    found
+}
+
+async fn apply_mail_writes(c: &mut Conn, w: &MailWrites) -> Result<()> {
+    let insert = format!("INSERT INTO mail ({MAIL_INSERT_COLUMNS}) VALUES ({})", placeholders(25));
+    for m in &w.insert {
+        let values: Vec<Value> = codec::mail_lifecycle(m).into_iter().chain(codec::mail_identity(m)).collect();
+        c.execute(&insert, &params(&values)).await?;
+    }
+    let update = "UPDATE mail SET state = $2, expires_at = $3, delivered_at = $4, delivered_by = $5, seen_at = $6, \
+                  seen_by = $7, done_at = $8, result = $9, fail_reason = $10, presented_at = $11, presented_session = $12, \
+                  last_reminded_at = $13 WHERE id = $1";
+    for m in &w.update {
+        if c.execute(update, &params(&codec::mail_lifecycle(m))).await? != 1 {
+            return Err(StoreError::Backend(format!("update of missing mail {}", m.id)));
+        }
+    }
+    insert_events(c, &w.events).await?;
+    upsert_alerts(c, &w.alerts).await?;
+    if let Some((machine, at)) = &w.heartbeat {
+        c.execute(
+            "INSERT INTO machines (name, last_poll_at) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET last_poll_at = GREATEST(machines.last_poll_at, excluded.last_poll_at)",
+            &[machine, &ms(*at)],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn placeholders(n: usize) -> String {
+    (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+}
+
+async fn upsert_alerts(c: &mut Conn, alerts: &[Alert]) -> Result<()> {
+    let sql = format!(
+        "INSERT INTO alerts ({ALERT_COLUMNS}) VALUES ({}) \
+         ON CONFLICT (kind, subject) DO UPDATE SET state = excluded.state, summary = excluded.summary, \
+         labels = excluded.labels, firing_since = excluded.firing_since, resolved_at = excluded.resolved_at, \
+         notified = excluded.notified, last_sent_at = excluded.last_sent_at, updated_at = excluded.updated_at",
+        placeholders(10)
+    );
+    for a in alerts {
+        let labels = json(&a.labels);
+        c.execute(&sql, &params(&codec::alert_params(a, &labels))).await?;
+    }
+    Ok(())
+}
+
+async fn insert_events(c: &mut Conn, events: &[Event]) -> Result<()> {
+    let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5)");
+    for e in events {
+        c.execute(&sql, &params(&codec::event_params(e))).await?;
+    }
+    Ok(())
+}
+
+async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Result<Vec<LedgerRow>> {
+    let base = format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = $1");
+    match select {
+        LedgerSelect::All => c.decode(&format!("{base} ORDER BY seq"), &[&project], codec::ledger_row).await,
+        LedgerSelect::Open => {
+            let sql = format!("{base} AND state IN ('todo', 'running', 'review') ORDER BY seq");
+            c.decode(&sql, &[&project], codec::ledger_row).await
+        }
+        LedgerSelect::RunRequested { limit } => {
+            let sql = format!("{base} AND run_requested ORDER BY seq LIMIT $2");
+            c.decode(&sql, &[&project, &(*limit as i64)], codec::ledger_row).await
+        }
+        LedgerSelect::Ids(ids) => {
+            let found = c.decode(&format!("{base} AND id = ANY($2)"), &[&project, ids], codec::ledger_row).await?;
+            Ok(in_order(found, ids, |r| &r.id))
+        }
+    }
+}
+
+async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
+    let upsert = format!(
+        "INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({}) ON CONFLICT (project, id) DO UPDATE SET state = excluded.state, \
+         run_requested = excluded.run_requested, task = excluded.task, content = excluded.content, source = excluded.source, \
+         evidence = excluded.evidence, due = excluded.due, assignee = excluded.assignee, function = excluded.function, \
+         result = excluded.result, executed_at = excluded.executed_at, instruction = excluded.instruction, \
+         key = excluded.key, failures = excluded.failures, refresh = excluded.refresh",
+        placeholders(18)
+    );
+    for row in w.add.iter().chain(&w.replace) {
+        c.execute(&upsert, &params(&codec::ledger_params(row))).await?;
+    }
+    for p in &w.patch {
+        let mut current = select_ledger(c, project, &LedgerSelect::Ids(vec![p.id.clone()])).await?;
+        if let Some(row) = current.first_mut() {
+            p.apply(row);
+            c.execute(&upsert, &params(&codec::ledger_params(row))).await?;
+        }
+    }
+    for id in &w.delete {
+        c.execute("DELETE FROM ledger WHERE project = $1 AND id = $2", &[&project, id]).await?;
+    }
+    if let Some(next) = w.next_seq {
+        c.execute(
+            "INSERT INTO ledger_projects (project, next_seq) VALUES ($1, $2) \
+             ON CONFLICT (project) DO UPDATE SET next_seq = GREATEST(ledger_projects.next_seq, excluded.next_seq)",
+            &[&project, &i64::from(next)],
+        )
+        .await?;
+    }
+    insert_events(c, &w.events).await
+}
+
+async fn select_jobs(c: &mut Conn, select: &JobSelect) -> Result<Vec<Job>> {
+    match select {
+        JobSelect::Ids(ids) => {
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1) FOR UPDATE");
+            let found = c.decode(&sql, &[ids], codec::job).await?;
+            Ok(in_order(found, ids, |j| &j.id))
+        }
+        JobSelect::LiveUnique(key) => {
+            c.execute(UNIQUE_JOB_LOCK, &[key]).await?;
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = $1 AND state IN ('queued', 'running', 'failed') FOR UPDATE"
+            );
+            c.decode(&sql, &[key], codec::job).await
+        }
+        JobSelect::ExpiredLeases { now, limit } => {
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+            );
+            c.decode(&sql, &[&ms(*now), &(*limit as i64)], codec::job).await
+        }
+    }
+}
+
+impl Store for PgStore {
+    async fn mail_transaction<R, F>(&self, select: MailSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            c.execute(MAIL_LOCK, &[]).await?;
+            let loaded = select_mail(&mut c, &select).await?;
+            let (writes, out) = plan(loaded);
+            if !writes.is_empty() {
+                apply_mail_writes(&mut c, &writes).await?;
+            }
+            Ok(out)
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    async fn select_mail(&self, select: MailSelect) -> Result<Vec<Mail>> {
+        select_mail(&mut *self.conn().await?, &select).await
+    }
+
+    async fn get_mail(&self, id: &str) -> Result<Option<Mail>> {
+        Ok(select_mail(&mut *self.conn().await?, &MailSelect::Ids(vec![id.to_string()])).await?.pop())
+    }
+
+    async fn mail_counts(&self) -> Result<Vec<MailCount>> {
+        let rows = self
+            .conn()
+            .await?
+            .query("SELECT state, kind, channel, n FROM mail_counts WHERE n > 0 ORDER BY state, kind, channel", &[])
+            .await?;
+        rows.iter()
+            .map(|r| {
+                use codec::Columns;
+                let state = r.text(0)?.parse().map_err(StoreError::Corrupt)?;
+                Ok(MailCount { state, kind: r.text(1)?, channel: r.text(2)?, count: r.int(3)?.max(0) as u64 })
+            })
+            .collect()
+    }
+
+    async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
+        let mut sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE 1 = 1");
+        let mut args: Vec<&String> = Vec::new();
+        if let Some(to) = &q.to {
+            args.push(to);
+            sql += &format!(" AND \"to\" = ${}", args.len());
+        }
+        if let Some(from) = &q.from {
+            args.push(from);
+            sql += &format!(" AND \"from\" = ${}", args.len());
+        }
+        if !q.states.is_empty() {
+            let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+            sql += &format!(" AND state IN ({})", list.join(", "));
+        }
+        sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
+        let args: Vec<Param> = args.iter().map(|a| *a as Param).collect();
+        self.conn().await?.decode(&sql, &args, codec::mail).await
+    }
+
+    async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
+        let sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE object = $1 ORDER BY id");
+        self.conn().await?.decode(&sql, &[&object], codec::event).await
+    }
+
+    async fn list_specs(&self) -> Result<Vec<SpecRecord>> {
+        let sql = format!("SELECT {SPEC_COLUMNS} FROM specs ORDER BY kind, name");
+        self.conn().await?.decode(&sql, &[], codec::spec).await
+    }
+
+    async fn write_specs(&self, w: SpecWrites) -> Result<()> {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            c.execute(SPECS_LOCK, &[]).await?;
+            for r in &w.upsert {
+                let (labels, spec, status) = codec::spec_params(r);
+                c.execute(
+                    &format!(
+                        "INSERT INTO specs ({SPEC_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                         ON CONFLICT (kind, name) DO UPDATE SET labels = excluded.labels, \
+                         generation = excluded.generation, spec = excluded.spec, status = excluded.status, \
+                         updated_at = excluded.updated_at"
+                    ),
+                    &[
+                        &r.kind.as_str(),
+                        &r.name,
+                        &labels,
+                        &(r.generation as i64),
+                        &spec,
+                        &status,
+                        &ms(r.created_at),
+                        &ms(r.updated_at),
+                    ],
+                )
+                .await?;
+            }
+            for (kind, name) in &w.delete {
+                c.execute("DELETE FROM specs WHERE kind = $1 AND name = $2", &[&kind.as_str(), name]).await?;
+            }
+            insert_events(&mut c, &w.events).await
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    async fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> Result<()> {
+        self.conn()
+            .await?
+            .execute(
+                "UPDATE specs SET status = $3 WHERE kind = $1 AND name = $2",
+                &[&kind.as_str(), &name, &json(&status)],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn put_token(&self, machine: &str, hash: &str, now: Ts) -> Result<()> {
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO tokens (machine, hash, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (machine) DO UPDATE SET hash = excluded.hash, created_at = excluded.created_at",
+                &[&machine, &hash, &ms(now)],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn machine_for_token(&self, hash: &str) -> Result<Option<String>> {
+        let rows = self.conn().await?.query("SELECT machine FROM tokens WHERE hash = $1", &[&hash]).await?;
+        rows.first().map(|r| codec::Columns::text(r, 0)).transpose()
+    }
+
+    async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
+        let rows = self.conn().await?.query("SELECT name, last_poll_at FROM machines ORDER BY name", &[]).await?;
+        rows.iter().map(|r| Ok((codec::Columns::text(r, 0)?, codec::Columns::ts(r, 1)?))).collect()
+    }
+
+    async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            c.execute(LEDGER_LOCK, &[&project]).await?;
+            let rows = select_ledger(&mut c, project, &select).await?;
+            let next = c.query("SELECT next_seq FROM ledger_projects WHERE project = $1", &[&project]).await?;
+            let next_seq = match next.first() {
+                Some(r) => u32::try_from(codec::Columns::int(r, 0)?).unwrap_or(u32::MAX),
+                None => 1,
+            };
+            let (writes, out) = plan(LedgerState { rows, next_seq });
+            if writes != LedgerWrites::default() {
+                apply_ledger_writes(&mut c, project, &writes).await?;
+            }
+            Ok(out)
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    async fn ledger_rows(&self, project: Option<&str>) -> Result<Vec<LedgerRow>> {
+        let mut c = self.conn().await?;
+        match project {
+            Some(p) => {
+                let sql = format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE project = $1 ORDER BY seq");
+                c.decode(&sql, &[&p], codec::ledger_row).await
+            }
+            None => {
+                let sql = format!("SELECT {LEDGER_COLUMNS} FROM ledger ORDER BY project, seq");
+                c.decode(&sql, &[], codec::ledger_row).await
+            }
+        }
+    }
+
+    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
+    }
+
+    async fn ledger_projects(&self) -> Result<Vec<String>> {
+        let rows = self
+            .conn()
+            .await?
+            .query("SELECT project FROM ledger_projects UNION SELECT DISTINCT project FROM ledger ORDER BY 1", &[])
+            .await?;
+        rows.iter().map(|r| codec::Columns::text(r, 0)).collect()
+    }
+
+    async fn kv_get(&self, key: &str) -> Result<Option<String>> {
+        let rows = self.conn().await?.query("SELECT value FROM kv WHERE key = $1", &[&key]).await?;
+        rows.first().map(|r| codec::Columns::text(r, 0)).transpose()
+    }
+
+    async fn kv_set(&self, key: &str, value: &str) -> Result<()> {
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO kv (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&key, &value],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
+        // MATERIALIZED: the LIMIT and SKIP LOCKED are applied once, before the update, rather
+        // than re-evaluated per joined row. Answered in claim order.
+        let sql = format!(
+            "WITH picked AS MATERIALIZED (SELECT seq FROM jobs WHERE state = 'queued' AND queue = $5 AND run_after <= $4 \
+             ORDER BY priority DESC, run_after, seq LIMIT $6 FOR UPDATE SKIP LOCKED), \
+             claimed AS (UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = $1, \
+             lease_token = $2 || id, lease_expires_at = $3, heartbeat_at = $4 FROM picked WHERE jobs.seq = picked.seq \
+             RETURNING jobs.seq AS claim_seq, {JOB_COLUMNS}) \
+             SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_after, claim_seq"
+        );
+        self.conn()
+            .await?
+            .decode(
+                &sql,
+                &[
+                    &claim.owner,
+                    &claim.token_prefix,
+                    &ms(claim.lease_until),
+                    &ms(claim.now),
+                    &claim.queue,
+                    &(claim.limit as i64),
+                ],
+                codec::job,
+            )
+            .await
+    }
+
+    async fn jobs_transaction<R, F>(&self, select: JobSelect, plan: F) -> Result<R>
+    where
+        F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            let loaded = select_jobs(&mut c, &select).await?;
+            let (writes, out) = plan(loaded);
+            let sql = format!(
+                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET state = excluded.state, \
+                 priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
+                 run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
+                 lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at, \
+                 rescues = excluded.rescues, last_error = excluded.last_error, result = excluded.result, \
+                 finished_at = excluded.finished_at",
+                placeholders(20)
+            );
+            for j in &writes {
+                c.execute(&sql, &params(&codec::job_params(j))).await?;
+            }
+            Ok(out)
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
+             ORDER BY seq DESC LIMIT $3"
+        );
+        self.conn().await?.decode(&sql, &[&queue, &state, &(limit as i64)], codec::job).await
+    }
+
+    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
+        self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
+    }
+
+    async fn firing_alerts(&self) -> Result<Vec<Alert>> {
+        self.alerts("state = 'firing'", "kind, subject", i64::MAX).await
+    }
+
+    async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
+        self.alerts("notified IS DISTINCT FROM state", "updated_at", limit as i64).await
+    }
+
+    async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
+        self.alerts("TRUE", "updated_at DESC", limit as i64).await
+    }
+
+    async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = upsert_alerts(&mut c, &alerts).await;
+        c.finish(outcome).await
+    }
+
+    async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            for a in &sent {
+                c.execute(
+                    "UPDATE alerts SET notified = state, last_sent_at = $1 \
+                     WHERE kind = $2 AND subject = $3 AND state = $4 AND updated_at = $5",
+                    &[&ms(at), &a.kind.as_str(), &a.subject, &a.state.as_str(), &ms(a.updated_at)],
+                )
+                .await?;
+            }
+            Ok(())
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    async fn lease_transaction<R, F>(&self, name: &str, plan: F) -> Result<R>
+    where
+        F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            c.execute(LEASE_LOCK, &[&name]).await?;
+            let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE name = $1");
+            let current = c.decode(&sql, &[&name], codec::lease).await?.pop();
+            // The database's clock: every replica measures the lease against the same one.
+            let now = c.query("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[]).await?;
+            let now = from_ms(now.first().map(|r| codec::Columns::int(r, 0)).transpose()?.unwrap_or_default());
+            let (write, out) = plan(current, now);
+            if let Some(lease) = write {
+                c.execute(
+                    &format!(
+                        "INSERT INTO leases ({LEASE_COLUMNS}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE \
+                         SET holder = excluded.holder, acquired_at = excluded.acquired_at, \
+                         renewed_at = excluded.renewed_at, expires_at = excluded.expires_at"
+                    ),
+                    &params(&codec::lease_params(&lease)),
+                )
+                .await?;
+            }
+            Ok(out)
+        }
+        .await;
+        c.finish(outcome).await
+    }
+
+    fn changes(&self) -> Option<broadcast::Receiver<Change>> {
+        Some(self.inner.changes.subscribe())
+    }
+}
+
+impl PgStore {
+    async fn group_counts(&self, sql: &str) -> Result<Vec<(String, String, u64)>> {
+        let rows = self.conn().await?.query(sql, &[]).await?;
+        rows.iter()
+            .map(|r| {
+                use codec::Columns;
+                Ok((r.text(0)?, r.text(1)?, r.int(2)?.max(0) as u64))
+            })
+            .collect()
+    }
+
+    async fn alerts(&self, filter: &str, order: &str, limit: i64) -> Result<Vec<Alert>> {
+        let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT $1");
+        self.conn().await?.decode(&sql, &[&limit], codec::alert).await
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The server the tests use; `.ci/run` starts it. Each test gets a database of its own.
+    pub fn admin_url() -> String {
+        std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    }
+
+    /// Drops its database when the test ends.
+    pub struct Scratch(String);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let name = self.0.clone();
+            // Its own thread and runtime: Drop cannot await, and the test's runtime is ending.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async {
+                    if let Ok(mut c) = Conn::open(&admin_url().parse().expect("url")).await {
+                        let _ = c.batch(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+
+    pub async fn scratch_url() -> (Scratch, String) {
+        let mut bytes = [0u8; 6];
+        getrandom::fill(&mut bytes).expect("random");
+        let name = format!("pcmail_test_{}", pcmail_core::ids::hex(&bytes));
+        let admin: tokio_postgres::Config = admin_url().parse().expect("PCMAIL_TEST_POSTGRES is a URL");
+        let mut c = Conn::open(&admin).await.expect("PostgreSQL at PCMAIL_TEST_POSTGRES (.ci/run starts it)");
+        c.batch(&format!("CREATE DATABASE {name}")).await.expect("create database");
+        let url = admin_url();
+        let base = url.rsplit_once('/').map_or(url.as_str(), |(b, _)| b);
+        (Scratch(name.clone()), format!("{base}/{name}"))
+    }
+
+    async fn fresh() -> (Scratch, PgStore) {
+        let (scratch, url) = scratch_url().await;
+        let store = PgStore::open(&url).await.expect("open");
+        (scratch, store)
+    }
+
+    crate::contract::contract_tests!(fresh);
+
+    #[tokio::test]
+    async fn i6_missing_column_fails_closed_naming_it() {
+        let (scratch, url) = scratch_url().await;
+        drop(PgStore::open(&url).await.expect("open"));
+        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        c.batch("ALTER TABLE mail DROP COLUMN presented_session").await.expect("drop column");
+        let err = PgStore::open(&url).await.err().expect("must refuse");
+        assert!(err.to_string().contains("mail.presented_session is missing"), "{err}");
+        drop(scratch);
+    }
+
+    #[tokio::test]
+    async fn i6_newer_schema_is_refused_and_reopening_migrates_nothing_twice() {
+        let (_scratch, url) = scratch_url().await;
+        drop(PgStore::open(&url).await.expect("open"));
+        drop(PgStore::open(&url).await.expect("reopen"));
+        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        c.batch("UPDATE pcmail_schema SET version = 99").await.expect("bump");
+        let err = PgStore::open(&url).await.err().expect("must refuse");
+        assert!(err.to_string().contains("newer than this build"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn replicas_migrating_at_once_migrate_once() {
+        let (_scratch, url) = scratch_url().await;
+        let opens: Vec<_> = (0..3)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { PgStore::open(&url).await.map(drop) })
+            })
+            .collect();
+        for o in opens {
+            o.await.expect("task").expect("every replica opens");
+        }
+    }
+
+    #[tokio::test]
+    async fn c1_a_commit_is_announced_to_other_replicas() {
+        let (_scratch, url) = scratch_url().await;
+        let (a, b) = (PgStore::open(&url).await.expect("a"), PgStore::open(&url).await.expect("b"));
+        let mut changes = b.changes().expect("postgres announces");
+        // The listener's first word is Missed (it just connected); wait for it so LISTEN is on.
+        let first = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+        assert_eq!(first.expect("listening").expect("change"), Change::Missed);
+        let m = Mail::new("mail--00000001".into(), "pc1".into(), "pc2".into(), from_ms(0), from_ms(1000));
+        a.mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { insert: vec![m], ..Default::default() }, ())
+        })
+        .await
+        .expect("insert");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+        assert_eq!(got.expect("announced within 5 s").expect("change"), Change::Mail { to: "pc2".into() });
+    }
+
+    #[test]
+    fn bad_urls_are_named_without_their_password() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+    }
+}

@@ -1,0 +1,264 @@
+//! Forward-only migrations (I6) for PostgreSQL: the same tabs and columns as SQLite's, in
+//! PostgreSQL's types, plus the triggers that announce changes to the other replicas.
+
+use super::conn::Conn;
+use crate::codec::REQUIRED;
+use crate::{Result, StoreError};
+
+/// Taken for the duration of the migrations, so replicas starting together migrate once.
+const MIGRATION_LOCK: i64 = 0x7063_6d61_696c_0001;
+
+/// Applied in order; `pcmail_schema.version` counts how many ran. Never edit a shipped entry:
+/// append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: every tab of SQLite's migrations 1-4, at once.
+    r#"
+    CREATE TABLE mail (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        "from" TEXT NOT NULL,
+        "to" TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        body TEXT NOT NULL,
+        urgent BOOLEAN NOT NULL,
+        auto BOOLEAN NOT NULL,
+        hop BIGINT NOT NULL,
+        reply_to TEXT,
+        channel TEXT NOT NULL,
+        external_key TEXT,
+        state TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        delivered_at BIGINT,
+        delivered_by TEXT,
+        seen_at BIGINT,
+        seen_by TEXT,
+        done_at BIGINT,
+        result TEXT,
+        fail_reason TEXT,
+        presented_at BIGINT,
+        presented_session TEXT,
+        last_reminded_at BIGINT
+    );
+    CREATE INDEX mail_to_seq ON mail("to", seq);
+    CREATE INDEX mail_from_seq ON mail("from", seq);
+    CREATE INDEX mail_open_expiry ON mail(expires_at) WHERE state IN ('new', 'delivered', 'seen');
+    CREATE UNIQUE INDEX mail_external_key ON mail(external_key) WHERE external_key IS NOT NULL;
+    CREATE INDEX mail_new_created ON mail(created_at) WHERE state = 'new';
+    CREATE INDEX mail_delivered_at ON mail(delivered_at) WHERE state = 'delivered';
+    CREATE INDEX mail_open_intents ON mail(created_at) WHERE kind = 'intent' AND state IN ('new', 'delivered', 'seen');
+
+    CREATE TABLE specs (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        generation BIGINT NOT NULL,
+        spec TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (kind, name)
+    );
+
+    CREATE TABLE events (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at BIGINT NOT NULL,
+        object TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        actor TEXT NOT NULL
+    );
+    CREATE INDEX events_object ON events(object, id);
+
+    -- Counts per (state, kind, channel), kept by a trigger so that /metrics never scans mail.
+    CREATE TABLE mail_counts (
+        state TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        n BIGINT NOT NULL,
+        PRIMARY KEY (state, kind, channel)
+    );
+    CREATE FUNCTION pcmail_mail_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE mail_counts SET n = n - 1 WHERE state = OLD.state AND kind = OLD.kind AND channel = OLD.channel;
+        END IF;
+        IF TG_OP IN ('INSERT', 'UPDATE') THEN
+            INSERT INTO mail_counts (state, kind, channel, n) VALUES (NEW.state, NEW.kind, NEW.channel, 1)
+                ON CONFLICT (state, kind, channel) DO UPDATE SET n = mail_counts.n + 1;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER mail_counts_insert_delete AFTER INSERT OR DELETE ON mail
+        FOR EACH ROW EXECUTE FUNCTION pcmail_mail_counts();
+    CREATE TRIGGER mail_counts_update AFTER UPDATE OF state, kind, channel ON mail FOR EACH ROW
+        WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.kind IS DISTINCT FROM NEW.kind
+              OR OLD.channel IS DISTINCT FROM NEW.channel)
+        EXECUTE FUNCTION pcmail_mail_counts();
+
+    CREATE TABLE alerts (
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        state TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        firing_since BIGINT NOT NULL,
+        resolved_at BIGINT,
+        notified TEXT,
+        last_sent_at BIGINT,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (kind, subject)
+    );
+    CREATE INDEX alerts_firing ON alerts(kind) WHERE state = 'firing';
+    CREATE INDEX alerts_unnotified ON alerts(updated_at) WHERE notified IS DISTINCT FROM state;
+
+    CREATE TABLE machines (name TEXT PRIMARY KEY, last_poll_at BIGINT NOT NULL);
+    CREATE TABLE tokens (machine TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, created_at BIGINT NOT NULL);
+
+    CREATE TABLE ledger (
+        project TEXT NOT NULL,
+        id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        run_requested BOOLEAN NOT NULL,
+        task TEXT NOT NULL,
+        content TEXT NOT NULL,
+        source TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        due TEXT NOT NULL,
+        assignee TEXT NOT NULL,
+        function TEXT NOT NULL,
+        result TEXT NOT NULL,
+        executed_at BIGINT,
+        instruction TEXT NOT NULL,
+        key TEXT NOT NULL,
+        failures BIGINT NOT NULL,
+        refresh BOOLEAN NOT NULL,
+        PRIMARY KEY (project, id)
+    );
+    CREATE UNIQUE INDEX ledger_key ON ledger(project, key);
+    CREATE INDEX ledger_requested ON ledger(project, seq) WHERE run_requested;
+    CREATE INDEX ledger_open ON ledger(project, state, seq) WHERE state IN ('todo', 'running', 'review');
+    CREATE TABLE ledger_projects (project TEXT PRIMARY KEY, next_seq BIGINT NOT NULL);
+    CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+    CREATE TABLE jobs (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        queue TEXT NOT NULL,
+        function TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        state TEXT NOT NULL,
+        priority BIGINT NOT NULL,
+        attempts BIGINT NOT NULL,
+        max_attempts BIGINT NOT NULL,
+        run_after BIGINT NOT NULL,
+        lease_owner TEXT,
+        lease_token TEXT,
+        lease_expires_at BIGINT,
+        heartbeat_at BIGINT,
+        rescues BIGINT NOT NULL,
+        last_error TEXT,
+        result TEXT,
+        unique_key TEXT,
+        ledger_ref TEXT,
+        created_at BIGINT NOT NULL,
+        finished_at BIGINT
+    );
+    CREATE INDEX jobs_claim ON jobs(queue, priority DESC, run_after, seq) WHERE state = 'queued';
+    CREATE INDEX jobs_leases ON jobs(lease_expires_at) WHERE state = 'running';
+    CREATE UNIQUE INDEX jobs_unique ON jobs(unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        acquired_at BIGINT NOT NULL,
+        renewed_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+
+    -- Announcements to the other replicas (LISTEN pcmail), sent when the transaction commits.
+    -- PostgreSQL folds equal payloads of one transaction into one.
+    CREATE FUNCTION pcmail_announce() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_TABLE_NAME = 'mail' AND TG_OP = 'INSERT' THEN
+            PERFORM pg_notify('pcmail', 'mail:' || NEW."to");
+        ELSE
+            PERFORM pg_notify('pcmail', TG_TABLE_NAME);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER mail_announce AFTER INSERT ON mail FOR EACH ROW EXECUTE FUNCTION pcmail_announce();
+    CREATE TRIGGER mail_moves_announce AFTER UPDATE OF state ON mail
+        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_announce();
+    CREATE TRIGGER jobs_announce AFTER INSERT OR UPDATE OF state ON jobs FOR EACH ROW
+        WHEN (NEW.state = 'queued') EXECUTE FUNCTION pcmail_announce();
+    -- Status writes are the controller's own bookkeeping and announce nothing.
+    CREATE TRIGGER specs_announce AFTER INSERT OR DELETE OR UPDATE OF spec, generation, labels ON specs
+        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_announce();
+    "#,
+];
+
+pub async fn migrate(conn: &mut Conn) -> Result<()> {
+    conn.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
+    let outcome = run_migrations(conn).await;
+    let unlocked = conn.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
+    outcome?;
+    unlocked?;
+    verify(conn).await
+}
+
+async fn run_migrations(conn: &mut Conn) -> Result<()> {
+    conn.batch("CREATE TABLE IF NOT EXISTS pcmail_schema (version BIGINT NOT NULL)").await?;
+    let rows = conn.query("SELECT version FROM pcmail_schema", &[]).await?;
+    let version = match rows.first() {
+        Some(r) => r.try_get::<_, i64>(0).map_err(super::conn::map_err)?,
+        None => {
+            conn.execute("INSERT INTO pcmail_schema (version) VALUES (0)", &[]).await?;
+            0
+        }
+    };
+    let version = usize::try_from(version).unwrap_or(usize::MAX);
+    if version > MIGRATIONS.len() {
+        return Err(StoreError::Schema(format!(
+            "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
+            MIGRATIONS.len()
+        )));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        conn.begin().await?;
+        let step = async {
+            conn.batch(sql).await?;
+            conn.execute("UPDATE pcmail_schema SET version = $1", &[&((i + 1) as i64)]).await.map(|_| ())
+        }
+        .await;
+        conn.finish(step).await?;
+    }
+    Ok(())
+}
+
+/// I6: every column this build reads exists, or start fails naming the missing one.
+async fn verify(conn: &mut Conn) -> Result<()> {
+    let rows = conn
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema()",
+            &[],
+        )
+        .await?;
+    let present: Vec<(String, String)> =
+        rows.iter().filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?))).collect();
+    for (table, columns) in REQUIRED {
+        if !present.iter().any(|(t, _)| t == table) {
+            return Err(StoreError::Schema(format!("table {table} is missing")));
+        }
+        if let Some(missing) = columns.iter().find(|c| !present.iter().any(|(t, p)| t == table && p == *c)) {
+            return Err(StoreError::Schema(format!(
+                "column {table}.{missing} is missing; the database was changed outside pcmail"
+            )));
+        }
+    }
+    Ok(())
+}
