@@ -30,7 +30,7 @@ use crate::{
     Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
     Result, SpecWrites, Store, StoreError,
 };
-use conn::{Conn, Param, Pool, params};
+use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 
 /// Advisory lock keys: one namespace per tab, `hashtext` of the name inside it.
 const MAIL_LOCK: &str = "SELECT pg_advisory_xact_lock(1, 0)";
@@ -150,6 +150,15 @@ async fn apply_mail_writes(c: &mut Conn, w: &MailWrites) -> Result<()> {
     Ok(())
 }
 
+/// The last write of each key, as a one-by-one upsert would leave it: one statement may not
+/// upsert a row twice.
+fn last_per_key<T>(rows: &[T], key: impl Fn(&T) -> &String) -> impl Iterator<Item = &T> {
+    let mut seen = std::collections::HashSet::new();
+    let mut keep: Vec<&T> = rows.iter().rev().filter(|r| seen.insert(key(r).clone())).collect();
+    keep.reverse();
+    keep.into_iter()
+}
+
 fn placeholders(n: usize) -> String {
     (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
@@ -205,8 +214,16 @@ async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> R
          key = excluded.key, failures = excluded.failures, refresh = excluded.refresh",
         placeholders(18)
     );
-    for row in w.add.iter().chain(&w.replace) {
-        c.execute(&upsert, &params(&codec::ledger_params(row))).await?;
+    let whole: Vec<LedgerRow> = w.add.iter().chain(&w.replace).cloned().collect();
+    if !whole.is_empty() {
+        let rows: Vec<Vec<Value>> = last_per_key(&whole, |r| &r.id).map(codec::ledger_params).collect();
+        let columns = transpose(&rows);
+        let bulk = upsert.replacen(
+            &format!("VALUES ({})", placeholders(18)),
+            &format!("SELECT * FROM {}", unnest(&columns)),
+            1,
+        );
+        c.execute(&bulk, &column_params(&columns)).await?;
     }
     for p in &w.patch {
         let mut current = select_ledger(c, project, &LedgerSelect::Ids(vec![p.id.clone()])).await?;
@@ -502,18 +519,21 @@ impl Store for PgStore {
         let outcome = async {
             let loaded = select_jobs(&mut c, &select).await?;
             let (writes, out) = plan(loaded);
+            if writes.is_empty() {
+                return Ok(out);
+            }
+            let rows: Vec<Vec<Value>> = last_per_key(&writes, |j| &j.id).map(codec::job_params).collect();
+            let columns = transpose(&rows);
             let sql = format!(
-                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET state = excluded.state, \
+                "INSERT INTO jobs ({JOB_COLUMNS}) SELECT * FROM {} ON CONFLICT (id) DO UPDATE SET state = excluded.state, \
                  priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
                  run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
                  lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at, \
                  rescues = excluded.rescues, last_error = excluded.last_error, result = excluded.result, \
                  finished_at = excluded.finished_at",
-                placeholders(20)
+                unnest(&columns)
             );
-            for j in &writes {
-                c.execute(&sql, &params(&codec::job_params(j))).await?;
-            }
+            c.execute(&sql, &column_params(&columns)).await?;
             Ok(out)
         }
         .await;

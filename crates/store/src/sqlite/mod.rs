@@ -277,9 +277,11 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
     };
     match select {
         JobSelect::Ids(ids) => {
-            let mut out = Vec::new();
+            let mut stmt =
+                conn.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1")).map_err(map_err)?;
+            let mut out = Vec::with_capacity(ids.len());
             for id in ids {
-                out.extend(collect(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"), &[id])?);
+                out.extend(rows::collect(&mut stmt, [id], codec::job)?);
             }
             Ok(out)
         }
@@ -614,10 +616,11 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let loaded = select_jobs(&tx, &select)?;
+            let existing: std::collections::HashSet<String> = loaded.iter().map(|j| j.id.clone()).collect();
             let (writes, out) = plan(loaded);
             if !writes.is_empty() {
                 let placeholders: Vec<String> = (1..=20).map(|i| format!("?{i}")).collect();
-                let sql = format!(
+                let upsert = format!(
                     "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET state = excluded.state, \
                      priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
                      run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
@@ -626,11 +629,19 @@ impl Store for SqliteStore {
                      finished_at = excluded.finished_at",
                     placeholders.join(", ")
                 );
-                let mut stmt = tx.prepare_cached(&sql).map_err(map_err)?;
+                // Rows the transaction loaded are known to exist: a plain update by id skips the
+                // failed insert an upsert tries first. The same parameters; the identity ones go unused.
+                let update = "UPDATE jobs SET state = ?5, priority = ?6, attempts = ?7, max_attempts = ?8, \
+                              run_after = ?9, lease_owner = ?10, lease_token = ?11, lease_expires_at = ?12, \
+                              heartbeat_at = ?13, rescues = ?14, last_error = ?15, result = ?16, finished_at = ?20 \
+                              WHERE id = ?1";
+                let mut upsert = tx.prepare_cached(&upsert).map_err(map_err)?;
+                let mut update = tx.prepare_cached(update).map_err(map_err)?;
                 for j in &writes {
+                    let stmt = if existing.contains(&j.id) { &mut update } else { &mut upsert };
                     stmt.execute(rusqlite::params_from_iter(codec::job_params(j))).map_err(map_err)?;
                 }
-                drop(stmt);
+                drop((upsert, update));
                 tx.commit().map_err(map_err)?;
             }
             Ok(out)
