@@ -328,7 +328,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "./pcmail-data")]
     pub data_dir: PathBuf,
     /// sqlite:PATH or postgres://USER@HOST/DB [default: sqlite:<data-dir>/pcmail.db]
-    #[arg(long, env = "PCMAIL_STORE")]
+    // Its value may hold a password: `--help` never prints it.
+    #[arg(long, env = "PCMAIL_STORE", hide_env_values = true)]
     pub store: Option<String>,
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
