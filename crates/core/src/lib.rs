@@ -18,6 +18,7 @@ pub mod mail;
 pub mod manifest;
 pub mod present;
 pub mod roster;
+pub mod sheet;
 
 /// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.
 pub type Ts = chrono::DateTime<chrono::Utc>;

@@ -1,0 +1,106 @@
+//! Cells as Sheets answers them and as the controller compares them.
+//!
+//! Sheets converts what it stores: a `TRUE` string becomes a boolean, `0042` may become 42, and
+//! `UNFORMATTED_VALUE` answers numbers and booleans as JSON numbers and booleans. Comparing raw
+//! values reports false mismatches (seed 000: a row written correctly read back as "mismatch"
+//! and was sent again). Both sides are compared in one normal form.
+
+/// The normal form: booleans `true`/`false`, numbers in their shortest canonical text (`3`, not
+/// `3.0`), empty and absent as `""`, objects and arrays as JSON text, strings as they are.
+pub fn normalize(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => String::new(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => canonical_number(n),
+        Value::String(s) => s.clone(),
+        Value::Array(_) | Value::Object(_) => v.to_string(),
+    }
+}
+
+fn canonical_number(n: &serde_json::Number) -> String {
+    if let Some(i) = n.as_i64() {
+        return i.to_string();
+    }
+    if let Some(u) = n.as_u64() {
+        return u.to_string();
+    }
+    match n.as_f64() {
+        // Integral floats (Sheets answers 3 as 3.0 in some paths) print as integers.
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => (f as i64).to_string(),
+        Some(f) => f.to_string(),
+        None => n.to_string(),
+    }
+}
+
+/// A cell as the controller writes it (`valueInputOption=RAW`): `true`/`false` as booleans so a
+/// checkbox column stays a checkbox, everything else as text, so Sheets has nothing to convert.
+pub fn to_wire(cell: &str, boolean: bool) -> serde_json::Value {
+    match (boolean, cell) {
+        (true, "true") => serde_json::Value::Bool(true),
+        (true, "false") => serde_json::Value::Bool(false),
+        _ => serde_json::Value::String(cell.to_string()),
+    }
+}
+
+/// `0 → A`, `25 → Z`, `26 → AA`.
+pub fn column_letters(index: usize) -> String {
+    let mut n = index + 1;
+    let mut out = Vec::new();
+    while n > 0 {
+        let rem = (n - 1) % 26;
+        out.push(b'A' + rem as u8);
+        n = (n - 1) / 26;
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// A sheet title quoted for A1 notation: `'my tab'`, with `'` doubled.
+pub fn quote_title(title: &str) -> String {
+    format!("'{}'", title.replace('\'', "''"))
+}
+
+/// `'tab'!C5:E5`: columns `first..=last` (0-based) of sheet row `row` (1-based).
+pub fn a1_row_range(title: &str, row: usize, first: usize, last: usize) -> String {
+    format!("{}!{}{row}:{}{row}", quote_title(title), column_letters(first), column_letters(last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sheets_type_coercion_never_reads_as_a_mismatch() {
+        // What the controller wrote (left) and what UNFORMATTED_VALUE answers (right).
+        assert_eq!(normalize(&json!("true")), normalize(&json!(true)));
+        assert_eq!(normalize(&json!("false")), normalize(&json!(false)));
+        assert_eq!(normalize(&json!("3")), normalize(&json!(3)));
+        assert_eq!(normalize(&json!("3")), normalize(&json!(3.0)));
+        assert_eq!(normalize(&json!("1.5")), normalize(&json!(1.5)));
+        assert_eq!(normalize(&json!("")), normalize(&json!(null)));
+        assert_eq!(normalize(&json!({"a": 1})), r#"{"a":1}"#);
+        assert_eq!(normalize(&json!("日本語")), "日本語");
+        assert_ne!(normalize(&json!("3.10")), normalize(&json!(3.1)), "text that only looks numeric stays text");
+    }
+
+    #[test]
+    fn checkboxes_are_written_as_booleans_and_the_rest_as_text() {
+        assert_eq!(to_wire("true", true), json!(true));
+        assert_eq!(to_wire("false", true), json!(false));
+        assert_eq!(to_wire("true", false), json!("true"));
+        assert_eq!(to_wire("0042", false), json!("0042"));
+    }
+
+    #[test]
+    fn a1_notation_quotes_titles_and_counts_columns_past_z() {
+        assert_eq!(column_letters(0), "A");
+        assert_eq!(column_letters(25), "Z");
+        assert_eq!(column_letters(26), "AA");
+        assert_eq!(column_letters(701), "ZZ");
+        assert_eq!(column_letters(702), "AAA");
+        assert_eq!(a1_row_range("台帳", 5, 2, 4), "'台帳'!C5:E5");
+        assert_eq!(a1_row_range("it's", 2, 0, 0), "'it''s'!A2:A2");
+    }
+}

@@ -1,0 +1,166 @@
+//! Where a tab's fields are: columns are found by their header text, so people may reorder
+//! columns or add their own (never read, never written). Headers come in a Japanese and an
+//! English preset; either is recognized whatever preset the spreadsheet was created with.
+
+/// One field of a tab: the store's column name, its headers, and who writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub key: &'static str,
+    pub en: &'static str,
+    pub ja: &'static str,
+    /// People edit it in the spreadsheet (state, ▶run, correction instruction, …): their edit is
+    /// taken into the store and never overwritten. Other fields are the controller's.
+    pub editable: bool,
+    /// A checkbox: written as a boolean, only on rows that exist.
+    pub boolean: bool,
+}
+
+const fn field(key: &'static str, en: &'static str, ja: &'static str) -> Field {
+    Field { key, en, ja, editable: false, boolean: false }
+}
+
+const fn editable(f: Field) -> Field {
+    Field { editable: true, ..f }
+}
+
+const fn checkbox(f: Field) -> Field {
+    Field { boolean: true, ..f }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    Ja,
+    En,
+}
+
+impl Lang {
+    pub fn header(self, f: &Field) -> &'static str {
+        match self {
+            Lang::Ja => f.ja,
+            Lang::En => f.en,
+        }
+    }
+}
+
+/// A tab: its title, fields, and the fields that identify a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tab {
+    pub title: &'static str,
+    pub fields: &'static [Field],
+    pub key: &'static [&'static str],
+}
+
+/// The task ledger of seed 001, in its column order.
+pub const LEDGER: Tab = Tab {
+    title: "ledger",
+    fields: &[
+        field("project", "Project", "案件"),
+        field("id", "Task ID", "タスクID"),
+        editable(field("state", "State", "状態")),
+        checkbox(editable(field("run_requested", "▶Run", "▶AI実行"))),
+        field("task", "Task", "タスク"),
+        field("content", "Content", "内容"),
+        field("source", "Source", "発生源"),
+        field("evidence", "Evidence", "根拠"),
+        editable(field("due", "Due", "期限")),
+        editable(field("assignee", "Assignee", "担当")),
+        field("function", "AI function", "AI機能"),
+        field("result", "Result", "実行結果"),
+        field("executed_at", "Executed at", "実行日時"),
+        editable(field("instruction", "Instruction", "修正指示")),
+        field("key", "Key", "キー"),
+        field("failures", "Failures", "失敗回数"),
+        checkbox(field("refresh", "Refresh", "集約")),
+    ],
+    key: &["project", "id"],
+};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("tab {tab:?} has no column headed {header:?} (or {other:?}); add it to the header row")]
+    MissingColumn { tab: String, header: String, other: String },
+    #[error("tab {tab:?} has two columns headed {header:?}; rename one")]
+    DuplicateColumn { tab: String, header: String },
+}
+
+/// The sheet column (0-based) of each field of `tab`, in field order, found in `header`.
+pub fn locate(tab: &Tab, header: &[String]) -> Result<Vec<usize>, LayoutError> {
+    tab.fields
+        .iter()
+        .map(|f| {
+            let names = [f.ja, f.en, f.key];
+            let mut hits = header.iter().enumerate().filter(|(_, h)| names.contains(&h.trim()));
+            let (column, _) = hits.next().ok_or_else(|| LayoutError::MissingColumn {
+                tab: tab.title.into(),
+                header: f.ja.into(),
+                other: f.en.into(),
+            })?;
+            if hits.next().is_some() {
+                return Err(LayoutError::DuplicateColumn { tab: tab.title.into(), header: header[column].clone() });
+            }
+            Ok(column)
+        })
+        .collect()
+}
+
+/// The header row a new tab gets.
+pub fn header_row(tab: &Tab, lang: Lang) -> Vec<String> {
+    tab.fields.iter().map(|f| lang.header(f).to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn columns_are_found_by_header_whatever_their_order_or_language() {
+        let mut header = header_row(&LEDGER, Lang::Ja);
+        header.reverse();
+        header.insert(3, "メモ (people's own column)".into());
+        let columns = locate(&LEDGER, &header).expect("found");
+        let state = LEDGER.fields.iter().position(|f| f.key == "state").expect("state");
+        assert_eq!(header[columns[state]], "状態");
+        let en = header_row(&LEDGER, Lang::En);
+        assert_eq!(locate(&LEDGER, &en).expect("found"), (0..LEDGER.fields.len()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_missing_or_doubled_header_is_named() {
+        let mut header = header_row(&LEDGER, Lang::Ja);
+        header.retain(|h| h != "修正指示");
+        let err = locate(&LEDGER, &header).expect_err("missing");
+        assert!(err.to_string().contains("修正指示") && err.to_string().contains("Instruction"), "{err}");
+        let mut doubled = header_row(&LEDGER, Lang::En);
+        doubled.push("State".into());
+        assert!(matches!(locate(&LEDGER, &doubled), Err(LayoutError::DuplicateColumn { .. })));
+        assert!(locate(&LEDGER, &strings(&[])).is_err());
+    }
+
+    #[test]
+    fn seed_001_ledger_headers_are_the_japanese_preset() {
+        let ja = header_row(&LEDGER, Lang::Ja);
+        for h in [
+            "タスクID",
+            "状態",
+            "▶AI実行",
+            "タスク",
+            "内容",
+            "発生源",
+            "根拠",
+            "期限",
+            "担当",
+            "AI機能",
+            "実行結果",
+            "実行日時",
+            "修正指示",
+            "キー",
+            "失敗回数",
+        ] {
+            assert!(ja.iter().any(|x| x == h), "{h}");
+        }
+    }
+}
