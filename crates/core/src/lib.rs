@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod mail;
 pub mod manifest;
 pub mod present;
+pub mod retry;
 pub mod roster;
 pub mod sheet;
 

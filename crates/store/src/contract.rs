@@ -499,10 +499,16 @@ pub async fn j1_concurrent_claims_never_hand_one_job_to_two_workers(store: &(imp
     assert_eq!((claimed, all.len()), (200, 200), "every job claimed exactly once");
 }
 
+/// What an adapter checks after each contract check when it has nothing to add.
+pub async fn nothing_more<G, S>(_guard: &G, _store: &S) {}
+
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
 macro_rules! contract_tests {
     ($make:ident) => {
-        crate::contract::contract_tests!(@each $make;
+        crate::contract::contract_tests!($make, after: crate::contract::nothing_more);
+    };
+    ($make:ident, after: $after:path) => {
+        crate::contract::contract_tests!(@each $make, $after;
             mail_round_trips_every_field,
             m11_after_cursor_returns_only_the_recipients_mail_in_order,
             transaction_writes_are_all_or_nothing,
@@ -527,13 +533,14 @@ macro_rules! contract_tests {
             c1_exactly_one_replica_holds_the_lease
         );
     };
-    (@each $make:ident; $($check:ident),*) => {
+    (@each $make:ident, $after:path; $($check:ident),*) => {
         mod contract {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $check() {
-                    let (_guard, store) = super::$make().await;
+                    let (guard, store) = super::$make().await;
                     crate::contract::$check(&store).await;
+                    $after(&guard, &store).await;
                 }
             )*
         }

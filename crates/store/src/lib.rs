@@ -9,6 +9,7 @@ pub mod codec;
 #[cfg(test)]
 mod contract;
 pub mod postgres;
+pub mod sheets;
 pub mod sqlite;
 
 use std::future::Future;

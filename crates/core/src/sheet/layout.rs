@@ -13,10 +13,21 @@ pub struct Field {
     pub editable: bool,
     /// A checkbox: written as a boolean, only on rows that exist.
     pub boolean: bool,
+    /// A time: RFC 3339 in the sheet, milliseconds in the store.
+    pub time: bool,
 }
 
 const fn field(key: &'static str, en: &'static str, ja: &'static str) -> Field {
-    Field { key, en, ja, editable: false, boolean: false }
+    Field { key, en, ja, editable: false, boolean: false, time: false }
+}
+
+/// A controller's column whose header is its store name in both presets.
+const fn plain(key: &'static str) -> Field {
+    field(key, key, key)
+}
+
+const fn time(f: Field) -> Field {
+    Field { time: true, ..f }
 }
 
 const fn editable(f: Field) -> Field {
@@ -66,13 +77,92 @@ pub const LEDGER: Tab = Tab {
         editable(field("assignee", "Assignee", "担当")),
         field("function", "AI function", "AI機能"),
         field("result", "Result", "実行結果"),
-        field("executed_at", "Executed at", "実行日時"),
+        time(field("executed_at", "Executed at", "実行日時")),
         editable(field("instruction", "Instruction", "修正指示")),
         field("key", "Key", "キー"),
         field("failures", "Failures", "失敗回数"),
         checkbox(field("refresh", "Refresh", "集約")),
     ],
     key: &["project", "id"],
+};
+
+/// The mail tab: what people read to see where every mail is. The controller writes it all.
+pub const MAIL: Tab = Tab {
+    title: "mail",
+    fields: &[
+        plain("id"),
+        plain("from"),
+        plain("to"),
+        plain("kind"),
+        plain("subject"),
+        plain("body"),
+        checkbox(plain("urgent")),
+        checkbox(plain("auto")),
+        plain("hop"),
+        plain("reply_to"),
+        plain("channel"),
+        plain("external_key"),
+        plain("state"),
+        time(plain("created_at")),
+        time(plain("expires_at")),
+        time(plain("delivered_at")),
+        plain("delivered_by"),
+        time(plain("seen_at")),
+        plain("seen_by"),
+        time(plain("done_at")),
+        plain("result"),
+        plain("fail_reason"),
+        time(plain("presented_at")),
+        plain("presented_session"),
+        time(plain("last_reminded_at")),
+    ],
+    key: &["id"],
+};
+
+/// The job queue.
+pub const JOBS: Tab = Tab {
+    title: "jobs",
+    fields: &[
+        plain("id"),
+        plain("queue"),
+        plain("function"),
+        plain("payload"),
+        plain("state"),
+        plain("priority"),
+        plain("attempts"),
+        plain("max_attempts"),
+        time(plain("run_after")),
+        plain("lease_owner"),
+        plain("lease_token"),
+        time(plain("lease_expires_at")),
+        time(plain("heartbeat_at")),
+        plain("rescues"),
+        plain("last_error"),
+        plain("result"),
+        plain("unique_key"),
+        plain("ledger_ref"),
+        time(plain("created_at")),
+        time(plain("finished_at")),
+    ],
+    key: &["id"],
+};
+
+/// Alerts (M9): one row per (kind, subject).
+pub const ALERTS: Tab = Tab {
+    title: "alerts",
+    fields: &[
+        plain("kind"),
+        plain("subject"),
+        plain("state"),
+        plain("summary"),
+        plain("labels"),
+        time(plain("firing_since")),
+        time(plain("resolved_at")),
+        plain("notified"),
+        time(plain("last_sent_at")),
+        time(plain("updated_at")),
+    ],
+    key: &["kind", "subject"],
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,7 +3,7 @@
 //!
 //! - `sheet`: the tab as read at the start of this cycle (normalized cells by sheet column);
 //! - `base`: each row's fields as they were on the sheet after the last cycle;
-//! - `ours`: each row's fields as the store holds them now.
+//! - `ours`: each row's fields as the store holds them now, in the order new rows are appended.
 //!
 //! A field that changed on the sheet since `base` was changed by a person: in a field people
 //! edit, their value is kept and taken into the store; the controller writes only fields that
@@ -69,9 +69,10 @@ pub fn plan_sync(
     columns: &[usize],
     sheet: &[Vec<String>],
     base: &BTreeMap<String, Fields>,
-    ours: &BTreeMap<String, Fields>,
+    ours: &[(String, Fields)],
 ) -> SyncPlan {
     let mut plan = SyncPlan::default();
+    let by_key: std::collections::HashMap<&str, &Fields> = ours.iter().map(|(k, f)| (k.as_str(), f)).collect();
     let mut on_sheet: BTreeSet<String> = BTreeSet::new();
     let mut changed: BTreeMap<usize, BTreeMap<usize, String>> = BTreeMap::new();
     let mut gone: Vec<usize> = Vec::new();
@@ -83,7 +84,7 @@ pub fn plan_sync(
         if !on_sheet.insert(key.clone()) {
             continue;
         }
-        match ours.get(&key) {
+        match by_key.get(key.as_str()) {
             Some(mine) => {
                 let before = base.get(&key).unwrap_or(&theirs);
                 let mut synced = theirs.clone();
@@ -110,7 +111,7 @@ pub fn plan_sync(
     }
     let width = columns.iter().max().map_or(0, |m| m + 1);
     for (key, mine) in ours {
-        if on_sheet.contains(key) {
+        if on_sheet.contains(key.as_str()) {
             continue;
         }
         // New, or deleted from the sheet by hand: appended, so nothing the store holds is lost.
@@ -176,6 +177,10 @@ mod tests {
         rows.iter().map(|r| (row_key(&LEDGER, r).expect("key"), r.clone())).collect()
     }
 
+    fn ordered(rows: &BTreeMap<String, Fields>) -> Vec<(String, Fields)> {
+        rows.iter().map(|(k, f)| (k.clone(), f.clone())).collect()
+    }
+
     #[test]
     fn p8_writes_only_changed_cells_in_contiguous_runs() {
         let sheet = vec![row("T-0001", "a"), row("T-0002", "b"), row("T-0003", "c")];
@@ -185,7 +190,7 @@ mod tests {
         two[f("result")] = "done".into();
         two[f("executed_at")] = "2026-11-30T00:00:00Z".into();
         two[f("failures")] = "1".into();
-        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ours);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&ours));
         assert_eq!(
             plan.updates,
             vec![
@@ -212,7 +217,7 @@ mod tests {
         let mut sheet = before.clone();
         sheet[0][f("state")] = "不要".into();
         sheet[0][f("instruction")] = "もっと短く".into();
-        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ours);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&ours));
         assert!(plan.updates.is_empty(), "nothing of theirs is overwritten: {:?}", plan.updates);
         assert_eq!(
             plan.adopt,
@@ -227,7 +232,7 @@ mod tests {
         let base = by_key(&before);
         let mut sheet = before.clone();
         sheet[0][f("failures")] = "0 (reset by hand)".into();
-        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &base);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&base));
         assert_eq!(plan.updates, vec![CellRun { row: 2, first_column: f("failures"), values: vec![String::new()] }]);
     }
 
@@ -238,7 +243,7 @@ mod tests {
         let theirs = row("T-0099", "a row a person typed");
         let sheet = vec![row("T-0001", "a"), blank, theirs];
         let base = by_key(&sheet[..1]);
-        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &base);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&base));
         assert!(plan.writes_nothing(), "{plan:?}");
         assert!(!plan.synced.contains_key(&key("T-0099")));
     }
@@ -252,7 +257,7 @@ mod tests {
             ours.remove(&key(gone));
         }
         ours.insert(key("T-0007"), row("T-0007", "new"));
-        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ours);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&ours));
         assert_eq!(plan.deletes, vec![(6, 6), (3, 4)], "sheet rows of T-0005, then T-0002..T-0003");
         assert_eq!(plan.appends.len(), 1);
         assert_eq!(plan.appends[0][columns()[f("task")]], "new");
@@ -264,7 +269,7 @@ mod tests {
     fn a_row_deleted_by_hand_is_appended_again_so_nothing_is_lost() {
         let sheet = vec![row("T-0001", "a"), row("T-0002", "b")];
         let base = by_key(&sheet);
-        let plan = plan_sync(&LEDGER, &columns(), &sheet[..1], &base, &base);
+        let plan = plan_sync(&LEDGER, &columns(), &sheet[..1], &base, &ordered(&base));
         assert_eq!(plan.appends.len(), 1);
         assert_eq!(plan.appends[0][columns()[f("id")]], "T-0002");
     }
@@ -278,7 +283,7 @@ mod tests {
             for r in ours.values_mut() {
                 r[f("result")] = "ok".into();
             }
-            let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ours);
+            let plan = plan_sync(&LEDGER, &columns(), &sheet, &base, &ordered(&ours));
             assert_eq!(plan.updates.len(), n, "one run per changed row, all in one batch");
             assert!(plan.updates.iter().all(|u| u.values == ["ok"]));
         }

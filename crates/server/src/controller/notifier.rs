@@ -100,13 +100,9 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
         if status.is_success() {
             return Ok(());
         }
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|s| Duration::from_secs(s).min(RETRY_AFTER_CAP));
-        let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
+        let header = resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
+        let retry_after = pcmail_core::retry::retry_after(header, RETRY_AFTER_CAP);
+        let retryable = pcmail_core::retry::retryable(status.as_u16());
         Err(PostError { message: format!("answered {status}"), retryable, retry_after })
     };
     let backoff = ExponentialBuilder::default()

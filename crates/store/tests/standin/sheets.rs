@@ -1,0 +1,475 @@
+//! A local stand-in for Google's Sheets API v4 and OAuth token endpoint, for tests: this machine
+//! cannot reach Google. It speaks the documented wire format (held to the recorded exchanges in
+//! `tests/sheets-wire/`): a JWT bearer grant checked against the service account's public key,
+//! `spreadsheets.get`, `values:batchGet` with ragged rows (trailing empty cells and rows
+//! omitted) and typed values, `values:batchUpdate`, `values:append`, and atomic
+//! `spreadsheets:batchUpdate` (`addSheet`, `deleteDimension`). It counts calls and answers 429
+//! on demand. With `coerce`, written text that looks like a number or TRUE/FALSE is stored as
+//! one, as Sheets does with what people type.
+//!
+//! Included as a module by the tests that use it; its parent names the adapter's JWT helpers
+//! `jwt` (`claims`, `verify`).
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// A test service account: its key file for the adapter and its public key for the stand-in.
+pub struct Account {
+    pub dir: tempfile::TempDir,
+    pub private_pem: String,
+    pub public_der: Vec<u8>,
+}
+
+/// One RSA key per test process (generating one takes a moment).
+pub fn account() -> &'static Account {
+    static ACCOUNT: OnceLock<Account> = OnceLock::new();
+    ACCOUNT.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = dir.path().join("key.pem");
+        let public = dir.path().join("public.der");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).output().expect("openssl (Debian's package)");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        run(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &key.display().to_string()]);
+        run(&[
+            "rsa",
+            "-in",
+            &key.display().to_string(),
+            "-RSAPublicKey_out",
+            "-outform",
+            "DER",
+            "-out",
+            &public.display().to_string(),
+        ]);
+        Account {
+            private_pem: std::fs::read_to_string(&key).expect("key"),
+            public_der: std::fs::read(&public).expect("public key"),
+            dir,
+        }
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Tab {
+    id: i64,
+    title: String,
+    cells: Vec<Vec<Value>>,
+    rows: usize,
+    columns: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    tabs: Mutex<Vec<Tab>>,
+    calls: Mutex<Vec<String>>,
+    throttle: Mutex<u32>,
+    tokens: Mutex<Vec<String>>,
+    coerce: Mutex<bool>,
+    base: Mutex<String>,
+}
+
+pub struct Standin {
+    pub url: String,
+    pub spreadsheet_id: String,
+    shared: Arc<Shared>,
+}
+
+impl Standin {
+    /// Serves on a free loopback port from the current tokio runtime.
+    pub async fn start() -> Standin {
+        let shared = Arc::new(Shared::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        *shared.base.lock().expect("lock") = url.clone();
+        let app = axum::Router::new()
+            .route("/token", axum::routing::post(token))
+            .route("/v4/spreadsheets/{*rest}", axum::routing::any(sheets))
+            .with_state(shared.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        shared.tabs.lock().expect("lock").push(Tab {
+            id: 0,
+            title: "Sheet1".into(),
+            cells: Vec::new(),
+            rows: 1000,
+            columns: 26,
+        });
+        Standin { url, spreadsheet_id: "1standinSpreadsheetId".into(), shared }
+    }
+
+    /// The adapter's URL for this stand-in, with a key file for the test account.
+    pub fn store_url(&self, extra: &str) -> String {
+        let account = account();
+        let path =
+            account.dir.path().join(format!("service-account-{}.json", self.url.rsplit(':').next().unwrap_or("0")));
+        let key = json!({
+            "type": "service_account",
+            "client_email": "pcmail-test@pcmail.iam.gserviceaccount.com",
+            "private_key": account.private_pem,
+            "token_uri": format!("{}/token", self.url),
+        });
+        std::fs::write(&path, key.to_string()).expect("key file");
+        format!(
+            "sheets://{}?credentials={}&api={}&reads=50&writes=50{extra}",
+            self.spreadsheet_id,
+            path.display(),
+            self.url
+        )
+    }
+
+    /// The next `n` API calls answer 429 RESOURCE_EXHAUSTED.
+    pub fn throttle_next(&self, n: u32) {
+        *self.shared.throttle.lock().expect("lock") = n;
+    }
+
+    pub fn coerce(&self, on: bool) {
+        *self.shared.coerce.lock().expect("lock") = on;
+    }
+
+    /// Calls so far, each named `get`, `batchGet`, `values.batchUpdate`, `append`,
+    /// `batchUpdate`, or `token`; a throttled call is suffixed ` 429`.
+    pub fn calls(&self) -> Vec<String> {
+        self.shared.calls.lock().expect("lock").clone()
+    }
+
+    pub fn reset_calls(&self) {
+        self.shared.calls.lock().expect("lock").clear();
+    }
+
+    /// A tab's cells as stored (untrimmed rows as written).
+    pub fn cells(&self, title: &str) -> Vec<Vec<Value>> {
+        let tabs = self.shared.tabs.lock().expect("lock");
+        tabs.iter().find(|t| t.title == title).map(|t| t.cells.clone()).unwrap_or_default()
+    }
+
+    /// A person edits one cell (1-based row, 0-based column), as in the browser.
+    pub fn edit(&self, title: &str, row: usize, column: usize, value: Value) {
+        let mut tabs = self.shared.tabs.lock().expect("lock");
+        let tab = tabs.iter_mut().find(|t| t.title == title).expect("tab");
+        set(&mut tab.cells, row - 1, column, value);
+    }
+
+    /// A person deletes a sheet row (1-based).
+    pub fn delete_row(&self, title: &str, row: usize) {
+        let mut tabs = self.shared.tabs.lock().expect("lock");
+        let tab = tabs.iter_mut().find(|t| t.title == title).expect("tab");
+        if row - 1 < tab.cells.len() {
+            tab.cells.remove(row - 1);
+        }
+    }
+}
+
+fn set(cells: &mut Vec<Vec<Value>>, row: usize, column: usize, value: Value) {
+    if cells.len() <= row {
+        cells.resize(row + 1, Vec::new());
+    }
+    let r = &mut cells[row];
+    if r.len() <= column {
+        r.resize(column + 1, Value::String(String::new()));
+    }
+    r[column] = value;
+}
+
+fn google_error(status: StatusCode, message: &str) -> Response {
+    let name = match status.as_u16() {
+        400 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        404 => "NOT_FOUND",
+        429 => "RESOURCE_EXHAUSTED",
+        _ => "INTERNAL",
+    };
+    (status, axum::Json(json!({"error": {"code": status.as_u16(), "message": message, "status": name}})))
+        .into_response()
+}
+
+async fn token(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    let form = query_pairs(&String::from_utf8_lossy(&body));
+    shared.calls.lock().expect("lock").push("token".into());
+    let get = |k: &str| form.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    if get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" {
+        return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "unsupported_grant_type"}))).into_response();
+    }
+    let assertion = get("assertion");
+    let claims = super::jwt::claims(&assertion).unwrap_or_default();
+    let audience = format!("{}/token", shared.base.lock().expect("lock"));
+    let now = chrono::Utc::now().timestamp();
+    let valid = super::jwt::verify(&assertion, &account().public_der)
+        && claims["aud"] == audience
+        && claims["scope"].as_str().is_some_and(|s| s.contains("spreadsheets"))
+        && claims["exp"].as_i64().is_some_and(|e| e > now);
+    if !valid {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "invalid_grant", "error_description": "Invalid JWT Signature."})),
+        )
+            .into_response();
+    }
+    let mut tokens = shared.tokens.lock().expect("lock");
+    let issued = format!("ya29.standin-{}", tokens.len() + 1);
+    tokens.push(issued.clone());
+    axum::Json(json!({"access_token": issued, "expires_in": 3599, "token_type": "Bearer"})).into_response()
+}
+
+/// `'title'!A1:C5` → (title, first row, first column, last row, last column), 0-based,
+/// open ends as `usize::MAX`.
+fn parse_range(range: &str) -> Option<(String, usize, usize, usize, usize)> {
+    let (title, cells) = match range.rfind('!') {
+        Some(i) if !range[i..].contains('\'') => (&range[..i], Some(&range[i + 1..])),
+        _ => (range, None),
+    };
+    let title =
+        title.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')).map_or(title.to_string(), |t| t.replace("''", "'"));
+    let Some(cells) = cells else { return Some((title, 0, 0, usize::MAX, usize::MAX)) };
+    let corner = |s: &str| -> Option<(usize, usize)> {
+        let letters: String = s.chars().take_while(|c| c.is_ascii_alphabetic()).collect();
+        let digits = &s[letters.len()..];
+        let column = if letters.is_empty() {
+            usize::MAX
+        } else {
+            letters.to_ascii_uppercase().bytes().fold(0usize, |n, b| n * 26 + (b - b'A' + 1) as usize) - 1
+        };
+        let row = if digits.is_empty() { usize::MAX } else { digits.parse::<usize>().ok()?.checked_sub(1)? };
+        Some((row, column))
+    };
+    let (a, b) = cells.split_once(':').unwrap_or((cells, cells));
+    let ((r0, c0), (r1, c1)) = (corner(a)?, corner(b)?);
+    Some((title, if r0 == usize::MAX { 0 } else { r0 }, if c0 == usize::MAX { 0 } else { c0 }, r1, c1))
+}
+
+/// What `values.get` answers: trailing empty cells and trailing empty rows omitted.
+fn trimmed(cells: &[Vec<Value>]) -> Vec<Vec<Value>> {
+    let empty = |v: &Value| v.is_null() || v.as_str() == Some("");
+    let mut rows: Vec<Vec<Value>> = cells
+        .iter()
+        .map(|r| {
+            let keep = r.iter().rposition(|v| !empty(v)).map_or(0, |i| i + 1);
+            r[..keep].to_vec()
+        })
+        .collect();
+    while rows.last().is_some_and(|r| r.is_empty()) {
+        rows.pop();
+    }
+    rows
+}
+
+/// What Sheets makes of typed text: TRUE/FALSE become booleans, plain numbers become numbers
+/// (a leading zero keeps text text, as a phone number would).
+fn coerced(v: &Value) -> Value {
+    let Some(s) = v.as_str() else { return v.clone() };
+    match s {
+        "TRUE" | "true" => Value::Bool(true),
+        "FALSE" | "false" => Value::Bool(false),
+        _ if s.len() > 1 && s.starts_with('0') && !s.starts_with("0.") => v.clone(),
+        _ => s.parse::<f64>().ok().and_then(serde_json::Number::from_f64).map_or(v.clone(), Value::Number),
+    }
+}
+
+async fn sheets(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    Path(rest): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (id_and_verb, tail) = rest.split_once('/').map_or((rest.as_str(), ""), |(a, b)| (a, b));
+    let kind = match (method.as_str(), tail) {
+        ("GET", "") => "get",
+        ("GET", "values:batchGet") => "batchGet",
+        ("POST", "values:batchUpdate") => "values.batchUpdate",
+        ("POST", t) if t.starts_with("values/") && t.ends_with(":append") => "append",
+        ("POST", "") if id_and_verb.ends_with(":batchUpdate") => "batchUpdate",
+        _ => return google_error(StatusCode::NOT_FOUND, &format!("no such method: {method} {rest}")),
+    };
+    let authorized = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| shared.tokens.lock().expect("lock").iter().any(|i| i == t));
+    {
+        let mut throttle = shared.throttle.lock().expect("lock");
+        if *throttle > 0 {
+            *throttle -= 1;
+            shared.calls.lock().expect("lock").push(format!("{kind} 429"));
+            return google_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Quota exceeded for quota metric 'Write requests' and limit 'Write requests per minute per user'",
+            );
+        }
+    }
+    shared.calls.lock().expect("lock").push(kind.into());
+    if !authorized {
+        return google_error(StatusCode::UNAUTHORIZED, "Request had invalid authentication credentials.");
+    }
+    let query = query.unwrap_or_default();
+    let params: Vec<(String, String)> = query_pairs(&query);
+    let body: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
+    let spreadsheet_id = id_and_verb.trim_end_matches(":batchUpdate").to_string();
+    let coerce = *shared.coerce.lock().expect("lock");
+    let mut tabs = shared.tabs.lock().expect("lock");
+    match kind {
+        "get" => {
+            let sheets: Vec<Value> = tabs
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    json!({"properties": {"sheetId": t.id, "title": t.title, "index": i, "sheetType": "GRID",
+                    "gridProperties": {"rowCount": t.rows, "columnCount": t.columns}}})
+                })
+                .collect();
+            axum::Json(json!({"spreadsheetId": spreadsheet_id, "properties": {"title": "pcmail"}, "sheets": sheets}))
+                .into_response()
+        }
+        "batchGet" => {
+            let mut ranges = Vec::new();
+            for (_, r) in params.iter().filter(|(k, _)| k == "ranges") {
+                let Some((title, r0, c0, r1, c1)) = parse_range(r) else {
+                    return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {r}"));
+                };
+                let Some(tab) = tabs.iter().find(|t| t.title == title) else {
+                    return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {r}"));
+                };
+                let window: Vec<Vec<Value>> = tab
+                    .cells
+                    .iter()
+                    .skip(r0)
+                    .take(r1.saturating_sub(r0).saturating_add(1))
+                    .map(|row| row.iter().skip(c0).take(c1.saturating_sub(c0).saturating_add(1)).cloned().collect())
+                    .collect();
+                let mut entry = json!({"range": r, "majorDimension": "ROWS"});
+                let values = trimmed(&window);
+                if !values.is_empty() {
+                    entry["values"] = json!(values);
+                }
+                ranges.push(entry);
+            }
+            axum::Json(json!({"spreadsheetId": spreadsheet_id, "valueRanges": ranges})).into_response()
+        }
+        "values.batchUpdate" => {
+            let mut next = tabs.clone();
+            let mut cells = 0;
+            for d in body["data"].as_array().into_iter().flatten() {
+                let r = d["range"].as_str().unwrap_or_default();
+                let Some((title, r0, c0, _, _)) = parse_range(r) else {
+                    return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {r}"));
+                };
+                let Some(tab) = next.iter_mut().find(|t| t.title == title) else {
+                    return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {r}"));
+                };
+                for (i, row) in d["values"].as_array().into_iter().flatten().enumerate() {
+                    if r0 + i >= tab.rows {
+                        return google_error(
+                            StatusCode::BAD_REQUEST,
+                            &format!("Range ({r}) exceeds grid limits. Max rows: {}", tab.rows),
+                        );
+                    }
+                    for (j, v) in row.as_array().into_iter().flatten().enumerate() {
+                        set(&mut tab.cells, r0 + i, c0 + j, if coerce { coerced(v) } else { v.clone() });
+                        cells += 1;
+                    }
+                }
+            }
+            *tabs = next;
+            axum::Json(json!({"spreadsheetId": spreadsheet_id, "totalUpdatedCells": cells})).into_response()
+        }
+        "append" => {
+            let range = tail.trim_start_matches("values/").trim_end_matches(":append");
+            let range = percent_decode(range);
+            let Some((title, ..)) = parse_range(&range) else {
+                return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {range}"));
+            };
+            let Some(tab) = tabs.iter_mut().find(|t| t.title == title) else {
+                return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {range}"));
+            };
+            let start = trimmed(&tab.cells).len();
+            let rows = body["values"].as_array().cloned().unwrap_or_default();
+            tab.cells.truncate(start);
+            for (i, row) in rows.iter().enumerate() {
+                for (j, v) in row.as_array().into_iter().flatten().enumerate() {
+                    set(&mut tab.cells, start + i, j, if coerce { coerced(v) } else { v.clone() });
+                }
+            }
+            tab.rows = tab.rows.max(start + rows.len());
+            let updated = format!("{}!A{}:Z{}", tab.title, start + 1, start + rows.len());
+            axum::Json(json!({"spreadsheetId": spreadsheet_id, "updates": {"spreadsheetId": spreadsheet_id,
+                "updatedRange": updated, "updatedRows": rows.len()}}))
+            .into_response()
+        }
+        _ => {
+            // spreadsheets:batchUpdate: every request applies, in order, or none does.
+            let mut next = tabs.clone();
+            let mut replies = Vec::new();
+            for request in body["requests"].as_array().into_iter().flatten() {
+                if let Some(add) = request.get("addSheet") {
+                    let title = add["properties"]["title"].as_str().unwrap_or_default().to_string();
+                    if next.iter().any(|t| t.title == title) {
+                        return google_error(
+                            StatusCode::BAD_REQUEST,
+                            &format!("A sheet with the name \"{title}\" already exists."),
+                        );
+                    }
+                    let id = next.iter().map(|t| t.id).max().unwrap_or(0) + 1;
+                    next.push(Tab { id, title: title.clone(), cells: Vec::new(), rows: 1000, columns: 26 });
+                    replies.push(json!({"addSheet": {"properties": {"sheetId": id, "title": title}}}));
+                } else if let Some(del) = request.get("deleteDimension") {
+                    let range = &del["range"];
+                    let id = range["sheetId"].as_i64().unwrap_or(-1);
+                    let Some(tab) = next.iter_mut().find(|t| t.id == id) else {
+                        return google_error(StatusCode::BAD_REQUEST, &format!("No grid with id: {id}"));
+                    };
+                    let (start, end) = (
+                        range["startIndex"].as_u64().unwrap_or(0) as usize,
+                        range["endIndex"].as_u64().unwrap_or(0) as usize,
+                    );
+                    if range["dimension"] != "ROWS" || start >= end || end > tab.rows {
+                        return google_error(StatusCode::BAD_REQUEST, "Invalid deleteDimension range");
+                    }
+                    for row in (start..end.min(tab.cells.len())).rev() {
+                        tab.cells.remove(row);
+                    }
+                    tab.rows -= end - start;
+                    replies.push(json!({}));
+                } else {
+                    return google_error(StatusCode::BAD_REQUEST, &format!("unsupported request {request}"));
+                }
+            }
+            *tabs = next;
+            axum::Json(json!({"spreadsheetId": spreadsheet_id, "replies": replies})).into_response()
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `a=1&b=2` pairs, percent- and plus-decoded.
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
+        })
+        .collect()
+}
