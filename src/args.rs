@@ -327,7 +327,8 @@ pub enum IntentCommand {
 pub struct ServeArgs {
     #[arg(long, default_value = "./pcmail-data")]
     pub data_dir: PathBuf,
-    /// sqlite:PATH or postgres://USER@HOST/DB [default: sqlite:<data-dir>/pcmail.db]
+    /// sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=KEY.json
+    /// [default: sqlite:<data-dir>/pcmail.db]
     // Its value may hold a password: `--help` never prints it.
     #[arg(long, env = "PCMAIL_STORE", hide_env_values = true)]
     pub store: Option<String>,

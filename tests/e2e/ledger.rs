@@ -6,13 +6,18 @@ use crate::harness::*;
 
 /// A project with a CSV source, a `draft` function (a shell script that logs every prompt and
 /// fails or hangs on demand), and a `mail` send function.
-struct Setup {
-    s: Server,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+pub struct Setup {
+    pub s: Server,
+    pub log: PathBuf,
+    pub _dir: tempfile::TempDir,
 }
 
 fn setup(stale_after: &str) -> Setup {
+    setup_with(stale_after, &[])
+}
+
+/// [`setup`] with more `serve` arguments (another store).
+pub fn setup_with(stale_after: &str, extra: &[&str]) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("draft.sh");
     let log = dir.path().join("runs.log");
@@ -51,11 +56,11 @@ fn setup(stale_after: &str) -> Setup {
         ),
     )
     .expect("manifests");
-    let s = Server::start_opts(Some(manifests), "127.0.0.1:0", &[]);
+    let s = Server::start_opts(Some(manifests), "127.0.0.1:0", extra);
     Setup { s, log, _dir: dir }
 }
 
-fn push(s: &Server, source: &str, task: &str, function: &str) -> serde_json::Value {
+pub fn push(s: &Server, source: &str, task: &str, function: &str) -> serde_json::Value {
     let out = s.admin(&["ledger", "push", "--source", source, "--task", task, "--function", function]);
     json(out)
 }
@@ -64,11 +69,11 @@ fn rows(s: &Server) -> Vec<serde_json::Value> {
     json(s.admin(&["ledger", "list", "-o", "json"])).as_array().cloned().unwrap_or_default()
 }
 
-fn row(s: &Server, id: &str) -> serde_json::Value {
+pub fn row(s: &Server, id: &str) -> serde_json::Value {
     rows(s).into_iter().find(|r| r["id"] == id).unwrap_or_default()
 }
 
-fn runs_of(log: &Path, id: &str) -> usize {
+pub fn runs_of(log: &Path, id: &str) -> usize {
     std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.starts_with(&format!("=== {id} "))).count()
 }
 

@@ -67,7 +67,7 @@ impl App {
             Some(u) => u.clone(),
             None => format!("sqlite:{}", dir.join("pcmail.db").display()),
         };
-        let store = pcmail_store::open(&url).await?;
+        let store = pcmail_store::open(&url, dir).await?;
         let changes = store.changes();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))

@@ -11,21 +11,32 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 use crate::{
     Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    PgStore, Result, SpecWrites, SqliteStore, Store,
+    PgStore, Result, SheetsStore, SpecWrites, SqliteStore, Store,
 };
 
 #[derive(Clone)]
 pub enum AnyStore {
     Sqlite(SqliteStore),
     Postgres(PgStore),
+    Sheets(SheetsStore),
 }
 
 impl AnyStore {
-    /// `sqlite` or `postgres`, for logs and the health answer.
+    /// Why the store cannot keep its promises right now, though it answers: a spreadsheet the
+    /// last sync cycle could not reach or read.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            AnyStore::Sheets(s) => s.sync_error().map(|e| format!("spreadsheet sync: {e}")),
+            _ => None,
+        }
+    }
+
+    /// `sqlite`, `postgres` or `sheets`, for logs and the health answer.
     pub fn adapter(&self) -> &'static str {
         match self {
             AnyStore::Sqlite(_) => "sqlite",
             AnyStore::Postgres(_) => "postgres",
+            AnyStore::Sheets(_) => "sheets",
         }
     }
 }
@@ -36,6 +47,7 @@ macro_rules! forward {
         match $self {
             AnyStore::Sqlite($s) => $call,
             AnyStore::Postgres($s) => $call,
+            AnyStore::Sheets($s) => $call,
         }
     };
 }
@@ -171,5 +183,9 @@ impl Store for AnyStore {
 
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
         forward!(self, s => s.changes())
+    }
+
+    async fn refresh(&self) -> Result<()> {
+        forward!(self, s => s.refresh().await)
     }
 }

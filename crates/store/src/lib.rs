@@ -25,6 +25,7 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 pub use any::AnyStore;
 pub use postgres::PgStore;
+pub use sheets::SheetsStore;
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +263,13 @@ pub trait Store: Send + Sync + 'static {
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
         None
     }
+
+    /// Brings in what people changed outside pcmail before a decision that depends on it (the
+    /// sheets adapter re-reads the spreadsheet before a ledger row is claimed). Other stores
+    /// are always current.
+    fn refresh(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// A change committed by some replica, as the store announces it.
@@ -285,9 +293,9 @@ pub(crate) fn store_clock() -> Ts {
     chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
 }
 
-/// Opens the store a URL names: `sqlite:PATH` or `postgres://…` (`postgresql://` too);
-/// `sheets://` arrives with its adapter and is refused with a clear message until then.
-pub async fn open(url: &str) -> Result<AnyStore> {
+/// Opens the store a URL names: `sqlite:PATH`, `postgres://…` (`postgresql://` too) or
+/// `sheets://SPREADSHEET_ID?credentials=PATH` (its working copy in `data_dir`).
+pub async fn open(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
             return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
@@ -297,10 +305,9 @@ pub async fn open(url: &str) -> Result<AnyStore> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return PgStore::open(url).await.map(AnyStore::Postgres);
     }
-    let reason = if url.starts_with("sheets://") {
-        "this build has no sheets adapter yet"
-    } else {
-        "expected sqlite:PATH or postgres://USER@HOST/DB"
-    };
+    if url.starts_with("sheets://") {
+        return SheetsStore::open(url, data_dir).await.map(AnyStore::Sheets);
+    }
+    let reason = "expected sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=PATH";
     Err(StoreError::BadUrl { url: url.into(), reason: reason.into() })
 }

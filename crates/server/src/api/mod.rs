@@ -82,6 +82,9 @@ async fn require_token(
 
 async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
     app.store().last_polls().await?;
+    if let Some(problem) = app.store().problem() {
+        return Err(pcmail_store::StoreError::Unavailable(problem).into());
+    }
     Ok("ready")
 }
 

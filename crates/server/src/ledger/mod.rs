@@ -331,6 +331,8 @@ pub async fn recover_stale(app: &App, now: Ts) -> Result<usize, StoreError> {
 
 /// L14 execute-checked and auto-execute: up to `limit` rows run, one after another.
 pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) -> Result<Vec<Row>, StoreError> {
+    // A spreadsheet is re-read here, so a row a person just unticked or dropped is not claimed.
+    app.store().refresh().await?;
     recover_stale(app, now).await?;
     let rt = app.runtime();
     let mut ran = Vec::new();

@@ -541,6 +541,11 @@ impl Store for SheetsStore {
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
         None
     }
+
+    /// One cycle now: people's last edits (a ticked ▶, a changed state) are in before a claim.
+    async fn refresh(&self) -> Result<()> {
+        self.sync_now().await
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,77 @@
+//! DESIGN §2 `sheets` end to end: `serve` on a spreadsheet (the local stand-in for Google's
+//! API), with a person working in the sheet the way seed 001's users do.
+
+use serde_json::json;
+
+use crate::harness::*;
+use crate::ledger::{push, row, runs_of, setup_with};
+use crate::standin::Standin;
+
+fn column(key: &str) -> usize {
+    pcmail_core::sheet::layout::LEDGER.fields.iter().position(|f| f.key == key).expect("ledger field")
+}
+
+/// The ledger tab's rows (below the header) as text, in sheet order.
+fn sheet_rows(standin: &Standin) -> Vec<Vec<String>> {
+    standin
+        .cells("ledger")
+        .iter()
+        .skip(1)
+        .map(|r| r.iter().map(pcmail_core::sheet::cell::normalize).collect())
+        .collect()
+}
+
+fn cell(rows: &[Vec<String>], id: &str, key: &str) -> Option<String> {
+    rows.iter()
+        .find(|r| r.get(column("id")).is_some_and(|v| v == id))
+        .map(|r| r.get(column(key)).cloned().unwrap_or_default())
+}
+
+#[test]
+fn sheets_a_person_ticks_run_and_writes_an_instruction_in_the_sheet_and_sees_the_result_there() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let standin = rt.block_on(Standin::start());
+    let url = standin.store_url("");
+    let setup = setup_with("30m", &["--store", &url]);
+    let s = &setup.s;
+    assert_eq!(push(s, "manual", "見積書を送る", "draft")["added"], 1);
+    assert_eq!(push(s, "manual", "請求書を作る", "draft")["added"], 1);
+    let header = standin.cells("ledger").first().cloned().unwrap_or_default();
+    assert!(header.contains(&json!("▶AI実行")) && header.contains(&json!("修正指示")), "the ja preset: {header:?}");
+    eventually(20, "both rows on the sheet", || (sheet_rows(&standin).len() == 2).then_some(()));
+    assert_eq!(cell(&sheet_rows(&standin), "T-0001", "state").as_deref(), Some("未着手"));
+
+    // In the spreadsheet: tick ▶AI実行 on T-0002 and write a correction instruction.
+    let second = sheet_rows(&standin).iter().position(|r| r[column("id")] == "T-0002").expect("T-0002") + 2;
+    standin.edit("ledger", second, column("run_requested"), json!(true));
+    standin.edit("ledger", second, column("instruction"), json!("敬語で短く"));
+    ok(s.admin(&["ledger", "execute-checked"]));
+    assert_eq!(runs_of(&setup.log, "T-0002"), 1, "the ticked row ran, re-read just before its claim");
+    assert_eq!(runs_of(&setup.log, "T-0001"), 0);
+    let log = std::fs::read_to_string(&setup.log).expect("log");
+    assert!(log.contains("=== T-0002 instruction=[敬語で短く]"), "{log}");
+    assert_eq!(row(s, "T-0002")["state"], "review");
+
+    eventually(20, "the result on the sheet", || {
+        let rows = sheet_rows(&standin);
+        (cell(&rows, "T-0002", "state").as_deref() == Some("AI実行済(要確認)")
+            && cell(&rows, "T-0002", "result").is_some_and(|r| r.contains("done T-0002")))
+        .then_some(())
+    });
+    let rows = sheet_rows(&standin);
+    assert_eq!(cell(&rows, "T-0002", "instruction").as_deref(), Some("敬語で短く"), "a person's cell is theirs");
+    assert_eq!(cell(&rows, "T-0002", "run_requested").as_deref(), Some("false"), "the claim unticked it");
+
+    // Someone renames a column the controller needs: it says so on /readyz, naming it.
+    standin.edit("ledger", 1, column("instruction"), json!("メモ"));
+    let ready = || {
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            let r = reqwest::get(format!("{}/readyz", s.url)).await.expect("readyz");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+    };
+    let (status, body) = eventually(30, "readyz to fail", || Some(ready()).filter(|(code, _)| *code == 503));
+    assert_eq!(status, 503);
+    assert!(body.contains("修正指示"), "{body}");
+}
