@@ -734,6 +734,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_edit_made_between_a_cycles_read_and_its_write_is_kept() {
+        let ((standin, _dir), store) = fresh().await;
+        store.stop_background();
+        add_rows(&store, 1).await;
+        store.sync_now().await.expect("sync");
+        let col = |key: &str| LEDGER.fields.iter().position(|f| f.key == key).expect("field");
+        set_results(&store, "draft ready").await;
+        standin.edit_after_next_read("ledger", 2, col("state"), json!("完了"));
+        standin.edit_after_next_read("ledger", 2, col("instruction"), json!("表にして"));
+        store.sync_now().await.expect("sync");
+        let sheet = &sheet_rows(&standin, "ledger")[0];
+        assert_eq!(
+            (sheet[col("state")].as_str(), sheet[col("instruction")].as_str(), sheet[col("result")].as_str()),
+            ("完了", "表にして", "draft ready"),
+            "only the changed cell was written; the person's cells stand"
+        );
+        store.sync_now().await.expect("sync");
+        let local = store.ledger_rows(Some("p")).await.expect("rows");
+        assert_eq!(
+            (local[0].state, local[0].instruction.as_str()),
+            (RowState::Done, "表にして"),
+            "and taken in next cycle"
+        );
+    }
+
+    #[tokio::test]
     async fn l17_rows_without_an_id_are_ignored_and_a_row_deleted_by_hand_comes_back() {
         let ((standin, _dir), store) = fresh().await;
         store.stop_background();

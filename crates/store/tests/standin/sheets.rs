@@ -71,6 +71,8 @@ struct Shared {
     tokens: Mutex<Vec<String>>,
     coerce: Mutex<bool>,
     base: Mutex<String>,
+    /// Edits a person makes right after the next read is answered: (tab, row, column, value).
+    after_read: Mutex<Vec<(String, usize, usize, Value)>>,
 }
 
 pub struct Standin {
@@ -151,6 +153,12 @@ impl Standin {
         let mut tabs = self.shared.tabs.lock().expect("lock");
         let tab = tabs.iter_mut().find(|t| t.title == title).expect("tab");
         set(&mut tab.cells, row - 1, column, value);
+    }
+
+    /// A person edits a cell just after the next `batchGet` is answered: between the
+    /// controller's read and its write.
+    pub fn edit_after_next_read(&self, title: &str, row: usize, column: usize, value: Value) {
+        self.shared.after_read.lock().expect("lock").push((title.into(), row, column, value));
     }
 
     /// A person deletes a sheet row (1-based).
@@ -346,6 +354,11 @@ async fn sheets(
                     entry["values"] = json!(values);
                 }
                 ranges.push(entry);
+            }
+            for (title, row, column, value) in shared.after_read.lock().expect("lock").drain(..) {
+                if let Some(tab) = tabs.iter_mut().find(|t| t.title == title) {
+                    set(&mut tab.cells, row - 1, column, value);
+                }
             }
             axum::Json(json!({"spreadsheetId": spreadsheet_id, "valueRanges": ranges})).into_response()
         }
