@@ -131,18 +131,21 @@ fn c2_non_loopback_listen_is_refused_without_the_insecure_flag() {
 }
 
 #[test]
-fn c4_health_and_readiness_answer_and_unknown_routes_are_json_404() {
+fn c4_health_readiness_and_the_openapi_description_answer_and_unknown_routes_are_json_404() {
     let s = Server::start();
     let rt = rt();
-    let (health, ready, missing) = rt.block_on(async {
+    let (health, ready, missing, openapi) = rt.block_on(async {
         let c = s.http();
         let h = c.get(format!("{}/healthz", s.url)).send().await.expect("healthz").status().as_u16();
         let r = c.get(format!("{}/readyz", s.url)).send().await.expect("readyz").status().as_u16();
         let m = c.get(format!("{}/api/v2/nothing", s.url)).send().await.expect("404").text().await.expect("text");
-        (h, r, m)
+        let o: serde_json::Value =
+            c.get(format!("{}/api/v1/openapi.json", s.url)).send().await.expect("openapi").json().await.expect("json");
+        (h, r, m, o)
     });
     assert_eq!((health, ready), (200, 200));
     assert!(missing.contains("not_found"), "{missing}");
+    assert!(openapi["paths"]["/api/v1/mail"]["post"].is_object(), "served without a token: {openapi}");
 }
 
 /// C3/C4 over every API route: no token and a wrong token get 401 before anything is read;

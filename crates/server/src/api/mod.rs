@@ -11,7 +11,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::get;
 use pcmail_store::Store;
 use serde::de::DeserializeOwned;
 
@@ -23,34 +23,54 @@ use crate::App;
 pub const BODY_LIMIT: usize = 256 * 1024;
 pub const MANIFEST_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
+/// Declares API routes once: the router is built from the list and `ROUTES` names every
+/// (method, path) of it, which the OpenAPI description is checked against.
+macro_rules! routes {
+    ($table:ident, $build:ident: $( $path:literal => $( $method:ident $handler:path ),+ ; )*) => {
+        #[cfg(test)]
+        const $table: &[(&str, &str)] = &[ $( $( (stringify!($method), $path), )+ )* ];
+        fn $build() -> Router<App> {
+            Router::new() $( .route($path, axum::routing::MethodRouter::new() $( .$method($handler) )+ ) )*
+        }
+    };
+}
+
+routes!(MANIFEST_ROUTES, manifest_routes:
+    "/api/v1/apply" => post specs::apply;
+    "/api/v1/diff" => post specs::diff;
+);
+
+routes!(ROUTES, api_routes:
+    "/api/v1/alerts" => get specs::alerts;
+    "/api/v1/whoami" => get mail::whoami;
+    "/api/v1/specs" => get specs::list;
+    "/api/v1/specs/{kind}/{name}" => get specs::get_one, delete specs::delete;
+    "/api/v1/tokens" => post specs::issue_token;
+    "/api/v1/mail" => post mail::send, get mail::list;
+    "/api/v1/mail/{id}" => get mail::status;
+    "/api/v1/mail/{id}/{step}" => post mail::step;
+    "/api/v1/poll" => get mail::poll;
+    "/api/v1/intents" => post mail::record_intent;
+    "/api/v1/policy" => get mail::policy;
+    "/api/v1/jobs" => post jobs::enqueue, get jobs::list;
+    "/api/v1/jobs/claim" => post jobs::claim;
+    "/api/v1/jobs/{id}/{action}" => post jobs::report;
+    "/api/v1/ledger" => get ledger::list;
+    "/api/v1/ledger/view" => get ledger::view;
+    "/api/v1/ledger/push" => post ledger::push;
+    "/api/v1/ledger/sync" => post ledger::sync;
+    "/api/v1/ledger/purge" => post ledger::purge;
+    "/api/v1/ledger/execute-checked" => post ledger::execute_checked;
+    "/api/v1/ledger/rows/{id}" => post ledger::set_row;
+    "/api/v1/ledger/rows/{id}/run" => post ledger::run;
+);
+
+/// The OpenAPI 3.1 description of the HTTP API, served at `/api/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
 pub fn router(app: App) -> Router {
-    let manifests = Router::new()
-        .route("/api/v1/apply", post(specs::apply))
-        .route("/api/v1/diff", post(specs::diff))
-        .layer(DefaultBodyLimit::max(MANIFEST_BODY_LIMIT));
-    let api = Router::new()
-        .route("/api/v1/alerts", get(specs::alerts))
-        .route("/api/v1/whoami", get(mail::whoami))
-        .route("/api/v1/specs", get(specs::list))
-        .route("/api/v1/specs/{kind}/{name}", get(specs::get_one).delete(specs::delete))
-        .route("/api/v1/tokens", post(specs::issue_token))
-        .route("/api/v1/mail", post(mail::send).get(mail::list))
-        .route("/api/v1/mail/{id}", get(mail::status))
-        .route("/api/v1/mail/{id}/{step}", post(mail::step))
-        .route("/api/v1/poll", get(mail::poll))
-        .route("/api/v1/intents", post(mail::record_intent))
-        .route("/api/v1/policy", get(mail::policy))
-        .route("/api/v1/jobs", post(jobs::enqueue).get(jobs::list))
-        .route("/api/v1/jobs/claim", post(jobs::claim))
-        .route("/api/v1/jobs/{id}/{action}", post(jobs::report))
-        .route("/api/v1/ledger", get(ledger::list))
-        .route("/api/v1/ledger/view", get(ledger::view))
-        .route("/api/v1/ledger/push", post(ledger::push))
-        .route("/api/v1/ledger/sync", post(ledger::sync))
-        .route("/api/v1/ledger/purge", post(ledger::purge))
-        .route("/api/v1/ledger/execute-checked", post(ledger::execute_checked))
-        .route("/api/v1/ledger/rows/{id}", post(ledger::set_row))
-        .route("/api/v1/ledger/rows/{id}/run", post(ledger::run))
+    let manifests = manifest_routes().layer(DefaultBodyLimit::max(MANIFEST_BODY_LIMIT));
+    let api = api_routes()
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
         // Every API route needs a valid token before its body is even read (an unknown caller
@@ -60,6 +80,10 @@ pub fn router(app: App) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        )
         .merge(api)
         .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
         .with_state(app)
@@ -141,4 +165,59 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         ApiError::bad_request(format!("request body is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()))
     })?;
     serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn described() -> serde_json::Value {
+        serde_json::from_str(OPENAPI).expect("openapi.json is JSON")
+    }
+
+    #[test]
+    fn c4_openapi_describes_exactly_the_routes_the_router_serves() {
+        let doc = described();
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("path item").keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let served: BTreeSet<(String, String)> =
+            ROUTES.iter().chain(MANIFEST_ROUTES).map(|(m, p)| (m.to_uppercase(), p.to_string())).collect();
+        assert_eq!(documented, served, "openapi.json and the router disagree");
+    }
+
+    #[test]
+    fn c4_openapi_names_every_path_parameter_and_resolves_every_schema() {
+        let doc = described();
+        assert_eq!(doc["openapi"], "3.1.0");
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            let in_path: BTreeSet<&str> =
+                path.split('/').filter_map(|s| s.strip_prefix('{')?.strip_suffix('}')).collect();
+            for (method, op) in item.as_object().expect("item") {
+                let declared: BTreeSet<&str> = op["parameters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["in"] == "path")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect();
+                assert_eq!(declared, in_path, "{method} {path}");
+                assert!(op["operationId"].is_string() && op["responses"]["default"].is_object(), "{method} {path}");
+            }
+        }
+        let references: Vec<&str> = OPENAPI
+            .split("\"$ref\": \"#/components/schemas/")
+            .skip(1)
+            .map(|r| r.split('"').next().unwrap_or_default())
+            .collect();
+        assert!(references.len() >= 20, "the request and response bodies are described");
+        for name in references {
+            assert!(doc["components"]["schemas"][name].is_object(), "schema {name} is referenced but missing");
+        }
+    }
 }
