@@ -361,3 +361,67 @@ mod tests {
         assert!(err.to_string().contains("hook input is not valid JSON"), "{err}");
     }
 }
+
+/// The hook's stdin under fuzzing: whatever Claude Code (or anything else) writes there, the
+/// hook answers with output or a clear input error, never a panic.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event() -> impl Strategy<Value = HookEvent> {
+        prop_oneof![
+            Just(HookEvent::SessionStart),
+            Just(HookEvent::UserPromptSubmit),
+            Just(HookEvent::PostToolUse),
+            Just(HookEvent::Stop)
+        ]
+    }
+
+    /// JSON shaped like a hook's input, with fields of the wrong type now and then.
+    fn hook_json() -> impl Strategy<Value = Vec<u8>> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            ".{0,40}".prop_map(Value::String),
+        ];
+        let value = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        let key = prop_oneof![
+            Just("session_id".to_string()),
+            Just("tool_name".to_string()),
+            Just("tool_input".to_string()),
+            Just("hook_event_name".to_string()),
+            Just("prompt".to_string()),
+            ".{0,8}",
+        ];
+        proptest::collection::btree_map(key, value, 0..5).prop_map(|m| serde_json::to_vec(&m).unwrap_or_default())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fuzz_h1_hook_stdin_bytes_get_an_answer_or_a_clear_error(event in event(), stdin in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let home = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if let Err(e) = handle(event, &stdin, home.path(), chrono::Utc::now()) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        #[test]
+        fn fuzz_h1_hook_json_of_any_shape_gets_an_answer_or_a_clear_error(event in event(), stdin in hook_json()) {
+            let home = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            match handle(event, &stdin, home.path(), chrono::Utc::now()) {
+                Ok(outcome) => prop_assert!(outcome.output.as_ref().is_none_or(|o| o.is_object())),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+}

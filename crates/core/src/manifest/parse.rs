@@ -320,3 +320,70 @@ spec:
         assert_eq!(parse_file("m.yaml", &text).expect("valid").len(), 1);
     }
 }
+
+/// Hostile input, fuzzed for a bounded number of cases in every test run: the parser and the
+/// validator answer every text with documents or errors, never a panic.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    const EXAMPLE: &str = include_str!("../../../../manifests/examples/work.yaml");
+
+    /// The example manifests with a few characters replaced, inserted or deleted.
+    fn mutated() -> impl Strategy<Value = String> {
+        proptest::collection::vec((0..EXAMPLE.len(), any::<char>(), 0..3u8), 1..8).prop_map(|edits| {
+            let mut text: Vec<char> = EXAMPLE.chars().collect();
+            for (at, c, how) in edits {
+                let at = at % (text.len() + 1);
+                match how {
+                    0 if at < text.len() => text[at] = c,
+                    1 => text.insert(at, c),
+                    _ if at < text.len() => {
+                        text.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            text.into_iter().collect()
+        })
+    }
+
+    fn check(text: &str) -> Result<(), TestCaseError> {
+        match parse_file("fuzz.yaml", text) {
+            Ok(docs) => {
+                for e in crate::manifest::validate::validate_documents(&docs, &[]) {
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+            Err(errors) => {
+                prop_assert!(!errors.is_empty());
+                for e in errors {
+                    prop_assert!(e.to_string().contains("fuzz.yaml"), "errors name the file: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fuzz_manifest_parser_answers_any_text(text in any::<String>()) {
+            check(&text)?;
+        }
+
+        #[test]
+        fn fuzz_manifest_parser_answers_mutated_manifests(text in mutated()) {
+            check(&text)?;
+        }
+
+        #[test]
+        fn fuzz_manifest_parser_answers_yaml_shaped_noise(
+            text in "(apiVersion: pcmail/v1\nkind: (Roster|MailPolicy|Ledger|Function|WorkerPool|Schedule|Bogus)\nmetadata: \\{name: [a-z-]{0,6}\\}\nspec:( \\{[a-zA-Z]{1,8}: [-a-z0-9 *&!:\\[\\]{}]{0,12}\\})?\n---\n){1,3}"
+        ) {
+            check(&text)?;
+        }
+    }
+}

@@ -2,6 +2,8 @@
 //! authenticate here, then call the shell modules (`mailbox`, `specs`).
 
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod jobs;
 mod ledger;
 mod mail;
