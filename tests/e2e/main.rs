@@ -6,6 +6,7 @@ mod deploy;
 mod harness;
 mod jobs;
 mod ledger;
+mod load;
 mod mail;
 mod monitoring;
 mod pcside;
