@@ -94,9 +94,9 @@ fn load_200_agents_50_senders_60s_lose_nothing_duplicate_nothing_and_fail_nothin
                 }
             }));
         }
-        for sender in 0..SENDERS {
+        for (sender, token) in tokens.iter().take(SENDERS).enumerate() {
             let (client, base, token, sent, errors) =
-                (client.clone(), base.clone(), tokens[sender].clone(), sent.clone(), errors.clone());
+                (client.clone(), base.clone(), token.clone(), sent.clone(), errors.clone());
             tasks.push(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(SEND_EVERY);
                 let mut n = sender * 7919;
