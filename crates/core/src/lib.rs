@@ -7,6 +7,8 @@
 pub mod agent;
 pub mod alert;
 pub mod api;
+#[cfg(test)]
+mod clock_jumps;
 pub mod cron;
 pub mod duration;
 pub mod ids;

@@ -1,13 +1,14 @@
-//! P3 of DESIGN §11: jobs claimed and completed per second through the Store (no-op function),
-//! against a raw-SQL baseline doing the same statements by hand in the same run, on SQLite and
-//! then on PostgreSQL (`PCMAIL_TEST_POSTGRES`, in a scratch database). Prints the figures, the
-//! targets and the ratios; asserts nothing.
+//! P3: jobs claimed and completed per second through the Store (no-op function), against a
+//! raw-SQL baseline doing the same statements by hand in the same run, on SQLite and then on
+//! PostgreSQL (`PCMAIL_TEST_POSTGRES`, in a scratch database).
 
 use std::time::Instant;
 
 use pcmail_core::Ts;
 use pcmail_core::jobs::{Job, JobState, check_lease};
 use pcmail_store::{Claim, JobSelect, PgStore, SqliteStore, Store};
+
+use crate::table::Row;
 
 const JOBS: usize = 50_000;
 const BATCH: usize = 100;
@@ -158,10 +159,24 @@ async fn scratch_postgres(name: &str) -> Option<(tokio_postgres::Client, String)
     Some((client, format!("{base}/{name}")))
 }
 
-async fn postgres(now: Ts) {
+/// The three P3 rows of one adapter: throughput, its baseline, and the ratio between them.
+fn rows(adapter: &str, ours: f64, raw: f64) -> Vec<Row> {
+    vec![
+        Row::at_least(
+            "P3",
+            format!("jobs claim+complete through the Store, batches of {BATCH}, {adapter}"),
+            ours,
+            20_000.0,
+            "/s",
+        ),
+        Row::note("", format!("raw-SQL baseline, same statements, same run, {adapter}"), format!("{raw:.0} /s")),
+        Row::at_least("", format!("Store ÷ baseline, {adapter}"), ours / raw, 0.5, "×"),
+    ]
+}
+
+async fn postgres(now: Ts) -> Vec<Row> {
     let Some((admin, url)) = scratch_postgres("pcmail_bench_p3").await else {
-        println!("| P3 | postgres | not run: PCMAIL_TEST_POSTGRES unreachable | | |");
-        return;
+        return vec![Row::note("P3", "postgres: not run, PCMAIL_TEST_POSTGRES unreachable", "")];
     };
     let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
@@ -177,16 +192,10 @@ async fn postgres(now: Ts) {
     let raw = raw_postgres(&mut client).await;
     drop(client);
     let _ = admin.batch_execute("DROP DATABASE IF EXISTS pcmail_bench_p3 WITH (FORCE)").await;
-    println!(
-        "| P3 | jobs claim+complete through the Store, batches of {BATCH}, postgres | {ours:.0}/s | ≥ 20000/s | {:.2} |",
-        ours / 20_000.0
-    );
-    println!("| P3 | raw-SQL baseline, same statements, same run, postgres | {raw:.0}/s | | |");
-    println!("| P3 | Store ÷ baseline, postgres | {:.2} | ≥ 0.5 | {:.2} |", ours / raw, (ours / raw) / 0.5);
+    rows("postgres", ours, raw)
 }
 
-#[tokio::main]
-async fn main() {
+pub async fn run() -> Vec<Row> {
     let dir = tempfile::tempdir().expect("tempdir");
     let now = chrono::Utc::now();
     let store = SqliteStore::open(dir.path().join("store.db")).await.expect("store");
@@ -197,13 +206,7 @@ async fn main() {
     fill(&baseline, now).await;
     drop(baseline);
     let raw = raw_sql(&base_path);
-    println!("| id | what | figure | target | ratio |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| P3 | jobs claim+complete through the Store, batches of {BATCH}, sqlite | {ours:.0}/s | ≥ 20000/s | {:.2} |",
-        ours / 20_000.0
-    );
-    println!("| P3 | raw-SQL baseline, same statements, same run | {raw:.0}/s | | |");
-    println!("| P3 | Store ÷ baseline | {:.2} | ≥ 0.5 | {:.2} |", ours / raw, (ours / raw) / 0.5);
-    postgres(now).await;
+    let mut out = rows("sqlite", ours, raw);
+    out.extend(postgres(now).await);
+    out
 }

@@ -1,9 +1,7 @@
-//! P4 and P5 of DESIGN §11, on real processes.
-//!
-//! P4: send → delivered through long-polls, 50 agents, loopback: the latency from the start of
-//! a send to the moment the recipient's poll answers with it. P5: `pcmail-ctl hook
-//! session-start` over a cache of 10k mails, the whole process, as Claude Code runs it.
-//! Prints figures, targets and ratios; asserts nothing.
+//! P4 and P5, on real processes. P4: send → delivered through long-polls, 50 agents, loopback:
+//! the latency from the start of a send to the moment the recipient's poll answers with it.
+//! P5: `pcmail-ctl hook session-start` over a cache of 10k mails, the whole process, as Claude
+//! Code runs it.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -18,22 +16,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_pcmail-ctl");
 const AGENTS: usize = 50;
 const MAILS: usize = 1000;
 
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+use crate::table::{Row, percentile as pct};
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn row(id: &str, what: &str, figure: Duration, target: Duration) {
-    let ratio = figure.as_secs_f64() / target.as_secs_f64();
-    println!(
-        "| {id} | {what} | {:.2} ms | ≤ {} ms | {ratio:.3} | {} |",
-        figure.as_secs_f64() * 1e3,
-        target.as_millis(),
-        if ratio <= 1.0 { "met" } else { "MISSED" }
-    );
-}
-
-async fn p4() -> (Duration, Duration, Duration) {
+pub async fn p4() -> Vec<Row> {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut roster = String::from(
         "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: bench}\nspec:\n  owner: sender\n  machines:\n  - {number: 999, label: sender}\n",
@@ -116,11 +105,19 @@ async fn p4() -> (Duration, Duration, Duration) {
     let _ = serve.kill();
     let _ = serve.wait();
     let mut l = latencies.lock().expect("lock").clone();
-    println!("P4: {} of {MAILS} mails timed across {AGENTS} long-polling agents", l.len());
-    (pct(&mut l, 0.5), pct(&mut l, 0.99), pct(&mut l, 1.0))
+    eprintln!("P4: {} of {MAILS} mails timed across {AGENTS} long-polling agents", l.len());
+    vec![
+        Row::time(
+            "P4",
+            format!("send → delivered via long-poll, {AGENTS} agents, p99"),
+            pct(&mut l, 0.99),
+            Duration::from_millis(50),
+        ),
+        Row::note("", "p50 and max of the same mails", format!("{}, {}", ms(pct(&mut l, 0.5)), ms(pct(&mut l, 1.0)))),
+    ]
 }
 
-fn p5() -> (Duration, Duration) {
+pub fn p5() -> Vec<Row> {
     let dir = tempfile::tempdir().expect("tempdir");
     let now = pcmail_agent::now();
     let mut cache = Cache::open(dir.path(), Duration::from_secs(5)).expect("cache");
@@ -167,18 +164,13 @@ fn p5() -> (Duration, Duration) {
         times.push(started.elapsed());
         assert!(out.status.success() && !out.stdout.is_empty(), "the hook answered");
     }
-    (pct(&mut times, 0.5), pct(&mut times, 0.99))
-}
-
-#[tokio::main]
-async fn main() {
-    let (p50, p99, max) = p4().await;
-    let (h50, h99) = p5();
-    println!();
-    println!("| id | what | figure | target | ratio | |");
-    println!("|---|---|---|---|---|---|");
-    row("P4", &format!("send → delivered via long-poll, {AGENTS} agents, p99"), p99, Duration::from_millis(50));
-    println!("|  | (p50 {:.2} ms, max {:.2} ms) | | | | |", p50.as_secs_f64() * 1e3, max.as_secs_f64() * 1e3);
-    row("P5", "hook session-start, 10k cached mails, whole process, median", h50, Duration::from_millis(20));
-    println!("|  | (p99 {:.2} ms over 60 runs) | | | | |", h99.as_secs_f64() * 1e3);
+    vec![
+        Row::time(
+            "P5",
+            "hook session-start, 10k cached mails, whole process, median of 60",
+            pct(&mut times, 0.5),
+            Duration::from_millis(20),
+        ),
+        Row::note("", "p99 of the same 60 runs", ms(pct(&mut times, 0.99))),
+    ]
 }

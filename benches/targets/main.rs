@@ -1,0 +1,45 @@
+//! DESIGN §11's targets P1–P7 in one run, printed as one table: figure, target, ratio.
+//! Benchmarks print; they assert nothing (speed is never a test's assertion). P8 (Sheets API
+//! calls per pass) is a count, held by the sheets adapter's tests.
+//!
+//! `cargo bench` runs all; `cargo bench -- P3 P7` runs some. `PCMAIL_BENCH_MAILS` shrinks P1,
+//! P2 and P7's 1M-mail data set for a quick look; `PCMAIL_TEST_POSTGRES` is where P3's
+//! PostgreSQL run goes.
+
+mod jobs;
+mod merge;
+mod pcside;
+mod reconcile;
+mod rss;
+mod table;
+
+use table::Row;
+
+#[tokio::main]
+async fn main() {
+    let asked: Vec<String> = std::env::args().skip(1).filter(|a| a.starts_with('P')).collect();
+    let wants = |ids: &[&str]| asked.is_empty() || ids.iter().any(|id| asked.iter().any(|a| a == id));
+    let mut rows: Vec<Row> = Vec::new();
+    if wants(&["P1", "P2", "P7"]) {
+        let (data, mut measured) = reconcile::run().await;
+        if wants(&["P1", "P2"]) {
+            rows.append(&mut measured);
+        }
+        if wants(&["P7"]) {
+            rows.extend(rss::run(&data));
+        }
+    }
+    if wants(&["P3"]) {
+        rows.extend(jobs::run().await);
+    }
+    if wants(&["P4"]) {
+        rows.extend(pcside::p4().await);
+    }
+    if wants(&["P5"]) {
+        rows.extend(pcside::p5());
+    }
+    if wants(&["P6"]) {
+        rows.extend(merge::run());
+    }
+    table::print(&rows);
+}
