@@ -39,10 +39,10 @@ fn random_mail_id() -> anyhow::Result<String> {
 /// Best effort: a mail moved from the CLI is moved in the local cache too, so hooks do not
 /// present it again. The cache may not exist on an admin's machine; that is fine.
 fn refresh_cache(mail: &Mail) {
-    if let Ok(mut cache) = Cache::open(&home(), pcmail_agent::hooks::HOOK_BUSY) {
-        if let Err(e) = cache.refresh(mail) {
-            tracing::debug!(error = %e, "cache refresh skipped");
-        }
+    if let Ok(mut cache) = Cache::open(&home(), pcmail_agent::hooks::HOOK_BUSY)
+        && let Err(e) = cache.refresh(mail)
+    {
+        tracing::debug!(error = %e, "cache refresh skipped");
     }
 }
 
