@@ -3,6 +3,7 @@
 //! per area.
 
 mod deploy;
+mod faults;
 mod harness;
 mod jobs;
 mod ledger;
