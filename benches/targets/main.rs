@@ -26,7 +26,7 @@ async fn main() {
             rows.append(&mut measured);
         }
         if wants(&["P7"]) {
-            rows.extend(rss::run(&data));
+            rows.extend(rss::run(&data, reconcile::mails()).await);
         }
     }
     if wants(&["P3"]) {

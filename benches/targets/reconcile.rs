@@ -48,9 +48,14 @@ async fn insert(app: &App, mails: Vec<Mail>) {
     }
 }
 
+/// How many mails P1, P2 and P7 run over: 1M, or `PCMAIL_BENCH_MAILS`.
+pub fn mails() -> u64 {
+    std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
+}
+
 /// Runs P1 and P2; answers the data dir (1M mails and the rest) with their rows.
 pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
-    let total: u64 = std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let total = mails();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ServeConfig {
         data_dir: dir.path().to_path_buf(),
