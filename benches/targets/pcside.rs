@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use pcmail_agent::cache::Cache;
 use pcmail_core::mail::{Mail, MailKind, MailState};
 
-const BIN: &str = env!("CARGO_BIN_EXE_pcmail-ctl");
+/// The binary measured: this build's, or another (`PCMAIL_BENCH_BIN`) to compare builds.
+fn bin() -> String {
+    std::env::var("PCMAIL_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_pcmail-ctl").to_string())
+}
 const AGENTS: usize = 50;
 const MAILS: usize = 1000;
 
@@ -31,7 +34,7 @@ pub async fn p4() -> Vec<Row> {
         roster += &format!("  - {{number: {i}, label: agent{i:02}}}\n");
     }
     std::fs::write(dir.path().join("roster.yaml"), roster).expect("roster");
-    let mut serve = Command::new(BIN)
+    let mut serve = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--apply"])
         .arg(dir.path().join("roster.yaml"))
         .arg("--data-dir")
@@ -146,7 +149,7 @@ pub fn p5() -> Vec<Row> {
     let mut times = Vec::new();
     for i in 0..60 {
         let started = Instant::now();
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .args(["hook", "session-start"])
             .env("PCMAIL_HOME", dir.path())
             .stdin(Stdio::piped())
