@@ -2,6 +2,7 @@
 //! CLI and over raw HTTP. One test binary (link time dominates on small machines), one module
 //! per area.
 
+mod console;
 mod deploy;
 mod faults;
 mod harness;

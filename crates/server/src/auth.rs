@@ -72,7 +72,7 @@ pub fn ensure_admin_token(dir: &Path) -> Result<String, ServeError> {
 }
 
 /// Compares two equal-length secrets' hashes without an early exit.
-fn constant_time_eq(a: &str, b: &str) -> bool {
+pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -7,6 +7,7 @@
 mod api;
 mod app;
 mod auth;
+mod console;
 pub mod controller;
 pub mod exec;
 mod jobs;

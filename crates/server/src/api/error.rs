@@ -18,6 +18,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// The one sentence the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError { status, code, message: message.into(), details: vec![] }
     }

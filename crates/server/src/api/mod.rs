@@ -87,6 +87,7 @@ pub fn router(app: App) -> Router {
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
         .merge(api)
+        .merge(crate::console::routes(std::sync::Arc::default()))
         .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
         .with_state(app)
 }

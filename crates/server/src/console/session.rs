@@ -1,0 +1,81 @@
+//! Console sessions: a random id in an HttpOnly, SameSite=Strict cookie scoped to `/ui`, and a
+//! CSRF token per session that every form carries. Kept in memory: a restart signs people out.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, header};
+
+const COOKIE: &str = "pcmail_session";
+/// A session lasts a working day without being used.
+const IDLE: Duration = Duration::from_secs(12 * 3600);
+
+#[derive(Default)]
+pub struct Sessions {
+    by_id: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Sessions {
+    /// A new session; answers its id.
+    pub fn create(&self) -> Result<String, String> {
+        let id = crate::auth::new_token("").map_err(|e| format!("no randomness for a session: {e}"))?;
+        let csrf = crate::auth::new_token("").map_err(|e| format!("no randomness for a CSRF token: {e}"))?;
+        let mut map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, (_, used)| used.elapsed() < IDLE);
+        map.insert(id.clone(), (csrf, Instant::now()));
+        Ok(id)
+    }
+
+    /// The CSRF token of a live session (and the session is used now).
+    pub fn csrf(&self, id: &str) -> Option<String> {
+        let mut map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get_mut(id).filter(|(_, used)| used.elapsed() < IDLE)?;
+        entry.1 = Instant::now();
+        Some(entry.0.clone())
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.by_id.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+    }
+}
+
+/// The session id the request's cookie carries.
+pub fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+}
+
+pub fn set_cookie(id: &str) -> String {
+    format!("{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}", IDLE.as_secs())
+}
+
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_sessions_carry_their_own_csrf_token_and_end_on_logout() {
+        let s = Sessions::default();
+        let (a, b) = (s.create().expect("a"), s.create().expect("b"));
+        let (ca, cb) = (s.csrf(&a).expect("live"), s.csrf(&b).expect("live"));
+        assert_ne!(ca, cb, "each session its own token");
+        assert_ne!(a, ca, "the token is not the session id");
+        s.remove(&a);
+        assert_eq!(s.csrf(&a), None);
+        assert!(set_cookie(&b).contains("HttpOnly") && set_cookie(&b).contains("SameSite=Strict"));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, format!("other=1; {COOKIE}={b}").parse().expect("header"));
+        assert_eq!(cookie(&headers).as_deref(), Some(b.as_str()));
+    }
+}

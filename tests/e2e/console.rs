@@ -1,0 +1,198 @@
+//! The web console in a real browser: Debian's headless chromium driven over WebDriver
+//! (chromedriver), through login, a ledger correction with a re-run, and every page, each
+//! saved as a screenshot under `target/console-screenshots/` for review.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+use crate::ledger::{push, runs_of, setup_with};
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A chromedriver process and one headless chromium session, in Japanese.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = free_port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"],
+            "prefs": {"intl.accept_languages": "ja,en"}
+        }}}});
+        let created: Value = eventually(20, "chromedriver to answer", || {
+            http.post(format!("{base}/session")).json(&caps).send().ok()?.json().ok()
+        });
+        let session =
+            created["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {created}")).to_string();
+        Browser { driver, base, session, http }
+    }
+
+    fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut req = self.http.request(method, url);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let v: Value = req.send().expect("webdriver").json().expect("json");
+        assert!(v["value"]["error"].is_null(), "webdriver {path}: {v}");
+        v["value"].clone()
+    }
+
+    fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({"url": url})));
+    }
+
+    fn find(&self, css: &str) -> String {
+        let v = self.call(reqwest::Method::POST, "/element", Some(json!({"using": "css selector", "value": css})));
+        v[ELEMENT].as_str().expect("element id").to_string()
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css);
+        self.call(reqwest::Method::POST, &format!("/element/{e}/clear"), Some(json!({})));
+        self.call(reqwest::Method::POST, &format!("/element/{e}/value"), Some(json!({"text": text})));
+    }
+
+    fn click(&self, css: &str) {
+        let e = self.find(css);
+        self.call(reqwest::Method::POST, &format!("/element/{e}/click"), Some(json!({})));
+    }
+
+    fn text(&self, css: &str) -> String {
+        let e = self.find(css);
+        self.call(reqwest::Method::GET, &format!("/element/{e}/text"), None).as_str().unwrap_or_default().to_string()
+    }
+
+    fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", None).as_str().unwrap_or_default().to_string()
+    }
+
+    fn url(&self) -> String {
+        self.call(reqwest::Method::GET, "/url", None).as_str().unwrap_or_default().to_string()
+    }
+
+    /// Saves the page as `target/console-screenshots/NAME.png`.
+    fn screenshot(&self, name: &str) -> PathBuf {
+        let png = self.call(reqwest::Method::GET, "/screenshot", None);
+        let bytes = base64::engine::general_purpose::STANDARD.decode(png.as_str().unwrap_or_default()).expect("png");
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+        std::fs::create_dir_all(&dir).expect("screenshot dir");
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, bytes).expect("screenshot");
+        path
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.http.delete(format!("{}/session/{}", self.base, self.session)).send();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[test]
+fn console_a_person_signs_in_corrects_a_row_reruns_it_and_sees_the_result() {
+    let setup = setup_with("30m", &[]);
+    let s = &setup.s;
+    let hostile = "<script>alert('x')</script>見積書を送る";
+    assert_eq!(push(s, "manual", hostile, "draft")["added"], 1);
+    let browser = Browser::start();
+
+    // Any page asks for the admin token first.
+    browser.go(&format!("{}/ui/ledger", s.url));
+    assert!(browser.url().ends_with("/ui/login"), "{}", browser.url());
+    browser.screenshot("login");
+    browser.type_into("#token", "not the token");
+    browser.click("#login");
+    assert!(browser.source().contains("管理トークンが違います"), "a wrong token is refused, in Japanese");
+    browser.type_into("#token", &s.admin_token());
+    browser.click("#login");
+    assert!(browser.url().ends_with("/ui/ledger"), "{}", browser.url());
+
+    // The task's markup is text on the page, not markup.
+    let page = browser.source();
+    assert!(page.contains("台帳") && page.contains("未着手"), "Japanese labels");
+    assert!(page.contains("&lt;script&gt;alert") && !page.contains("<script>alert"), "escaped");
+    browser.screenshot("ledger");
+
+    // Correct the row: an instruction, and ▶ run now.
+    browser.click("a[href='/ui/ledger/office/T-0001']");
+    browser.type_into("#instruction", "敬語で短く");
+    browser.click("#run");
+    browser.click("#save");
+    assert!(browser.url().ends_with("/ui/ledger/office/T-0001"), "{}", browser.url());
+    assert_eq!(browser.text("#state"), "AI実行済(要確認)");
+    assert!(browser.text("#result").contains("done T-0001"), "{}", browser.text("#result"));
+    assert!(browser.source().contains("敬語で短く"), "the instruction stays in its cell");
+    let log = std::fs::read_to_string(&setup.log).expect("log");
+    assert!(log.contains("=== T-0001 instruction=[敬語で短く]"), "the run got the instruction: {log}");
+    assert_eq!(runs_of(&setup.log, "T-0001"), 1);
+    browser.screenshot("row");
+
+    // Mail, alerts, jobs and specs render for the same session.
+    let desk = s.token("desk");
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "<b>bold?</b>", "--body", "b"]));
+    for (name, path, expect) in [
+        ("mail", "/ui/mail".to_string(), "laptop"),
+        ("mail-timeline", format!("/ui/mail/{id}"), "&lt;b&gt;bold?&lt;/b&gt;"),
+        ("alerts", "/ui/alerts".to_string(), "アラート"),
+        ("jobs", "/ui/jobs".to_string(), "ジョブ"),
+        ("specs", "/ui/specs".to_string(), "office"),
+    ] {
+        browser.go(&format!("{}{path}", s.url));
+        assert!(browser.source().contains(expect), "{path} shows {expect}");
+        browser.screenshot(name);
+    }
+}
+
+#[test]
+fn console_a_form_post_without_the_csrf_token_is_refused_and_changes_nothing() {
+    let setup = setup_with("30m", &[]);
+    let s = &setup.s;
+    assert_eq!(push(s, "manual", "write the estimate", "draft")["added"], 1);
+    let client =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let login = client.post(format!("{}/ui/login", s.url)).form(&[("token", s.admin_token())]).send().expect("login");
+    assert_eq!(login.status().as_u16(), 303);
+    let cookie = login.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("cookie").to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let session = cookie.split(';').next().expect("pair").to_string();
+    let forged = client
+        .post(format!("{}/ui/ledger/office/T-0001", s.url))
+        .header("cookie", &session)
+        .form(&[("state", "dropped"), ("instruction", "forged")])
+        .send()
+        .expect("post");
+    assert_eq!(forged.status().as_u16(), 403);
+    let wrong = client
+        .post(format!("{}/ui/ledger/office/T-0001", s.url))
+        .header("cookie", &session)
+        .form(&[("csrf", "guess"), ("state", "dropped")])
+        .send()
+        .expect("post");
+    assert_eq!(wrong.status().as_u16(), 403);
+    let row = crate::ledger::row(s, "T-0001");
+    assert_eq!((row["state"].as_str(), row["instruction"].as_str()), (Some("todo"), Some("")), "nothing changed");
+    let anonymous = client.get(format!("{}/ui/ledger", s.url)).send().expect("get");
+    assert_eq!(anonymous.status().as_u16(), 303, "no session, no page");
+}
