@@ -38,7 +38,7 @@ impl Browser {
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"],
             "prefs": {"intl.accept_languages": "ja,en"}
         }}}});
-        let created: Value = eventually(20, "chromedriver to answer", || {
+        let created: Value = eventually(60, "chromedriver and chromium to start", || {
             http.post(format!("{base}/session")).json(&caps).send().ok()?.json().ok()
         });
         let session =
@@ -86,6 +86,12 @@ impl Browser {
         self.call(reqwest::Method::GET, "/source", None).as_str().unwrap_or_default().to_string()
     }
 
+    /// Waits for the page a click started to arrive: WebDriver may answer a click before the
+    /// form's response has loaded on a busy machine.
+    fn until(&self, what: &str, arrived: impl Fn(&Browser) -> bool) {
+        eventually(30, what, || arrived(self).then_some(()));
+    }
+
     fn url(&self) -> String {
         self.call(reqwest::Method::GET, "/url", None).as_str().unwrap_or_default().to_string()
     }
@@ -124,10 +130,10 @@ fn console_a_person_signs_in_corrects_a_row_reruns_it_and_sees_the_result() {
     browser.screenshot("login");
     browser.type_into("#token", "not the token");
     browser.click("#login");
-    assert!(browser.source().contains("管理トークンが違います"), "a wrong token is refused, in Japanese");
+    browser.until("a wrong token refused, in Japanese", |b| b.source().contains("管理トークンが違います"));
     browser.type_into("#token", &s.admin_token());
     browser.click("#login");
-    assert!(browser.url().ends_with("/ui/ledger"), "{}", browser.url());
+    browser.until("the ledger after signing in", |b| b.url().ends_with("/ui/ledger"));
 
     // The task's markup is text on the page, not markup.
     let page = browser.source();
@@ -137,10 +143,11 @@ fn console_a_person_signs_in_corrects_a_row_reruns_it_and_sees_the_result() {
 
     // Correct the row: an instruction, and ▶ run now.
     browser.click("a[href='/ui/ledger/office/T-0001']");
+    browser.until("the row page", |b| b.url().ends_with("/ui/ledger/office/T-0001"));
     browser.type_into("#instruction", "敬語で短く");
     browser.click("#run");
     browser.click("#save");
-    assert!(browser.url().ends_with("/ui/ledger/office/T-0001"), "{}", browser.url());
+    browser.until("the row after its run", |b| b.source().contains("done T-0001"));
     assert_eq!(browser.text("#state"), "AI実行済(要確認)");
     assert!(browser.text("#result").contains("done T-0001"), "{}", browser.text("#result"));
     assert!(browser.source().contains("敬語で短く"), "the instruction stays in its cell");
@@ -160,7 +167,7 @@ fn console_a_person_signs_in_corrects_a_row_reruns_it_and_sees_the_result() {
         ("specs", "/ui/specs".to_string(), "office"),
     ] {
         browser.go(&format!("{}{path}", s.url));
-        assert!(browser.source().contains(expect), "{path} shows {expect}");
+        browser.until(&format!("{path} to show {expect}"), |b| b.source().contains(expect));
         browser.screenshot(name);
     }
 }
