@@ -20,7 +20,7 @@ pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
 pub use run::{
     ClaimError, Trigger, build_prompt, ledger_ref, plan_claim, plan_failure, plan_handoff, plan_stale, plan_success,
 };
-pub use view::{PurgePlan, ViewProject, plan_purge, render_view, sync_order};
+pub use view::{PurgePlan, ViewProject, is_overdue, plan_purge, render_view, sync_order};
 
 /// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

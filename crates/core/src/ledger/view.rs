@@ -11,6 +11,11 @@ pub struct ViewProject<'a> {
     pub cap: usize,
 }
 
+/// L15: an open row past its due date (`today` and `due` as `YYYY-MM-DD`).
+pub fn is_overdue(row: &Row, today: &str) -> bool {
+    !row.state.is_closed() && !row.due.is_empty() && row.due.as_str() < today
+}
+
 /// L15: open rows by due date (undated last), `countOnly` sources as counts, at most `cap`
 /// rows a project with a `… N more in <project>` line, overdue and review marked.
 pub fn render_view(projects: &[ViewProject<'_>], today: &str) -> String {
@@ -22,7 +27,7 @@ pub fn render_view(projects: &[ViewProject<'_>], today: &str) -> String {
         listed.sort_by(|a, b| (a.due.is_empty(), &a.due, &a.id).cmp(&(b.due.is_empty(), &b.due, &b.id)));
         out += &format!("## {}\n", p.project);
         for r in listed.iter().take(p.cap) {
-            let mark = match (r.state, !r.due.is_empty() && r.due.as_str() < today) {
+            let mark = match (r.state, is_overdue(r, today)) {
                 (RowState::Review, _) => "[review] ",
                 (_, true) => "[overdue] ",
                 _ => "",
@@ -112,6 +117,17 @@ mod tests {
         assert_eq!(sync_order(&projects, "b", Some(2)), (vec!["c", "a"], 1), "from after the cursor, wrapping");
         assert_eq!(sync_order(&projects, "c", None), (vec!["a", "b", "c"], 0));
         assert_eq!(sync_order(&[], "x", Some(1)), (vec![], 0));
+    }
+
+    #[test]
+    fn l15_overdue_is_an_open_row_past_its_due_date() {
+        let mut r = row(1, "s", "t", RowState::Todo);
+        assert!(!is_overdue(&r, "2026-12-01"), "no due date, never overdue");
+        r.due = "2026-11-30".into();
+        assert!(is_overdue(&r, "2026-12-01"));
+        assert!(!is_overdue(&r, "2026-11-30"), "due today is not late");
+        r.state = RowState::Done;
+        assert!(!is_overdue(&r, "2026-12-01"), "closed rows are never overdue");
     }
 
     #[test]

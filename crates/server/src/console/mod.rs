@@ -16,7 +16,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use pcmail_core::ids::sha256_hex;
-use pcmail_core::ledger::{Row, RowState, Trigger};
+use pcmail_core::ledger::{RowState, Trigger, is_overdue};
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
@@ -154,12 +154,6 @@ fn state_label(lang: Lang, s: RowState) -> &'static str {
     }
 }
 
-/// L15's marks: a row waiting for review, and a row past its due date and still open.
-fn marks(row: &Row, today: &str) -> (bool, bool) {
-    let overdue = !row.due.is_empty() && row.due.as_str() < today && !row.state.is_closed();
-    (row.state == RowState::Review, overdue)
-}
-
 async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
     let rows = match app.store().ledger_rows(None).await {
         Ok(r) => r,
@@ -170,7 +164,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let (review, overdue) = marks(r, &today);
+            let (review, overdue) = (r.state == RowState::Review, is_overdue(r, &today));
             vec![
                 esc(&r.project),
                 format!("<a href=\"/ui/ledger/{}/{}\">{}</a>", esc(&r.project), esc(&r.id), esc(&r.id)),
@@ -195,8 +189,8 @@ async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
         t(l, "Failures", "失敗回数"),
         t(l, "▶Run", "▶AI実行"),
     ];
-    let review = rows.iter().filter(|r| marks(r, &today).0).count();
-    let overdue = rows.iter().filter(|r| marks(r, &today).1).count();
+    let review = rows.iter().filter(|r| r.state == RowState::Review).count();
+    let overdue = rows.iter().filter(|r| is_overdue(r, &today)).count();
     let summary = format!(
         "<p id=\"summary\">{}: {review} · {}: {overdue}</p>",
         t(l, "Waiting for review", "要確認"),
