@@ -30,15 +30,6 @@ impl AnyStore {
             _ => None,
         }
     }
-
-    /// `sqlite`, `postgres` or `sheets`, for logs and the health answer.
-    pub fn adapter(&self) -> &'static str {
-        match self {
-            AnyStore::Sqlite(_) => "sqlite",
-            AnyStore::Postgres(_) => "postgres",
-            AnyStore::Sheets(_) => "sheets",
-        }
-    }
 }
 
 /// Forwards one call to whichever adapter this is.

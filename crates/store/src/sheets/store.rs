@@ -110,10 +110,6 @@ impl SheetsStore {
         Ok(store)
     }
 
-    pub fn client(&self) -> &Client {
-        &self.inner.client
-    }
-
     /// The last background cycle's error, if it failed.
     pub fn sync_error(&self) -> Option<String> {
         self.inner.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone()
