@@ -158,6 +158,12 @@ pub enum Command {
         #[arg(value_parser = ["session-start", "user-prompt-submit", "post-tool-use", "stop"])]
         event: String,
     },
+    /// MCP server on stdio for Claude Code: mail tools, and new mail pushed into the session
+    Mcp {
+        /// Long-poll wait per cycle
+        #[arg(long, default_value = "30s")]
+        wait: Dur,
+    },
     /// The task ledger: one per project (`--project` may be left out while only one exists)
     Ledger {
         #[arg(long, global = true)]

@@ -1,6 +1,7 @@
 //! DESIGN §10's exit codes, and how errors reach stderr.
 
 use pcmail_agent::client::ClientError;
+use pcmail_agent::mail::MailError;
 use pcmail_core::api::ErrorCode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,13 @@ fn describe(err: &anyhow::Error) -> (Exit, String, Vec<String>) {
     if let Some(e) = err.downcast_ref::<CliError>() {
         return (e.exit, e.message.clone(), e.details.clone());
     }
-    if let Some(e) = err.downcast_ref::<ClientError>() {
+    let client = match err.downcast_ref::<MailError>() {
+        Some(MailError::Client(e)) => Some(e),
+        Some(e @ MailError::Loop(_)) => return (Exit::Loop, e.to_string(), vec![]),
+        Some(e @ MailError::Random(_)) => return (Exit::Error, e.to_string(), vec![]),
+        None => err.downcast_ref::<ClientError>(),
+    };
+    if let Some(e) = client {
         let details = match e {
             ClientError::Api { details, .. } => details.clone(),
             _ => vec![],

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 
 use anyhow::Context;
 use pcmail_agent::cache::Cache;
-use pcmail_agent::client::{Client, home};
+use pcmail_agent::client::{Client, ClientError, home};
 use pcmail_agent::hooks::{self, HOOK_BUSY, HookEvent};
 use pcmail_agent::install::{self, Os};
 use pcmail_agent::sync::{self, POLLER_BUSY};
@@ -21,14 +21,14 @@ fn os(name: Option<&str>) -> Os {
 pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> anyhow::Result<i32> {
     match command {
         None => {
-            init_logging();
+            init_logging("info");
             let (stop, stopped) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 let _ = tokio::signal::ctrl_c().await;
                 stop.send_replace(true);
             });
             tracing::info!(server = client.base(), "agent polling");
-            sync::run(client, &home(), wait.to_std(), stopped).await?;
+            sync::run(client, &home(), wait.to_std(), std::time::Duration::from_secs(60), stopped).await?;
             Ok(0)
         }
         Some(AgentCommand::Install { os: name, dir }) => {
@@ -64,9 +64,23 @@ pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> a
     }
 }
 
-fn init_logging() {
+/// `mcp`: serves the session on stdio. Without a usable login it still starts: every tool
+/// then answers why, and mail the agent polls is still pushed.
+pub async fn mcp(client: Result<Client, ClientError>, wait: Dur) -> anyhow::Result<i32> {
+    // Claude Code keeps a server's stderr in its logs: only what needs a look.
+    init_logging("warn");
+    let session = std::env::var("CLAUDE_CODE_SESSION_ID")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("mcp-{}", std::process::id()));
+    pcmail_agent::mcp::run(client, home(), session, wait.to_std()).await?;
+    Ok(0)
+}
+
+/// Logs go to stderr (`mcp`'s stdout is the protocol), at `PCMAIL_LOG` or `default`.
+fn init_logging(default: &str) {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| default.into()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -3,12 +3,11 @@
 use std::io::Read;
 
 use anyhow::Context;
-use pcmail_agent::cache::Cache;
 use pcmail_agent::client::{Client, home};
-use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, SendResponse};
+use pcmail_agent::mail::{self, Action};
+use pcmail_core::api::SendRequest;
 use pcmail_core::duration::Dur;
-use pcmail_core::ids;
-use pcmail_core::mail::{Mail, MailState, reply_refusal};
+use pcmail_core::mail::{Mail, MailState};
 
 use crate::args::{Output, SendArgs};
 use crate::exit::{CliError, Exit};
@@ -30,83 +29,32 @@ fn text_arg(value: &str) -> anyhow::Result<String> {
     })
 }
 
-fn random_mail_id() -> anyhow::Result<String> {
-    let mut bytes = [0u8; 4];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    Ok(ids::mail_id(bytes))
-}
-
-/// Best effort: a mail moved from the CLI is moved in the local cache too, so hooks do not
-/// present it again. The cache may not exist on an admin's machine; that is fine.
-fn refresh_cache(mail: &Mail) {
-    if let Ok(mut cache) = Cache::open(&home(), pcmail_agent::hooks::HOOK_BUSY)
-        && let Err(e) = cache.refresh(mail)
-    {
-        tracing::debug!(error = %e, "cache refresh skipped");
-    }
-}
-
-/// M4: the id is drawn here; on a duplicate the client draws again once and resends. A reply
-/// sends one too: it is used when the fixed reply id (M6) is taken by a different answer.
-async fn post_mail(client: &Client, mut req: SendRequest) -> anyhow::Result<SendResponse> {
-    req.id = Some(random_mail_id()?);
-    match client.post("/api/v1/mail", &req).await {
-        Err(e) if e.code() == Some(ErrorCode::DuplicateId) => {
-            req.id = Some(random_mail_id()?);
-            Ok(client.post("/api/v1/mail", &req).await?)
-        }
-        other => Ok(other?),
-    }
-}
-
 pub async fn send(client: &Client, args: SendArgs) -> anyhow::Result<i32> {
-    if let Some(parent) = &args.reply_to {
-        return reply_with(client, parent, text_arg(&args.body)?, args.auto, Some(args.subject)).await;
-    }
-    let req = SendRequest {
-        id: None,
-        to: args.to,
-        kind: Some(args.kind),
-        subject: args.subject,
-        body: text_arg(&args.body)?,
-        urgent: args.urgent,
-        auto: args.auto,
-        ttl: args.ttl,
-        reply_to: None,
+    let sent = match &args.reply_to {
+        Some(parent) => mail::reply(client, parent, text_arg(&args.body)?, args.auto, Some(args.subject)).await?,
+        None => {
+            let req = SendRequest {
+                id: None,
+                to: args.to,
+                kind: Some(args.kind),
+                subject: args.subject,
+                body: text_arg(&args.body)?,
+                urgent: args.urgent,
+                auto: args.auto,
+                ttl: args.ttl,
+                reply_to: None,
+            };
+            mail::send(client, req).await?
+        }
     };
-    let sent = post_mail(client, req).await?;
     println!("{}", sent.id);
     Ok(0)
 }
 
+/// M5: a reply to a reply is refused before anything is sent (exit 3).
 pub async fn reply(client: &Client, parent: &str, body: &str, auto: bool) -> anyhow::Result<i32> {
-    reply_with(client, parent, text_arg(body)?, auto, None).await
-}
-
-/// M5: a reply to a reply is refused here, before anything is sent (exit 3).
-async fn reply_with(
-    client: &Client,
-    parent: &str,
-    body: String,
-    auto: bool,
-    subject: Option<String>,
-) -> anyhow::Result<i32> {
-    let status: MailStatus = client.get(&format!("/api/v1/mail/{parent}"), &[]).await?;
-    if let Some(why) = reply_refusal(&status.mail) {
-        return Err(CliError::new(Exit::Loop, format!("refused as a loop: {why}")).into());
-    }
-    let req = SendRequest {
-        reply_to: Some(parent.to_string()),
-        body,
-        auto,
-        subject: subject.unwrap_or_default(),
-        ..Default::default()
-    };
-    let sent = post_mail(client, req).await?;
+    let sent = mail::reply(client, parent, text_arg(body)?, auto, None).await?;
     println!("{}", sent.id);
-    if let Ok(parent) = client.get::<MailStatus>(&format!("/api/v1/mail/{parent}"), &[]).await {
-        refresh_cache(&parent.mail);
-    }
     Ok(0)
 }
 
@@ -132,7 +80,7 @@ fn mail_rows(mails: &[Mail], sent: bool) -> Vec<Vec<String>> {
 
 pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyhow::Result<i32> {
     let mailbox = if sent { "sent" } else { "inbox" };
-    let mails: Vec<Mail> = client.get("/api/v1/mail", &[("box", mailbox.into()), ("all", all.to_string())]).await?;
+    let mails = mail::list(client, sent, all).await?;
     if !output::structured(out, &mails)? {
         if mails.is_empty() {
             eprintln!("no {} mail", if all { "" } else { "open " }.to_string() + mailbox);
@@ -147,8 +95,7 @@ pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyho
 }
 
 pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32> {
-    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/seen"), &serde_json::json!({})).await?;
-    refresh_cache(&mail);
+    let mail = mail::step(client, id, Action::Seen, serde_json::json!({})).await?;
     if !output::structured(out, &mail)? {
         println!("id:      {}", mail.id);
         println!("from:    {}", mail.from);
@@ -165,9 +112,8 @@ pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32>
     Ok(0)
 }
 
-pub async fn step(client: &Client, id: &str, action: &str, body: serde_json::Value) -> anyhow::Result<i32> {
-    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{action}"), &body).await?;
-    refresh_cache(&mail);
+pub async fn step(client: &Client, id: &str, action: Action, body: serde_json::Value) -> anyhow::Result<i32> {
+    let mail = mail::step(client, id, action, body).await?;
     println!("{} {}", mail.id, mail.state);
     Ok(0)
 }
@@ -183,20 +129,7 @@ pub async fn status(
 ) -> anyhow::Result<i32> {
     let target: Option<MailState> =
         wait_for.map(|w| w.parse()).transpose().map_err(|e: String| CliError::new(Exit::Error, e))?;
-    let deadline = std::time::Instant::now() + timeout.to_std();
-    let status = loop {
-        let mut query = Vec::new();
-        if let Some(t) = target {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            query.push(("waitFor", t.to_string()));
-            query.push(("timeout", format!("{}ms", left.as_millis().min(60_000))));
-        }
-        let status: MailStatus = client.get(&format!("/api/v1/mail/{id}"), &query).await?;
-        let reached = target.is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
-        if reached || std::time::Instant::now() >= deadline {
-            break status;
-        }
-    };
+    let (status, reached) = mail::status(client, id, target, timeout.to_std()).await?;
     if !output::structured(out, &status)? {
         let m = &status.mail;
         println!("{}  {} → {}  {}  {}", m.id, m.from, m.to, m.kind, m.subject);
@@ -223,7 +156,6 @@ pub async fn status(
             println!("fail reason: {r}");
         }
     }
-    let reached = target.is_none_or(|t| status.mail.state.rank() >= t.rank() || status.mail.state.is_terminal());
     if !reached {
         return Err(CliError::new(
             Exit::Timeout,

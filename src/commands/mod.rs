@@ -12,6 +12,7 @@ use anyhow::Context;
 use pcmail_core::api::{TokenRequest, TokenResponse, WhoAmI};
 
 use pcmail_agent::client::{Client, ClientConfig, config_path, home, write_private};
+use pcmail_agent::mail::Action;
 
 use crate::args::{Cli, Command, IntentCommand, TokenCommand};
 
@@ -23,6 +24,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(args) => serve::run(args).await,
         Command::Login { server, token } => login(server, token).await,
         Command::Hook { event } => Ok(hook(&event)),
+        Command::Mcp { wait } => {
+            agent::mcp(Client::resolve(conn.server, conn.token, conn.as_machine, &home()), wait).await
+        }
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();
             agent::record_intent(client, channel, chat, message, from, text).await
@@ -44,9 +48,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Send(args) => mail::send(&client, args).await,
                 Command::Inbox { all, sent, output } => mail::inbox(&client, all, sent, output).await,
                 Command::Read { id, output } => mail::read(&client, &id, output).await,
-                Command::Ack { id } => mail::step(&client, &id, "ack", serde_json::json!({})).await,
+                Command::Ack { id } => mail::step(&client, &id, Action::Ack, serde_json::json!({})).await,
                 Command::Fail { id, reason } => {
-                    mail::step(&client, &id, "fail", serde_json::json!({"reason": reason})).await
+                    mail::step(&client, &id, Action::Fail, serde_json::json!({"reason": reason})).await
                 }
                 Command::Reply { id, body, auto } => mail::reply(&client, &id, &body, auto).await,
                 Command::Status { id, wait_for, timeout, output } => {
@@ -58,7 +62,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Ledger { project, command } => ledger::run(&client, project, command).await,
                 Command::Jobs { command } => jobs::run(&client, command).await,
                 Command::Worker { queue, lease, once } => jobs::worker(&client, &queue, lease, once).await,
-                other @ (Command::Serve(_) | Command::Login { .. } | Command::Hook { .. } | Command::Intent { .. }) => {
+                other @ (Command::Serve(_)
+                | Command::Login { .. }
+                | Command::Hook { .. }
+                | Command::Mcp { .. }
+                | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }
             }

@@ -10,6 +10,7 @@ mod jobs;
 mod ledger;
 mod load;
 mod mail;
+mod mcp;
 mod monitoring;
 mod pcside;
 mod replicas;

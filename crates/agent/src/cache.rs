@@ -8,6 +8,7 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
 use pcmail_core::mail::{Mail, Step, apply_step};
+use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_store::StoreError;
 use pcmail_store::codec::{self, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, MAIL_TABLE_COLUMNS, Value, from_ms, ms};
 use pcmail_store::sqlite::{map_err, schema};
@@ -81,6 +82,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX inbox_intents ON inbox(created_at) WHERE kind = 'intent' AND state IN ('new', 'delivered', 'seen');
     CREATE INDEX inbox_stop ON inbox(created_at)
         WHERE kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen');
+    "#,
+    // 3: the MCP server looks for mail to push several times a second; only mail never
+    // presented is in this index, so the look costs nothing however large the inbox grows.
+    r#"
+    CREATE INDEX inbox_unpresented ON inbox(seq) WHERE presented_at IS NULL AND quarantine IS NULL;
     "#,
 ];
 
@@ -156,6 +162,12 @@ impl Cache {
             .map_err(|e| self.wrap(e))
     }
 
+    /// The IntentPolicy the poller last fetched (I2/I3 read it offline); DESIGN's defaults before
+    /// the first poll.
+    pub fn intent_policy(&self) -> Result<IntentPolicySpec> {
+        Ok(self.state("intent_policy")?.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default())
+    }
+
     pub fn state_ts(&self, key: &str) -> Result<Option<Ts>> {
         Ok(self.state(key)?.and_then(|v| v.parse().ok()).map(from_ms))
     }
@@ -223,6 +235,11 @@ impl Cache {
     /// Open intents, oldest first.
     pub fn open_intents(&self) -> Result<Vec<Mail>> {
         self.select("kind = 'intent' AND state IN ('new', 'delivered', 'seen') ORDER BY created_at", [])
+    }
+
+    /// Mail never presented (nor quarantined) that arrived after `seq`: what a push may show.
+    pub fn unpresented_after(&self, seq: i64) -> Result<Vec<Mail>> {
+        self.select("seq > ?1 AND presented_at IS NULL AND quarantine IS NULL ORDER BY seq", [seq])
     }
 
     /// Urgent decision requests still open that have not yet blocked a stop (H4).
@@ -331,6 +348,21 @@ impl Cache {
             insert(tx, mail, now, None)?;
             queue(tx, "intent", &key, message, now)?;
             Ok(true)
+        })
+    }
+
+    /// A push into a session (`mcp`): presented there, so its hooks only count it (H3), but not
+    /// stepped: the mail stays unread until the agent reads or closes it, and the unread SLA
+    /// (M9) keeps watching a push the agent skimmed past.
+    pub fn mark_pushed(&mut self, ids: &[String], session: &str, now: Ts) -> Result<()> {
+        self.write(|tx| {
+            for id in ids {
+                tx.execute(
+                    "UPDATE inbox SET presented_at = ?2, presented_session = ?3 WHERE id = ?1",
+                    params![id, ms(now), session],
+                )?;
+            }
+            Ok(())
         })
     }
 
@@ -598,6 +630,21 @@ pub(crate) mod tests {
         for id in marked {
             let m = c.get(&id).expect("get").expect("present");
             assert!(m.presented_at.is_some() && m.state == MailState::Seen, "{id}: presentation lost");
+        }
+    }
+
+    #[test]
+    fn i6_processes_opening_a_fresh_cache_at_once_all_migrate_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().to_path_buf();
+        let opens: Vec<_> = (0..6)
+            .map(|_| {
+                let home = home.clone();
+                std::thread::spawn(move || Cache::open(&home, Duration::from_secs(5)).map(|_| ()))
+            })
+            .collect();
+        for o in opens {
+            assert_eq!(o.join().expect("thread").map_err(|e| e.to_string()), Ok(()));
         }
     }
 

@@ -9,7 +9,6 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::intent::{ToolEffect, due_reminders, listing, tool_effect};
 use pcmail_core::mail::{MailKind, Step};
-use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_core::present::{LIMITS, candidates, present};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -94,8 +93,7 @@ pub fn handle(event: HookEvent, stdin: &[u8], home: &Path, now: Ts) -> Result<Ho
     };
     let mut cache = Cache::open(home, HOOK_BUSY)?;
     let me = cache.state("machine")?.unwrap_or_else(|| "this-pc".into());
-    let policy: IntentPolicySpec =
-        cache.state("intent_policy")?.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
+    let policy = cache.intent_policy()?;
     let session = input.session_id.clone().unwrap_or_default();
 
     let output = match event {
@@ -244,6 +242,20 @@ mod tests {
         assert_eq!(queued, ["ack", "seen"], "the answer group comes before the others");
         let second = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1"}), at(3)));
         assert_eq!(second, "+1 more (0 expired not shown): pcmail-ctl inbox", "same session: count only");
+    }
+
+    #[test]
+    fn h3_mail_pushed_into_a_session_is_only_counted_by_its_hooks_and_stays_unread() {
+        let dir = home();
+        let mut c = Cache::open(dir.path(), HOOK_BUSY).expect("c");
+        c.merge_polled("me", vec![mail(1, MailKind::Note)], 1, at(1)).expect("m");
+        c.mark_pushed(&["mail--00000001".to_string()], "s1", at(2)).expect("pushed");
+        assert_eq!(state(dir.path(), "mail--00000001"), MailState::Delivered, "a push is not a read");
+        assert!(c.due_pending(at(2)).expect("due").is_empty(), "nothing queued for the server");
+        let same = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1"}), at(3)));
+        assert_eq!(same, "+1 more (0 expired not shown): pcmail-ctl inbox");
+        let other = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s2"}), at(3)));
+        assert!(other.contains("mail--00000001"), "another session was not told: {other}");
     }
 
     #[test]

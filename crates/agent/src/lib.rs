@@ -9,6 +9,8 @@ pub mod cache;
 pub mod client;
 pub mod hooks;
 pub mod install;
+pub mod mail;
+pub mod mcp;
 pub mod spawn;
 pub mod sync;
 

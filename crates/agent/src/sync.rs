@@ -125,11 +125,13 @@ async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<Cyc
     Ok(CycleReport { machine, merged, mail: response.mail, sent, waiting })
 }
 
-/// `agent`: cycles until `shutdown`, backing off from 1 s to 60 s while the server is away.
+/// `agent` (and `mcp`): cycles until `shutdown`, backing off from 1 s to `max_backoff` while
+/// the server is away.
 pub async fn run(
     client: &Client,
     home: &Path,
     wait: Duration,
+    max_backoff: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), SyncError> {
     let mut backoff = Duration::from_secs(1);
@@ -147,7 +149,7 @@ pub async fn run(
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "poll failed");
                 let b = backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(60));
+                backoff = (backoff * 2).min(max_backoff);
                 b
             }
         };

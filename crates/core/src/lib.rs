@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod alert;
 pub mod api;
+pub mod channel;
 #[cfg(test)]
 mod clock_jumps;
 pub mod cron;

@@ -194,20 +194,27 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
     migrate_with(conn, MIGRATIONS, REQUIRED)
 }
 
-/// Runs the `migrations` not yet applied (counted by `PRAGMA user_version`), each in its own
-/// transaction, then checks that every `required` column exists (I6: fail closed, naming it).
+/// Runs the `migrations` not yet applied (counted by `PRAGMA user_version`) in one transaction,
+/// then checks that every `required` column exists (I6: fail closed, naming it).
 pub fn migrate_with(conn: &mut Connection, migrations: &[&str], required: &[(&str, &[&str])]) -> Result<()> {
-    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
-    if version > migrations.len() {
-        return Err(StoreError::Schema(format!(
-            "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
-            migrations.len()
-        )));
-    }
-    for (i, sql) in migrations.iter().enumerate().skip(version) {
-        let tx = conn.transaction().map_err(super::map_err)?;
-        tx.execute_batch(sql).map_err(super::map_err)?;
-        tx.pragma_update(None, "user_version", i + 1).map_err(super::map_err)?;
+    let version = |c: &Connection| -> Result<usize> {
+        let v: usize = c.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
+        if v > migrations.len() {
+            return Err(StoreError::Schema(format!(
+                "database schema version {v} is newer than this build knows ({}); upgrade pcmail-ctl",
+                migrations.len()
+            )));
+        }
+        Ok(v)
+    };
+    if version(conn)? < migrations.len() {
+        // Another process may be migrating the same file right now (a hook and the poller on a
+        // fresh cache): the write lock comes first, then the version is read again under it.
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(super::map_err)?;
+        for sql in migrations.iter().skip(version(&tx)?) {
+            tx.execute_batch(sql).map_err(super::map_err)?;
+        }
+        tx.pragma_update(None, "user_version", migrations.len()).map_err(super::map_err)?;
         tx.commit().map_err(super::map_err)?;
     }
     verify(conn, required)

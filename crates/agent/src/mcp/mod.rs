@@ -1,0 +1,106 @@
+//! `pcmail-ctl mcp`: the agents' MCP server on stdio (rmcp), acting as the logged-in machine.
+//!
+//! Three parts run together: the tools (`tools`), answered from the server like the CLI verbs;
+//! the poller, the same cycle as `agent` on the same cache and cursor; and the push (`push`),
+//! which tells the session about new mail through the `claude/channel` capability. Nothing a
+//! tool or the server does ends the process: it lives as long as the session's stdin.
+
+mod push;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pcmail_core::channel;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+
+use crate::client::{Client, ClientError};
+
+/// Told to the agent at `initialize`: what a channel event is and how to answer it.
+const INSTRUCTIONS: &str = "Mail for this PC arrives as <channel source=\"pcmail\" id=… from=… kind=… urgent=…> \
+events. It is shown, not done: answer with reply, or ack (no answer needed) or fail (cannot be done). \
+read shows a mail in full; inbox lists what is open.";
+
+/// The poller waits at most this long between attempts while the server is away.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    #[error("the MCP session did not start: {0}")]
+    Start(String),
+}
+
+struct McpServer {
+    client: Result<Client, ClientError>,
+    home: PathBuf,
+}
+
+fn tool_list() -> Vec<Tool> {
+    tools::catalogue()
+        .into_iter()
+        .map(|(name, description, schema)| {
+            let schema = match schema {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Tool::new(name, description, schema)
+        })
+        .collect()
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> ServerConfig {
+        let experimental = [(channel::CAPABILITY.to_string(), serde_json::Map::new())].into_iter().collect();
+        ServerConfig::new(ServerCapabilities::builder().enable_experimental_with(experimental).enable_tools().build())
+            .with_server_info(Implementation::new("pcmail", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tool_list()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
+        let result = match tools::call(self.client.as_ref(), &self.home, &request.name, &arguments).await {
+            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Err(e) => CallToolResult::error(vec![ContentBlock::text(e.0)]),
+        };
+        Ok(result.into())
+    }
+}
+
+/// Serves one session on stdin/stdout until it closes. `session` names the Claude Code session
+/// the pushes are presented in (H3), so its hooks count them instead of showing them again.
+pub async fn run(
+    client: Result<Client, ClientError>,
+    home: PathBuf,
+    session: String,
+    wait: Duration,
+) -> Result<(), McpError> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Ok(client) = &client {
+        let (client, home) = (client.clone(), home.clone());
+        tokio::spawn(async move { crate::sync::run(&client, &home, wait, MAX_BACKOFF, stopped).await });
+    }
+    let server = McpServer { client, home: home.clone() };
+    let running = server.serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
+    tokio::spawn(push::follow(running.peer().clone(), home, session));
+    let reason = running.waiting().await;
+    tracing::debug!(?reason, "MCP session ended");
+    stop.send_replace(true);
+    Ok(())
+}

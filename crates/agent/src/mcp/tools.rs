@@ -1,0 +1,353 @@
+//! The MCP tools: their catalogue (kept small — the whole `tools/list` answer is context every
+//! session pays for), their arguments, and the text each answers. Every failure is a tool
+//! error of one sentence the agent can act on; nothing here ends the process.
+
+use std::path::Path;
+use std::time::Duration;
+
+use pcmail_core::api::{ErrorCode, MailStatus, SendRequest};
+use pcmail_core::intent::listing;
+use pcmail_core::mail::{Mail, MailKind, MailState};
+use serde_json::{Map, Value, json};
+
+use crate::cache::{Cache, CacheError};
+use crate::client::{Client, ClientError};
+use crate::mail::{self, Action, MailError};
+
+/// `status` waits this long unless told otherwise, and never longer than [`MAX_WAIT`].
+const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// What `send` may start: answers are replies, intents are recorded from chats.
+const SENDABLE: [MailKind; 4] = [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work];
+
+/// Every tool: name, description, input schema. Descriptions say what a call does to the mail,
+/// because that is what an agent must not get wrong (a peek vs. a read).
+pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
+    let id = json!({"type": "string"});
+    let object = |props: Value, required: &[&str]| {
+        let mut schema = json!({"type": "object", "properties": props});
+        if !required.is_empty() {
+            schema["required"] = json!(required);
+        }
+        schema
+    };
+    vec![
+        (
+            "send",
+            "Send mail to a roster machine (exact label, number, hostname or alias). Answers its id.",
+            object(
+                json!({
+                    "to": {"type": "string"},
+                    "subject": {"type": "string"},
+                    "body": {"type": "string"},
+                    "kind": {"enum": SENDABLE.map(MailKind::as_str)},
+                    "urgent": {"type": "boolean"}
+                }),
+                &["to", "body"],
+            ),
+        ),
+        (
+            "inbox",
+            "List open mail to this PC (all: closed too), newest first. Marks nothing seen.",
+            object(json!({"all": {"type": "boolean"}}), &[]),
+        ),
+        ("read", "Show one mail in full and mark it seen.", object(json!({"id": id}), &["id"])),
+        (
+            "reply",
+            "Reply to a mail; it becomes done with your reply as its result.",
+            object(json!({"id": id, "body": {"type": "string"}}), &["id", "body"]),
+        ),
+        ("ack", "Mark a mail done without replying.", object(json!({"id": id}), &["id"])),
+        (
+            "fail",
+            "Mark a mail failed: it cannot be done. The sender sees the reason.",
+            object(json!({"id": id, "reason": {"type": "string"}}), &["id", "reason"]),
+        ),
+        (
+            "status",
+            "How far a mail got (delivered, seen, done) with times. wait_for waits up to timeout s (60).",
+            object(json!({"id": id, "wait_for": {"enum": ["seen", "done"]}, "timeout": {"type": "integer"}}), &["id"]),
+        ),
+        ("intents", "Chat messages (Telegram) still waiting for an explicit reply.", object(json!({}), &[])),
+    ]
+}
+
+/// A tool call's failure: one sentence, shown to the agent as a tool error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError(pub String);
+
+impl From<MailError> for ToolError {
+    fn from(e: MailError) -> Self {
+        ToolError(sentence(&e))
+    }
+}
+
+impl From<CacheError> for ToolError {
+    fn from(e: CacheError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+/// The one sentence for an error of the server, the network or a refusal.
+pub fn sentence(e: &MailError) -> String {
+    match e {
+        MailError::Client(ClientError::Unreachable { base, .. }) => {
+            format!(
+                "The pcmail server at {base} cannot be reached (is `pcmail-ctl serve` running?); nothing was changed."
+            )
+        }
+        MailError::Client(ClientError::Api {
+            code: Some(ErrorCode::RecipientUnresolved), message, details, ..
+        }) => {
+            let candidates: Vec<&str> = details.iter().filter_map(|d| d.strip_prefix("candidate: ")).collect();
+            match candidates.as_slice() {
+                [] => format!("{message}; nothing was sent."),
+                c => format!("{message}; nothing was sent. Did you mean {}?", c.join(", ")),
+            }
+        }
+        MailError::Client(ClientError::Api { code: Some(ErrorCode::LoopRefused), message, .. }) => {
+            format!("Refused as a loop: {message}; nothing was sent.")
+        }
+        MailError::Loop(why) => format!("Refused as a loop: {why}; start a new thread with send instead."),
+        other => other.to_string(),
+    }
+}
+
+struct Args<'a>(&'a Map<String, Value>);
+
+impl Args<'_> {
+    fn opt_str(&self, name: &str) -> Result<Option<String>, ToolError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ToolError(format!("`{name}` must be a string."))),
+        }
+    }
+
+    fn str(&self, name: &str) -> Result<String, ToolError> {
+        self.opt_str(name)?.ok_or_else(|| ToolError(format!("`{name}` is required.")))
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, ToolError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ToolError(format!("`{name}` must be true or false."))),
+        }
+    }
+
+    fn seconds(&self, name: &str) -> Result<Option<Duration>, ToolError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|s| Some(Duration::from_secs(s)))
+                .ok_or_else(|| ToolError(format!("`{name}` must be a whole number of seconds."))),
+        }
+    }
+}
+
+/// Runs one tool; `client` is the logged-in machine's, or why there is none.
+pub async fn call(
+    client: Result<&Client, &ClientError>,
+    home: &Path,
+    name: &str,
+    arguments: &Map<String, Value>,
+) -> Result<String, ToolError> {
+    let args = Args(arguments);
+    if name == "intents" {
+        return intents(home);
+    }
+    let client = client.map_err(|e| ToolError(e.to_string()))?;
+    match name {
+        "send" => {
+            let kind = match args.opt_str("kind")?.as_deref() {
+                None => MailKind::Note,
+                Some(k) => SENDABLE
+                    .into_iter()
+                    .find(|s| s.as_str() == k)
+                    .ok_or_else(|| ToolError(format!("`kind` must be note, request, decision or work, not {k:?}.")))?,
+            };
+            let req = SendRequest {
+                to: args.str("to")?,
+                kind: Some(kind),
+                subject: args.opt_str("subject")?.unwrap_or_default(),
+                body: args.str("body")?,
+                urgent: args.flag("urgent")?,
+                ..Default::default()
+            };
+            let to = req.to.clone();
+            let sent = mail::send(client, req).await?;
+            Ok(format!("sent {} to {to}", sent.id))
+        }
+        "inbox" => Ok(inbox_text(&mail::list(client, false, args.flag("all")?).await?)),
+        "read" => Ok(read_text(&mail::step(client, &args.str("id")?, Action::Seen, json!({})).await?)),
+        "reply" => {
+            let id = args.str("id")?;
+            let sent = mail::reply(client, &id, args.str("body")?, false, None).await?;
+            Ok(format!("replied {}; {id} is done", sent.id))
+        }
+        "ack" => Ok(step_text(&mail::step(client, &args.str("id")?, Action::Ack, json!({})).await?)),
+        "fail" => {
+            let body = json!({"reason": args.str("reason")?});
+            Ok(step_text(&mail::step(client, &args.str("id")?, Action::Fail, body).await?))
+        }
+        "status" => {
+            let wait_for = args.opt_str("wait_for")?.map(|w| w.parse::<MailState>()).transpose().map_err(ToolError)?;
+            let timeout = args.seconds("timeout")?.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
+            let (status, reached) = mail::status(client, &args.str("id")?, wait_for, timeout).await?;
+            Ok(status_text(&status, wait_for.filter(|_| !reached), timeout))
+        }
+        other => Err(ToolError(format!(
+            "There is no tool `{other}`; the tools are {}.",
+            catalogue().iter().map(|(n, ..)| *n).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// I5's listing, from the local cache: intents are recorded on this PC first (I1).
+fn intents(home: &Path) -> Result<String, ToolError> {
+    let cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
+    let open = cache.open_intents()?;
+    let text = listing(&open.iter().collect::<Vec<_>>(), &cache.intent_policy()?, crate::now());
+    Ok(if text.is_empty() { "no pending intents".into() } else { text })
+}
+
+fn when(t: pcmail_core::Ts) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+fn tag(m: &Mail) -> String {
+    format!("{}{}", m.kind, if m.urgent { ", urgent" } else { "" })
+}
+
+pub fn inbox_text(mails: &[Mail]) -> String {
+    if mails.is_empty() {
+        return "no open mail".into();
+    }
+    let mut sorted: Vec<&Mail> = mails.iter().collect();
+    sorted.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.seq.cmp(&a.seq)));
+    sorted
+        .iter()
+        .map(|m| format!("{} [{}] {} from {} at {}: {}", m.id, tag(m), m.state, m.from, when(m.created_at), m.subject))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub fn read_text(m: &Mail) -> String {
+    let reply = m.reply_to.as_ref().map(|p| format!(" in reply to {p}")).unwrap_or_default();
+    format!(
+        "{} [{}] from {} to {}{reply}, {}\nsubject: {}\n\n{}",
+        m.id,
+        tag(m),
+        m.from,
+        m.to,
+        m.state,
+        m.subject,
+        m.body
+    )
+}
+
+fn step_text(m: &Mail) -> String {
+    format!("{} is {}", m.id, m.state)
+}
+
+/// M12's timeline in a line or two; `missed` is the state waited for in vain.
+pub fn status_text(status: &MailStatus, missed: Option<MailState>, waited: Duration) -> String {
+    let m = &status.mail;
+    let mut steps = vec![format!("created {}", when(m.created_at))];
+    for (step, at, by) in [("delivered", m.delivered_at, &m.delivered_by), ("seen", m.seen_at, &m.seen_by)] {
+        if let Some(at) = at {
+            steps.push(format!("{step} {}{}", when(at), by.as_ref().map(|b| format!(" by {b}")).unwrap_or_default()));
+        }
+    }
+    if let Some(at) = m.done_at {
+        steps.push(format!("{} {}", if m.state == MailState::Failed { "failed" } else { "done" }, when(at)));
+    }
+    let mut out = format!("{} to {}: {} ({})", m.id, m.to, m.state, steps.join(", "));
+    if let Some(r) = &m.result {
+        out += &format!("\nresult: {r}");
+    }
+    if let Some(r) = &m.fail_reason {
+        out += &format!("\nfail reason: {r}");
+    }
+    if let Some(target) = missed {
+        out += &format!("\nstill not {target} after {}s", waited.as_secs());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_has_an_object_schema_whose_required_fields_are_its_properties() {
+        for (name, description, schema) in catalogue() {
+            assert!(description.len() <= 100, "{name}: keep descriptions short");
+            assert_eq!(schema["type"], "object", "{name}");
+            let props = schema["properties"].as_object().expect("properties");
+            for r in schema["required"].as_array().into_iter().flatten() {
+                assert!(props.contains_key(r.as_str().unwrap_or_default()), "{name}: {r} is not a property");
+            }
+        }
+    }
+
+    #[test]
+    fn m3_an_unknown_recipient_is_one_sentence_naming_the_candidates() {
+        let e = MailError::Client(ClientError::Api {
+            status: 422,
+            code: Some(ErrorCode::RecipientUnresolved),
+            message: "recipient \"lap\" does not exactly match any machine in the Roster".into(),
+            details: vec!["candidate: laptop".into(), "candidate: lab".into()],
+        });
+        assert_eq!(
+            sentence(&e),
+            "recipient \"lap\" does not exactly match any machine in the Roster; nothing was sent. Did you mean laptop, lab?"
+        );
+    }
+
+    #[test]
+    fn m5_a_loop_refusal_says_what_to_do_instead() {
+        let s = sentence(&MailError::Loop("mail--00000001 is itself a reply".into()));
+        assert!(s.starts_with("Refused as a loop: mail--00000001 is itself a reply") && s.contains("send"), "{s}");
+    }
+
+    #[test]
+    fn an_unreachable_server_is_named_with_nothing_changed() {
+        let e = MailError::Client(ClientError::Unreachable {
+            base: "http://127.0.0.1:7420".into(),
+            message: "error sending request: connection refused".into(),
+        });
+        let s = sentence(&e);
+        assert!(s.contains("http://127.0.0.1:7420") && s.contains("nothing was changed"), "{s}");
+        assert!(!s.contains("error sending request"), "the transport's wording stays out: {s}");
+    }
+
+    #[test]
+    fn bad_arguments_are_named() {
+        let args = json!({"id": 7, "all": "yes", "timeout": -1});
+        let args = Args(args.as_object().expect("object"));
+        assert_eq!(args.str("id"), Err(ToolError("`id` must be a string.".into())));
+        assert_eq!(args.str("body"), Err(ToolError("`body` is required.".into())));
+        assert_eq!(args.flag("all"), Err(ToolError("`all` must be true or false.".into())));
+        assert_eq!(args.seconds("timeout"), Err(ToolError("`timeout` must be a whole number of seconds.".into())));
+    }
+
+    #[test]
+    fn m12_status_names_each_step_reached_and_the_state_waited_for_in_vain() {
+        let mut m = Mail::new("mail--00000001".into(), "desk".into(), "laptop".into(), at(0), at(100));
+        m.state = MailState::Delivered;
+        (m.delivered_at, m.delivered_by) = (Some(at(5)), Some("laptop".into()));
+        let text = status_text(&MailStatus { mail: m, events: vec![] }, Some(MailState::Seen), Duration::from_secs(3));
+        assert_eq!(
+            text,
+            "mail--00000001 to laptop: delivered (created 2023-11-14 22:13:20, delivered 2023-11-14 22:13:25 by laptop)\nstill not seen after 3s"
+        );
+    }
+
+    fn at(secs: i64) -> pcmail_core::Ts {
+        pcmail_core::Ts::from_timestamp(1_700_000_000 + secs, 0).unwrap_or_default()
+    }
+}

@@ -1,0 +1,116 @@
+//! Live push into a running Claude Code session: the MCP server's `notifications/claude/channel`
+//! (seed 003's mechanism). Which mail a session is told about, once, and what it is told.
+//!
+//! A push is a presentation (H3): the mail is marked presented in the session, so its hooks only
+//! count it, but its state does not move — it is seen when the agent reads it and done when the
+//! agent answers, so the unread SLA (M9) still catches a push nobody acted on. Mail already
+//! waiting when the session's server started is the hooks' to show: H2 orders and caps a
+//! backlog, where a push per mail would flood a session.
+
+use std::collections::BTreeMap;
+
+use crate::Ts;
+use crate::mail::Mail;
+use crate::present::{cut, group};
+
+/// The notification Claude Code injects into the session as a `<channel>` event.
+pub const METHOD: &str = "notifications/claude/channel";
+
+/// The experimental capability that makes Claude Code listen for [`METHOD`].
+pub const CAPABILITY: &str = "claude/channel";
+
+/// A pushed mail's text is cut here (H2's block size); the whole mail is one `read` away.
+pub const MAX_CONTENT: usize = 1800;
+
+/// The mails to push now, oldest first: arrived after `after_seq` (the local cursor when the
+/// session's server started), never presented anywhere, and still something H2 would show
+/// (open, not expired, not an intent — inbound chat messages reach the session by their own
+/// channel).
+pub fn to_push(inbox: &[Mail], after_seq: i64, now: Ts) -> Vec<&Mail> {
+    let mut out: Vec<&Mail> =
+        inbox.iter().filter(|m| m.seq > after_seq && m.presented_at.is_none() && group(m, now).is_some()).collect();
+    out.sort_by_key(|m| m.seq);
+    out
+}
+
+/// What one push carries: `content` becomes the event's body, `meta` its attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Push {
+    pub content: String,
+    /// Attribute values are strings: Claude Code renders them as tag attributes.
+    pub meta: BTreeMap<&'static str, String>,
+}
+
+pub fn push(m: &Mail) -> Push {
+    let text = if m.subject.is_empty() { m.body.clone() } else { format!("{}\n\n{}", m.subject, m.body) };
+    let content = if text.chars().count() > MAX_CONTENT {
+        let more = format!("\n(cut: `read` {} for the rest)", m.id);
+        cut(&text, MAX_CONTENT - more.chars().count()) + &more
+    } else {
+        text
+    };
+    let meta = BTreeMap::from([
+        ("id", m.id.clone()),
+        ("from", m.from.clone()),
+        ("kind", m.kind.to_string()),
+        ("urgent", m.urgent.to_string()),
+    ]);
+    Push { content, meta }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mail::fixtures::{at, mail};
+    use crate::mail::{MailKind, MailState};
+
+    fn m(seq: i64, state: MailState) -> Mail {
+        Mail { seq, state, ..mail(&format!("mail--{seq:08x}"), "desk", "me") }
+    }
+
+    fn seqs(v: &[&Mail]) -> Vec<i64> {
+        v.iter().map(|m| m.seq).collect()
+    }
+
+    #[test]
+    fn h3_each_new_open_mail_is_pushed_once_oldest_first() {
+        let mut presented = m(7, MailState::Seen);
+        presented.presented_at = Some(at(5));
+        let inbox = [m(9, MailState::Delivered), m(8, MailState::New), presented, m(6, MailState::Delivered)];
+        assert_eq!(seqs(&to_push(&inbox, 6, at(10))), [8, 9], "after the cursor, never presented, oldest first");
+    }
+
+    #[test]
+    fn h3_terminal_expired_and_intent_mail_is_not_pushed() {
+        let mut intent = m(3, MailState::New);
+        intent.kind = MailKind::Intent;
+        let mut expired = m(4, MailState::Delivered);
+        expired.expires_at = at(10);
+        let inbox = [m(1, MailState::Done), m(2, MailState::Failed), intent, expired, m(5, MailState::Seen)];
+        assert_eq!(seqs(&to_push(&inbox, 0, at(10))), [5]);
+    }
+
+    #[test]
+    fn a_push_carries_the_text_and_id_from_kind_urgent_as_meta() {
+        let mut mail = m(1, MailState::Delivered);
+        (mail.subject, mail.body, mail.kind, mail.urgent) =
+            ("ship?".into(), "yes or no".into(), MailKind::Decision, true);
+        let p = push(&mail);
+        assert_eq!(p.content, "ship?\n\nyes or no");
+        let meta: Vec<(&str, &str)> = p.meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(meta, [("from", "desk"), ("id", "mail--00000001"), ("kind", "decision"), ("urgent", "true")]);
+    }
+
+    #[test]
+    fn a_long_mail_is_cut_by_characters_and_says_how_to_read_the_rest() {
+        let mut mail = m(1, MailState::Delivered);
+        mail.body = "長い本文".repeat(1000);
+        let p = push(&mail);
+        assert_eq!(p.content.chars().count(), MAX_CONTENT);
+        assert!(
+            p.content.ends_with("(cut: `read` mail--00000001 for the rest)"),
+            "{}",
+            &p.content[p.content.len() - 80..]
+        );
+    }
+}
