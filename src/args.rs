@@ -163,6 +163,11 @@ pub enum Command {
         /// Long-poll wait per cycle
         #[arg(long, default_value = "30s")]
         wait: Dur,
+        /// The session was started with Claude Code's channels flag: a pushed mail counts as
+        /// presented there, and its hooks only count it (Claude Code drops pushes silently
+        /// otherwise, so without this the hooks show pushed mail too)
+        #[arg(long, env = "PCMAIL_CHANNELS")]
+        channels: bool,
     },
     /// The task ledger: one per project (`--project` may be left out while only one exists)
     Ledger {

@@ -1,6 +1,7 @@
 //! DESIGN §11's targets P1–P7 in one run, printed as one table: figure, target, ratio.
 //! Benchmarks print; they assert nothing (speed is never a test's assertion). P8 (Sheets API
-//! calls per pass) is a count, held by the sheets adapter's tests.
+//! calls per pass) is a count, held by the sheets adapter's tests. `MCP` is issue 11's push
+//! latency (send → channel notification), beside them.
 //!
 //! `cargo bench` runs all; `cargo bench -- P3 P7` runs some. `PCMAIL_BENCH_MAILS` shrinks P1,
 //! P2 and P7's 1M-mail data set for a quick look; `PCMAIL_TEST_POSTGRES` is where P3's
@@ -9,6 +10,7 @@
 mod jobs;
 mod merge;
 mod pcside;
+mod push;
 mod reconcile;
 mod rss;
 mod table;
@@ -17,7 +19,7 @@ use table::Row;
 
 #[tokio::main]
 async fn main() {
-    let asked: Vec<String> = std::env::args().skip(1).filter(|a| a.starts_with('P')).collect();
+    let asked: Vec<String> = std::env::args().skip(1).filter(|a| a.starts_with('P') || a == "MCP").collect();
     let wants = |ids: &[&str]| asked.is_empty() || ids.iter().any(|id| asked.iter().any(|a| a == id));
     let mut rows: Vec<Row> = Vec::new();
     if wants(&["P1", "P2", "P7"]) {
@@ -40,6 +42,9 @@ async fn main() {
     }
     if wants(&["P6"]) {
         rows.extend(merge::run());
+    }
+    if wants(&["MCP"]) {
+        rows.extend(push::run().await);
     }
     table::print(&rows);
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use pcmail_agent::cache::Cache;
 use pcmail_core::mail::{Mail, MailKind, MailState};
 
 /// The binary measured: this build's, or another (`PCMAIL_BENCH_BIN`) to compare builds.
-fn bin() -> String {
+pub fn bin() -> String {
     std::env::var("PCMAIL_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_pcmail-ctl").to_string())
 }
 const AGENTS: usize = 50;
@@ -21,54 +21,80 @@ const MAILS: usize = 1000;
 
 use crate::table::{Row, percentile as pct};
 
-fn ms(d: Duration) -> String {
+pub fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-pub async fn p4() -> Vec<Row> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut roster = String::from(
-        "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: bench}\nspec:\n  owner: sender\n  machines:\n  - {number: 999, label: sender}\n",
-    );
-    for i in 0..AGENTS {
-        roster += &format!("  - {{number: {i}, label: agent{i:02}}}\n");
-    }
-    std::fs::write(dir.path().join("roster.yaml"), roster).expect("roster");
-    let mut serve = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--apply"])
-        .arg(dir.path().join("roster.yaml"))
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env("PCMAIL_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let line = BufReader::new(serve.stdout.take().expect("stdout")).lines().next().expect("line").expect("line");
-    let url = line.rsplit(' ').next().expect("url").to_string();
-    let admin = std::fs::read_to_string(dir.path().join("data/admin.token")).expect("admin").trim().to_string();
-    let http = reqwest::Client::new();
-    let token = |machine: String| {
-        let (http, url, admin) = (http.clone(), url.clone(), admin.clone());
-        async move {
-            let v: serde_json::Value = http
-                .post(format!("{url}/api/v1/tokens"))
-                .bearer_auth(admin)
-                .json(&serde_json::json!({"machine": machine}))
-                .send()
-                .await
-                .expect("token")
-                .json()
-                .await
-                .expect("json");
-            v["token"].as_str().expect("token").to_string()
+/// A real `serve` on a scratch data dir with one Roster applied.
+pub struct Serve {
+    child: Child,
+    pub url: String,
+    admin: String,
+    http: reqwest::Client,
+    pub dir: tempfile::TempDir,
+}
+
+impl Serve {
+    /// `machines` are the Roster's labels; the first is its owner.
+    pub fn start(machines: &[String]) -> Serve {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut roster = format!(
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {{name: bench}}\nspec:\n  owner: {}\n  machines:\n",
+            machines[0]
+        );
+        for (i, m) in machines.iter().enumerate() {
+            roster += &format!("  - {{number: {}, label: {m}}}\n", i + 1);
         }
-    };
-    let sender = token("sender".into()).await;
+        std::fs::write(dir.path().join("roster.yaml"), roster).expect("roster");
+        let mut child = Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--apply"])
+            .arg(dir.path().join("roster.yaml"))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("PCMAIL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let line = BufReader::new(child.stdout.take().expect("stdout")).lines().next().expect("line").expect("line");
+        let url = line.rsplit(' ').next().expect("url").to_string();
+        let admin = std::fs::read_to_string(dir.path().join("data/admin.token")).expect("admin").trim().to_string();
+        Serve { child, url, admin, http: reqwest::Client::new(), dir }
+    }
+
+    pub async fn token(&self, machine: &str) -> String {
+        let v: serde_json::Value = self
+            .http
+            .post(format!("{}/api/v1/tokens", self.url))
+            .bearer_auth(&self.admin)
+            .json(&serde_json::json!({"machine": machine}))
+            .send()
+            .await
+            .expect("token")
+            .json()
+            .await
+            .expect("json");
+        v["token"].as_str().expect("token").to_string()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn p4() -> Vec<Row> {
+    let mut machines = vec!["sender".to_string()];
+    machines.extend((0..AGENTS).map(|i| format!("agent{i:02}")));
+    let serve = Serve::start(&machines);
+    let (http, url) = (serve.http.clone(), serve.url.clone());
+    let sender = serve.token("sender").await;
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let mut agents = Vec::new();
     for i in 0..AGENTS {
-        let t = token(format!("agent{i:02}")).await;
+        let t = serve.token(&format!("agent{i:02}")).await;
         let (http, url, sent, latencies) = (http.clone(), url.clone(), sent.clone(), latencies.clone());
         agents.push(tokio::spawn(async move {
             let mut cursor = 0i64;
@@ -105,8 +131,7 @@ pub async fn p4() -> Vec<Row> {
     for a in agents {
         let _ = tokio::time::timeout(Duration::from_secs(60), a).await;
     }
-    let _ = serve.kill();
-    let _ = serve.wait();
+    drop(serve);
     let mut l = latencies.lock().expect("lock").clone();
     eprintln!("P4: {} of {MAILS} mails timed across {AGENTS} long-polling agents", l.len());
     vec![

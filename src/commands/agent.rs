@@ -28,7 +28,7 @@ pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> a
                 stop.send_replace(true);
             });
             tracing::info!(server = client.base(), "agent polling");
-            sync::run(client, &home(), wait.to_std(), std::time::Duration::from_secs(60), stopped).await?;
+            sync::run(client, &home(), wait.to_std(), std::time::Duration::from_secs(60), || {}, stopped).await?;
             Ok(0)
         }
         Some(AgentCommand::Install { os: name, dir }) => {
@@ -65,15 +65,17 @@ pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> a
 }
 
 /// `mcp`: serves the session on stdio. Without a usable login it still starts: every tool
-/// then answers why, and mail the agent polls is still pushed.
-pub async fn mcp(client: Result<Client, ClientError>, wait: Dur) -> anyhow::Result<i32> {
+/// then answers why, and mail the agent polls is still pushed. With `channels` (the session was
+/// started with Claude Code's channels flag) a push counts as presented in the session
+/// `CLAUDE_CODE_SESSION_ID` names, so its hooks do not show the mail again.
+pub async fn mcp(client: Result<Client, ClientError>, wait: Dur, channels: bool) -> anyhow::Result<i32> {
     // Claude Code keeps a server's stderr in its logs: only what needs a look.
     init_logging("warn");
-    let session = std::env::var("CLAUDE_CODE_SESSION_ID")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("mcp-{}", std::process::id()));
-    pcmail_agent::mcp::run(client, home(), session, wait.to_std()).await?;
+    let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok().filter(|s| !s.is_empty());
+    if channels && session.is_none() {
+        tracing::warn!("PCMAIL_CHANNELS is set but CLAUDE_CODE_SESSION_ID is not: pushes will not count as presented");
+    }
+    pcmail_agent::mcp::run(client, home(), session.filter(|_| channels), wait.to_std()).await?;
     Ok(0)
 }
 

@@ -24,8 +24,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(args) => serve::run(args).await,
         Command::Login { server, token } => login(server, token).await,
         Command::Hook { event } => Ok(hook(&event)),
-        Command::Mcp { wait } => {
-            agent::mcp(Client::resolve(conn.server, conn.token, conn.as_machine, &home()), wait).await
+        Command::Mcp { wait, channels } => {
+            agent::mcp(Client::resolve(conn.server, conn.token, conn.as_machine, &home()), wait, channels).await
         }
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();

@@ -40,9 +40,9 @@ struct McpClient {
 }
 
 impl McpClient {
-    /// Starts `mcp` as the plugin's `.mcp.json` says, as the PC whose home is `home`, and
-    /// initializes the session.
-    fn start(home: &Path, session: &str) -> McpClient {
+    /// Starts `mcp` as the plugin's `.mcp.json` says, as the PC whose home is `home`, in a
+    /// session started with Claude Code's channels flag or without, and initializes it.
+    fn start(home: &Path, session: &str, channels: bool) -> McpClient {
         let config = read_json(&plugin_root().join(".mcp.json"));
         let server = &config["mcpServers"]["pcmail"];
         let args: Vec<&str> = server["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
@@ -50,6 +50,9 @@ impl McpClient {
             .env("PCMAIL_HOME", home)
             .env("CLAUDE_CODE_SESSION_ID", session)
             .env("PCMAIL_LOG", "warn")
+            .env("PCMAIL_CHANNELS", channels.to_string())
+            // Not the repository, whose ./pcmail-data a local `serve` may have left.
+            .current_dir(home)
             .env_remove("PCMAIL_SERVER")
             .env_remove("PCMAIL_TOKEN")
             .stdin(Stdio::piped())
@@ -160,7 +163,7 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
     let s = Server::start();
     let desk = s.token("desk");
     let (laptop, home) = pc(&s, "laptop");
-    let mut mcp = McpClient::start(&home, "session-tools");
+    let mut mcp = McpClient::start(&home, "session-tools", false);
 
     // A token is at least one byte, so the answer's size in bytes bounds its size in tokens.
     let list = mcp.request("tools/list", json!({}));
@@ -234,14 +237,14 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
 }
 
 #[test]
-fn mcp_pushes_a_new_mail_once_within_a_second_and_never_again_after_a_restart() {
+fn mcp_pushes_a_new_mail_once_within_a_second_never_again_after_a_restart_and_hooks_stay_the_fallback() {
     let s = Server::start();
     let desk = s.token("desk");
     let (laptop, home) = pc(&s, "laptop");
     // Mail already in the cache when the session starts is the hooks' (session-start shows it).
     let backlog = ok(s.ctl(&desk, &["send", "--to", "laptop", "--body", "polled before the session"]));
     ok(s.ctl(&laptop, &["poll"]));
-    let mut mcp = McpClient::start(&home, "session-push");
+    let mut mcp = McpClient::start(&home, "session-push", true);
     mcp.pump(Duration::from_millis(1500), None);
 
     let id = ok(s.ctl(
@@ -253,6 +256,7 @@ fn mcp_pushes_a_new_mail_once_within_a_second_and_never_again_after_a_restart() 
     let pushes: Vec<&(Instant, Value)> = mcp.pushes.iter().collect();
     assert_eq!(pushes.len(), 1, "exactly one push, none for the backlog {backlog}: {pushes:?}");
     let (at, push) = pushes[0];
+    eprintln!("send → push: {:?}", at.duration_since(sent));
     assert!(at.duration_since(sent) <= Duration::from_secs(1), "pushed after {:?}", at.duration_since(sent));
     assert_eq!(
         push["params"]["meta"],
@@ -265,19 +269,25 @@ fn mcp_pushes_a_new_mail_once_within_a_second_and_never_again_after_a_restart() 
     let listed = mcp.ok("inbox", json!({}));
     assert!(listed.contains(&id), "{listed}");
     assert_eq!(state(&s, &desk, &id)["state"], "delivered");
-    // The session's hooks count it instead of showing it again (H3).
+    // The session listens to channels: its hooks count the push instead of showing it again (H3).
     let hook = s.hook(&laptop, "user-prompt-submit", json!({"session_id": "session-push"}));
-    assert!(!stdout(&hook).contains("ship it?"), "{}", stdout(&hook));
+    assert!(stdout(&hook).contains("more") && !stdout(&hook).contains("ship it?"), "{}", stdout(&hook));
 
+    // Restarted, now in a session started without channels (Claude Code drops its pushes).
     drop(mcp);
-    let mut again = McpClient::start(&home, "session-push");
+    let mut again = McpClient::start(&home, "session-plain", false);
     again.pump(Duration::from_secs(2), None);
     assert!(again.pushes.is_empty(), "a restart pushed again: {:?}", again.pushes);
-    let next = ok(s.ctl(&desk, &["send", "--to", "laptop", "--body", "after the restart"]));
+    let next = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "restarted", "--body", "after the restart"]));
     again.pump(Duration::from_secs(2), None);
     let ids: Vec<&Value> = again.pushes.iter().map(|(_, p)| &p["params"]["meta"]["id"]).collect();
     assert_eq!(ids, [&json!(next)]);
-    assert_eq!(state(&s, &desk, &id)["state"], "delivered", "pushes never mark seen or done");
+    for pushed in [&id, &next] {
+        assert_eq!(state(&s, &desk, pushed)["state"], "delivered", "pushes never mark seen or done");
+    }
+    // The hooks stay the fallback: the pushed mail is still shown to the session.
+    let hook = s.hook(&laptop, "user-prompt-submit", json!({"session_id": "session-plain"}));
+    assert!(stdout(&hook).contains(&next) && stdout(&hook).contains("restarted"), "{}", stdout(&hook));
 }
 
 #[test]
@@ -286,7 +296,7 @@ fn mcp_with_serve_stopped_tools_say_so_and_pushes_resume_with_nothing_missed() {
     let mut s = Server::start_opts(Some(examples()), &listen, &[]);
     let desk = s.token("desk");
     let (_laptop, home) = pc(&s, "laptop");
-    let mut mcp = McpClient::start(&home, "session-outage");
+    let mut mcp = McpClient::start(&home, "session-outage", false);
     mcp.pump(Duration::from_millis(500), None);
 
     s.kill9();
@@ -315,6 +325,29 @@ fn mcp_with_serve_stopped_tools_say_so_and_pushes_resume_with_nothing_missed() {
         mcp.pushes.iter().map(|(_, p)| p["params"]["meta"]["id"].as_str().unwrap_or_default().to_string()).collect();
     assert_eq!(ids, sent, "each mail pushed once, in order");
     assert!(!mcp.ok("inbox", json!({})).is_empty());
+}
+
+#[test]
+fn mcp_without_a_login_pushes_what_the_agent_fetches_into_the_one_cache_and_tools_say_why_not() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    // The PC's own poller (`poll`, as `agent` runs it) with the token in its environment only:
+    // the MCP server finds no login and polls nothing itself.
+    let laptop = s.token("laptop");
+    ok(s.ctl(&laptop, &["poll"]));
+    let home = s.home_of(&laptop);
+    let mut mcp = McpClient::start(&home, "session-agent", false);
+    let (text, error) = mcp.call("inbox", json!({}));
+    assert!(error && text.contains("pcmail-ctl login"), "{text}");
+
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "via the agent", "--body", "b"]));
+    ok(s.ctl(&laptop, &["poll"]));
+    let polled = Instant::now();
+    mcp.pump(Duration::from_secs(2), None);
+    let ids: Vec<&Value> = mcp.pushes.iter().map(|(_, p)| &p["params"]["meta"]["id"]).collect();
+    assert_eq!(ids, [&json!(id)], "pushed once from the cache the agent filled");
+    let after = mcp.pushes[0].0.duration_since(polled);
+    assert!(after <= Duration::from_secs(1), "pushed {after:?} after the agent's poll");
 }
 
 #[test]

@@ -351,9 +351,9 @@ impl Cache {
         })
     }
 
-    /// A push into a session (`mcp`): presented there, so its hooks only count it (H3), but not
-    /// stepped: the mail stays unread until the agent reads or closes it, and the unread SLA
-    /// (M9) keeps watching a push the agent skimmed past.
+    /// A push into a session that listens (`mcp --channels`): presented there, so its hooks only
+    /// count it (H3), but not stepped: the mail stays unread until the agent reads or closes it,
+    /// and the unread SLA (M9) keeps watching a push the agent skimmed past.
     pub fn mark_pushed(&mut self, ids: &[String], session: &str, now: Ts) -> Result<()> {
         self.write(|tx| {
             for id in ids {

@@ -126,12 +126,13 @@ async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<Cyc
 }
 
 /// `agent` (and `mcp`): cycles until `shutdown`, backing off from 1 s to `max_backoff` while
-/// the server is away.
+/// the server is away; `on_mail` hears of every poll that answered with mail.
 pub async fn run(
     client: &Client,
     home: &Path,
     wait: Duration,
     max_backoff: Duration,
+    on_mail: impl Fn(),
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), SyncError> {
     let mut backoff = Duration::from_secs(1);
@@ -141,6 +142,9 @@ pub async fn run(
                 backoff = Duration::from_secs(1);
                 if !report.merged.new.is_empty() {
                     tracing::info!(new = report.merged.new.len(), "mail received");
+                }
+                if !report.mail.is_empty() {
+                    on_mail();
                 }
                 Duration::ZERO
             }

@@ -1,11 +1,11 @@
 //! Live push into a running Claude Code session: the MCP server's `notifications/claude/channel`
 //! (seed 003's mechanism). Which mail a session is told about, once, and what it is told.
 //!
-//! A push is a presentation (H3): the mail is marked presented in the session, so its hooks only
-//! count it, but its state does not move — it is seen when the agent reads it and done when the
-//! agent answers, so the unread SLA (M9) still catches a push nobody acted on. Mail already
-//! waiting when the session's server started is the hooks' to show: H2 orders and caps a
-//! backlog, where a push per mail would flood a session.
+//! A push never moves a mail's state: it is seen when the agent reads it and done when the agent
+//! answers, so the unread SLA (M9) still catches a push nobody acted on. In a session known to
+//! listen it counts as presented (H3). Mail already waiting when the session's server started
+//! is the hooks' to show: H2 orders and caps a backlog, where a push per mail would flood a
+//! session.
 
 use std::collections::BTreeMap;
 

@@ -9,6 +9,7 @@ mod push;
 pub mod tools;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pcmail_core::channel;
@@ -18,6 +19,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use tokio::sync::Notify;
 
 use crate::client::{Client, ClientError};
 
@@ -83,22 +85,26 @@ impl ServerHandler for McpServer {
     }
 }
 
-/// Serves one session on stdin/stdout until it closes. `session` names the Claude Code session
-/// the pushes are presented in (H3), so its hooks count them instead of showing them again.
+/// Serves one session on stdin/stdout until it closes. `presented_in` is the Claude Code session
+/// pushes count as presented in (H3) — given only when the session listens to channels.
 pub async fn run(
     client: Result<Client, ClientError>,
     home: PathBuf,
-    session: String,
+    presented_in: Option<String>,
     wait: Duration,
 ) -> Result<(), McpError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Mail this process fetched is pushed at once; what the agent fetches, within a tick.
+    let fetched = Arc::new(Notify::new());
     if let Ok(client) = &client {
-        let (client, home) = (client.clone(), home.clone());
-        tokio::spawn(async move { crate::sync::run(&client, &home, wait, MAX_BACKOFF, stopped).await });
+        let (client, home, fetched) = (client.clone(), home.clone(), fetched.clone());
+        tokio::spawn(async move {
+            crate::sync::run(&client, &home, wait, MAX_BACKOFF, || fetched.notify_one(), stopped).await
+        });
     }
     let server = McpServer { client, home: home.clone() };
     let running = server.serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
-    tokio::spawn(push::follow(running.peer().clone(), home, session));
+    tokio::spawn(push::follow(running.peer().clone(), home, presented_in, fetched));
     let reason = running.waiting().await;
     tracing::debug!(?reason, "MCP session ended");
     stop.send_replace(true);

@@ -2,21 +2,24 @@
 //! agent's, through the one cursor, so there is never a second consumer — and tells the session
 //! about each new mail once (`pcmail_core::channel`).
 //!
-//! A mail is pushed, then marked presented in the session (H3) — presented, not seen: the agent
-//! reads or closes it with the tools. A process killed between the push and the mark has shown
-//! it unmarked, so a hook shows it again rather than never.
+//! Claude Code drops channel notifications without a word in sessions not started with its
+//! channels flag, and tells the server nothing either way. So a push counts as presented (H3)
+//! only in a session the user declared as listening (`presented_in`); otherwise the hooks show
+//! the mail as if no push had happened. Either way the mail is never marked seen or done.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pcmail_core::channel::{self, METHOD};
 use rmcp::model::{CustomNotification, ServerNotification};
 use rmcp::{Peer, RoleServer, ServiceError};
+use tokio::sync::Notify;
 
 use crate::cache::{Cache, CacheError};
 use crate::hooks::HOOK_BUSY;
 
-/// How often the cache is looked at: a push reaches the session well within a second.
+/// How often the cache is looked at for mail another process (the agent) fetched.
 pub const TICK: Duration = Duration::from_millis(200);
 
 #[derive(Debug, thiserror::Error)]
@@ -29,17 +32,19 @@ enum FollowError {
 
 struct Follower {
     home: PathBuf,
-    session: String,
+    /// The session pushes are presented in, when it listens to channels.
+    presented_in: Option<String>,
     cache: Option<Cache>,
-    /// The cursor when following began: older mail is the hooks' to show.
+    /// The last seq looked at: starts at the cursor when following began (older mail is the
+    /// hooks' to show) and moves past every mail pushed, so none is pushed twice. Mail reaches
+    /// the cache in seq order (M11's cursor), so nothing behind it can still arrive.
     after: Option<i64>,
-    /// Pushed, not yet marked presented (the mark failed): never pushed twice.
-    unmarked: Vec<String>,
 }
 
-/// Pushes until the session goes away.
-pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, session: String) {
-    let mut f = Follower { home, session, cache: None, after: None, unmarked: Vec::new() };
+/// Pushes until the session goes away: every [`TICK`], and at once when `fetched` is told of a
+/// poll that brought mail.
+pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, presented_in: Option<String>, fetched: Arc<Notify>) {
+    let mut f = Follower { home, presented_in, cache: None, after: None };
     loop {
         match f.tick(&peer).await {
             Ok(()) => {}
@@ -53,7 +58,10 @@ pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, session: String) {
                 f.cache = None;
             }
         }
-        tokio::time::sleep(TICK).await;
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            _ = fetched.notified() => {}
+        }
     }
 }
 
@@ -70,10 +78,8 @@ impl Follower {
         };
         let now = crate::now();
         let fresh = cache.unpresented_after(after)?;
+        let mut pushed = Vec::new();
         for m in channel::to_push(&fresh, after, now) {
-            if self.unmarked.contains(&m.id) {
-                continue;
-            }
             let push = channel::push(m);
             let params = serde_json::json!({"content": push.content, "meta": push.meta});
             peer.send_notification(ServerNotification::CustomNotification(CustomNotification::new(
@@ -81,11 +87,17 @@ impl Follower {
                 Some(params),
             )))
             .await?;
-            self.unmarked.push(m.id.clone());
+            pushed.push(m.id.clone());
         }
-        if !self.unmarked.is_empty() {
-            cache.mark_pushed(&self.unmarked, &self.session, now)?;
-            self.unmarked.clear();
+        // Past what was pushed, and past what is not pushable now (closed, expired), which never
+        // becomes so.
+        self.after = fresh.iter().map(|m| m.seq).chain(self.after).max();
+        if let Some(session) = &self.presented_in
+            && !pushed.is_empty()
+            && let Err(e) = cache.mark_pushed(&pushed, session, now)
+        {
+            // Unmarked, the session's hooks show the mail once more: a repeat, never a loss.
+            tracing::warn!(error = %e, "pushed mail not marked presented");
         }
         Ok(())
     }

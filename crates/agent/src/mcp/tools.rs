@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use pcmail_core::api::{ErrorCode, MailStatus, SendRequest};
+use pcmail_core::ids;
 use pcmail_core::intent::listing;
 use pcmail_core::mail::{Mail, MailKind, MailState};
 use serde_json::{Map, Value, json};
@@ -129,6 +130,16 @@ impl Args<'_> {
         self.opt_str(name)?.ok_or_else(|| ToolError(format!("`{name}` is required.")))
     }
 
+    /// A mail id (M4's form), checked before it becomes part of a URL.
+    fn id(&self) -> Result<String, ToolError> {
+        let id = self.str("id")?;
+        if ids::is_mail_id(&id) {
+            Ok(id)
+        } else {
+            Err(ToolError(format!("`id` must be a mail id like mail--0a1b2c3d, not {id:?}.")))
+        }
+    }
+
     fn flag(&self, name: &str) -> Result<bool, ToolError> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(false),
@@ -156,6 +167,11 @@ pub async fn call(
     arguments: &Map<String, Value>,
 ) -> Result<String, ToolError> {
     let args = Args(arguments);
+    let tools = catalogue();
+    if !tools.iter().any(|(n, ..)| *n == name) {
+        let names: Vec<&str> = tools.iter().map(|(n, ..)| *n).collect();
+        return Err(ToolError(format!("There is no tool `{name}`; the tools are {}.", names.join(", "))));
+    }
     if name == "intents" {
         return intents(home);
     }
@@ -182,27 +198,29 @@ pub async fn call(
             Ok(format!("sent {} to {to}", sent.id))
         }
         "inbox" => Ok(inbox_text(&mail::list(client, false, args.flag("all")?).await?)),
-        "read" => Ok(read_text(&mail::step(client, &args.str("id")?, Action::Seen, json!({})).await?)),
+        "read" => Ok(read_text(&mail::step(client, &args.id()?, Action::Seen, json!({})).await?)),
         "reply" => {
-            let id = args.str("id")?;
+            let id = args.id()?;
             let sent = mail::reply(client, &id, args.str("body")?, false, None).await?;
             Ok(format!("replied {}; {id} is done", sent.id))
         }
-        "ack" => Ok(step_text(&mail::step(client, &args.str("id")?, Action::Ack, json!({})).await?)),
+        "ack" => Ok(step_text(&mail::step(client, &args.id()?, Action::Ack, json!({})).await?)),
         "fail" => {
             let body = json!({"reason": args.str("reason")?});
-            Ok(step_text(&mail::step(client, &args.str("id")?, Action::Fail, body).await?))
+            Ok(step_text(&mail::step(client, &args.id()?, Action::Fail, body).await?))
         }
         "status" => {
-            let wait_for = args.opt_str("wait_for")?.map(|w| w.parse::<MailState>()).transpose().map_err(ToolError)?;
+            let wait_for = match args.opt_str("wait_for")?.as_deref() {
+                None => None,
+                Some("seen") => Some(MailState::Seen),
+                Some("done") => Some(MailState::Done),
+                Some(w) => return Err(ToolError(format!("`wait_for` must be seen or done, not {w:?}."))),
+            };
             let timeout = args.seconds("timeout")?.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
-            let (status, reached) = mail::status(client, &args.str("id")?, wait_for, timeout).await?;
+            let (status, reached) = mail::status(client, &args.id()?, wait_for, timeout).await?;
             Ok(status_text(&status, wait_for.filter(|_| !reached), timeout))
         }
-        other => Err(ToolError(format!(
-            "There is no tool `{other}`; the tools are {}.",
-            catalogue().iter().map(|(n, ..)| *n).collect::<Vec<_>>().join(", ")
-        ))),
+        other => Err(ToolError(format!("internal: tool `{other}` is listed but not run"))),
     }
 }
 
@@ -333,6 +351,12 @@ mod tests {
         assert_eq!(args.str("body"), Err(ToolError("`body` is required.".into())));
         assert_eq!(args.flag("all"), Err(ToolError("`all` must be true or false.".into())));
         assert_eq!(args.seconds("timeout"), Err(ToolError("`timeout` must be a whole number of seconds.".into())));
+        let path = json!({"id": "mail--0a1b2c3d/ack"});
+        assert_eq!(
+            Args(path.as_object().expect("object")).id(),
+            Err(ToolError("`id` must be a mail id like mail--0a1b2c3d, not \"mail--0a1b2c3d/ack\".".into())),
+            "an id never reaches a URL unchecked"
+        );
     }
 
     #[test]
