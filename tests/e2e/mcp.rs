@@ -52,7 +52,7 @@ impl McpClient {
             .env("PCMAIL_LOG", "warn")
             .env("PCMAIL_CHANNELS", channels.to_string())
             // Not the repository, whose ./pcmail-data a local `serve` may have left.
-            .current_dir(home)
+            .current_dir(if home.is_dir() { home } else { Path::new("/") })
             .env_remove("PCMAIL_SERVER")
             .env_remove("PCMAIL_TOKEN")
             .stdin(Stdio::piped())
@@ -348,6 +348,22 @@ fn mcp_without_a_login_pushes_what_the_agent_fetches_into_the_one_cache_and_tool
     assert_eq!(ids, [&json!(id)], "pushed once from the cache the agent filled");
     let after = mcp.pushes[0].0.duration_since(polled);
     assert!(after <= Duration::from_secs(1), "pushed {after:?} after the agent's poll");
+}
+
+#[test]
+fn mcp_with_an_unusable_home_or_garbled_input_answers_clearly_and_keeps_running() {
+    let file = tempfile::NamedTempFile::new().expect("file");
+    let home = file.path().join("pcmail");
+    let mut mcp = McpClient::start(&home, "session-broken", false);
+    let (text, error) = mcp.call("intents", json!({}));
+    assert!(error && text.contains(&home.display().to_string()), "{text}");
+    let (text, error) = mcp.call("send", json!({"to": "desk", "body": "x"}));
+    assert!(error && text.contains(&home.join("config.json").display().to_string()), "{text}");
+    // Lines that are not JSON-RPC, or not UTF-8, are skipped, not fatal.
+    mcp.stdin.write_all(b"not json at all\n\xff\xfe\n").expect("write");
+    mcp.pump(Duration::from_secs(1), None);
+    assert!(mcp.running(), "a broken cache or a garbled line never ends the session's server");
+    assert_eq!(mcp.request("tools/list", json!({}))["tools"].as_array().map(Vec::len), Some(8));
 }
 
 #[test]

@@ -24,8 +24,8 @@ use tokio::sync::Notify;
 use crate::client::{Client, ClientError};
 
 /// Told to the agent at `initialize`: what a channel event is and how to answer it.
-const INSTRUCTIONS: &str = "Mail for this PC arrives as <channel source=\"pcmail\" id=… from=… kind=… urgent=…> \
-events. It is shown, not done: answer with reply, or ack (no answer needed) or fail (cannot be done). \
+const INSTRUCTIONS: &str = "New mail for this PC arrives as <channel> events with id, from, kind and urgent \
+attributes. It is shown, not done: answer with reply, or ack (no answer needed) or fail (cannot be done). \
 read shows a mail in full; inbox lists what is open.";
 
 /// The poller waits at most this long between attempts while the server is away.

@@ -20,7 +20,9 @@ use crate::cache::{Cache, CacheError};
 use crate::hooks::HOOK_BUSY;
 
 /// How often the cache is looked at for mail another process (the agent) fetched.
-pub const TICK: Duration = Duration::from_millis(200);
+const TICK: Duration = Duration::from_millis(200);
+/// How seldom, at most, while the cache cannot be read.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 enum FollowError {
@@ -45,21 +47,24 @@ struct Follower {
 /// poll that brought mail.
 pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, presented_in: Option<String>, fetched: Arc<Notify>) {
     let mut f = Follower { home, presented_in, cache: None, after: None };
+    let mut pause = TICK;
     loop {
         match f.tick(&peer).await {
-            Ok(()) => {}
+            Ok(()) => pause = TICK,
             Err(FollowError::Closed(e)) => {
                 tracing::debug!(error = %e, "push stopped");
                 return;
             }
             Err(e) => {
-                // A busy or broken cache is looked at again next tick, through a fresh handle.
-                tracing::warn!(error = %e, "push skipped");
+                // A busy or broken cache is looked at again, through a fresh handle, less often
+                // while it stays broken.
+                tracing::warn!(error = %e, retry_in = ?pause, "push skipped");
                 f.cache = None;
+                pause = (pause * 2).min(MAX_PAUSE);
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(TICK) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = fetched.notified() => {}
         }
     }
