@@ -6,7 +6,7 @@
 //! tool or the server does ends the process: it lives as long as the session's stdin.
 
 mod push;
-pub mod tools;
+mod tools;
 
 use std::path::PathBuf;
 use std::sync::Arc;
