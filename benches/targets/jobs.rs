@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use pcmail_core::Ts;
-use pcmail_core::jobs::{Job, JobState, check_lease};
+use pcmail_core::jobs::{Actor, Job, JobState, check_lease, lease_owner};
 use pcmail_store::{Claim, JobSelect, PgStore, SqliteStore, Store};
 
 use crate::table::Row;
@@ -32,7 +32,7 @@ async fn through_store(store: &impl Store) -> f64 {
         let claim = Claim {
             queue: "bench".into(),
             limit: BATCH,
-            owner: "w".into(),
+            owner: lease_owner(Actor::Pool, "w"),
             token_prefix: "w-".into(),
             now,
             lease_until: now + chrono::TimeDelta::seconds(60),
@@ -50,7 +50,7 @@ async fn through_store(store: &impl Store) -> f64 {
                 let finished: Vec<Job> = jobs
                     .into_iter()
                     .zip(&tokens)
-                    .filter(|(j, (_, token))| check_lease(j, token).is_ok())
+                    .filter(|(j, (_, token))| check_lease(j, token, Actor::Pool).is_ok())
                     .map(|(j, _)| Job { state: JobState::Succeeded, finished_at: Some(now), lease_token: None, ..j })
                     .collect();
                 let n = finished.len();

@@ -1,13 +1,11 @@
 //! `jobs …` and `worker` (J7): the job queue from the command line, and an external worker
 //! that claims, runs, heartbeats and completes over the API.
 
-use std::collections::BTreeMap;
-
 use pcmail_agent::client::Client;
+use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
-use pcmail_core::manifest::spec::FunctionSpec;
-use serde::Deserialize;
+use pcmail_core::text::sanitize;
 use serde_json::{Value, json};
 
 use crate::args::JobsCommand;
@@ -19,12 +17,18 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             let payload: Option<Value> = payload
                 .map(|p| serde_json::from_str(&p).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}")))
                 .transpose()?;
-            let body = json!({
-                "queue": queue, "function": function, "payload": payload, "priority": priority,
-                "uniqueKey": unique_key, "runAfter": run_after, "maxAttempts": max_attempts,
-            });
-            let answer: Value = client.post("/api/v1/jobs", &strip_nulls(body)).await?;
-            println!("{}", answer["job"]["id"].as_str().unwrap_or_default());
+            let body = EnqueueRequest {
+                queue,
+                function,
+                payload,
+                priority,
+                unique_key,
+                run_after,
+                max_attempts,
+                ledger_ref: None,
+            };
+            let answer: EnqueueResponse = client.post("/api/v1/jobs", &body).await?;
+            println!("{}", answer.job.id);
         }
         JobsCommand::List { queue, state, output } => {
             let mut query = Vec::new();
@@ -61,19 +65,6 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn strip_nulls(mut v: Value) -> Value {
-    if let Some(map) = v.as_object_mut() {
-        map.retain(|_, x| !x.is_null());
-    }
-    v
-}
-
-#[derive(Deserialize)]
-struct Claimed {
-    jobs: Vec<Job>,
-    functions: BTreeMap<String, FunctionSpec>,
-}
-
 /// J7: claim one job at a time, heartbeat while it runs, report its end. A report the server
 /// refuses (the lease was rescued meanwhile) is printed and the worker goes on.
 pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> anyhow::Result<i32> {
@@ -85,9 +76,8 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
     });
     let mut done = 0usize;
     while !*stopped.borrow() {
-        let claimed: Claimed = client
-            .post("/api/v1/jobs/claim", &json!({"queue": queue, "owner": owner, "lease": lease, "limit": 1}))
-            .await?;
+        let claim = ClaimRequest { queue: queue.to_string(), limit: 1, owner: owner.clone(), lease };
+        let claimed: ClaimResponse = client.post("/api/v1/jobs/claim", &claim).await?;
         let Some(job) = claimed.jobs.into_iter().next() else {
             if once {
                 break;
@@ -102,9 +92,8 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
                 let every = (lease.to_std() / 3).max(std::time::Duration::from_millis(200));
                 loop {
                     tokio::time::sleep(every).await;
-                    let r: Result<Value, _> = client
-                        .post(&format!("/api/v1/jobs/{id}/heartbeat"), &json!({"token": token, "lease": lease}))
-                        .await;
+                    let beat = LeaseReport { token: token.clone(), lease: Some(lease), ..Default::default() };
+                    let r: Result<Job, _> = client.post(&format!("/api/v1/jobs/{id}/heartbeat"), &beat).await;
                     if let Err(e) = r {
                         eprintln!("{id}: heartbeat refused ({e}); the job will be rescued");
                         break;
@@ -120,9 +109,12 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
             None => Err(format!("function {:?} is not defined on the server", job.function)),
         };
         beat.abort();
+        // What the function printed is stored as it is, but for what T6 refuses in any text.
         let (action, body) = match &outcome {
-            Ok(stdout) => ("complete", json!({"token": token, "result": stdout.trim()})),
-            Err(e) => ("fail", json!({"token": token, "error": e})),
+            Ok(stdout) => {
+                ("complete", LeaseReport { token, result: Some(sanitize(stdout.trim())), ..Default::default() })
+            }
+            Err(e) => ("fail", LeaseReport { token, error: Some(sanitize(e)), ..Default::default() }),
         };
         match client.post::<_, Job>(&format!("/api/v1/jobs/{}/{action}", job.id), &body).await {
             Ok(j) => println!("{} {}", j.id, j.state),

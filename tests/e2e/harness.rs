@@ -39,6 +39,21 @@ impl Server {
         s
     }
 
+    /// As [`Server::start_opts`], with what serve logs kept in [`Server::log`].
+    pub fn start_logged(apply: Option<PathBuf>) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
+        let mut s =
+            Server { dir, url: String::new(), child: None, apply, listen: "127.0.0.1:0".into(), extra: Vec::new() };
+        s.spawn();
+        s
+    }
+
+    /// What serve has logged so far (a server started with [`Server::start_logged`]).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
     /// Another replica of `first` (C1): its own data dir and port, the same admin token, store
     /// and manifests.
     pub fn replica_of(first: &Server) -> Server {
@@ -82,8 +97,15 @@ impl Server {
         if let Some(a) = &self.apply {
             cmd.arg("--apply").arg(a);
         }
+        // `serve.log` in the test's dir, when a test reads what serve logged.
+        let log = self.dir.path().join("serve.log");
+        let stderr = if log.exists() {
+            Stdio::from(std::fs::OpenOptions::new().append(true).open(&log).expect("serve.log"))
+        } else {
+            Stdio::inherit()
+        };
         let mut child =
-            cmd.env("PCMAIL_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn serve");
+            cmd.env("PCMAIL_LOG", "warn").stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn serve");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

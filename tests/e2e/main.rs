@@ -22,4 +22,5 @@ mod sheets;
 mod standin;
 use pcmail_store::sheets::auth as jwt;
 mod specs;
+mod trust;
 mod webhook;

@@ -120,7 +120,7 @@ impl Cache {
     pub fn open(home: &Path, busy: Duration) -> Result<Cache> {
         let path = home.join(CACHE_FILE);
         let io = |message: String| CacheError::Io { path: path.clone(), message };
-        std::fs::create_dir_all(home).map_err(|e| io(format!("cannot create {}: {e}", home.display())))?;
+        pcmail_store::private::make_private(home).map_err(|e| io(format!("cannot create {}: {e}", home.display())))?;
         let wrap = |source| CacheError::Store { path: path.clone(), source };
         let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
         conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;

@@ -168,7 +168,7 @@ impl Client {
 pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        pcmail_store::private::make_private(dir)?;
     }
     let tmp = path.with_extension("tmp");
     let mut options = std::fs::OpenOptions::new();

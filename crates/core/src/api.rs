@@ -1,11 +1,77 @@
 //! The HTTP API's JSON bodies, shared by the server and the CLI so that both sides agree.
-//! Requests refuse unknown fields: a typo is an error, never silently ignored.
+//! Requests refuse unknown fields: a typo is an error, never silently ignored. Every request
+//! body says what makes it valid on its own ([`Validate`]: T5's ranges, T6's names and texts);
+//! the server checks that once, where every body is parsed, before any handler sees it.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, OutOfRange};
 use crate::duration::Dur;
+use crate::jobs::Job;
 use crate::mail::{Mail, MailKind};
 use crate::manifest::ApplyOutcome;
+use crate::manifest::spec::FunctionSpec;
+use crate::text::{self, TextError};
+
+/// A request body that is wrong on its own, naming the field (`items[2].task`, `lease`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Invalid {
+        Invalid { field: field.into(), message: message.into() }
+    }
+    fn text(field: &str, e: TextError) -> Invalid {
+        Invalid::new(field, format!("{field} {e}"))
+    }
+    /// The same problem inside a list: `items[2].task`.
+    pub fn within(self, list: &str, index: usize) -> Invalid {
+        let field = format!("{list}[{index}].{}", self.field);
+        let message = self.message.replacen(&self.field, &field, 1);
+        Invalid { field, message }
+    }
+}
+
+impl From<OutOfRange> for Invalid {
+    fn from(e: OutOfRange) -> Invalid {
+        Invalid { field: e.field.clone(), message: e.to_string() }
+    }
+}
+
+/// What a request body must be on its own, before anything looks at the store.
+pub trait Validate {
+    fn validate(&self) -> Result<(), Invalid>;
+}
+
+/// A T6 name (queue, function, project, machine).
+pub fn name(field: &str, value: &str) -> Result<(), Invalid> {
+    text::check_name(value).map_err(|e| Invalid::text(field, e))
+}
+
+/// A one-line text of at most `max` characters.
+pub fn line(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
+    text::check_line(value).map_err(|e| Invalid::text(field, e))?;
+    let n = value.chars().count();
+    if n > max {
+        return Err(Invalid::new(field, format!("{field} is {n} characters long, more than the limit of {max}")));
+    }
+    Ok(())
+}
+
+/// A text of any lines (T6: no NUL, no bidirectional override).
+pub fn text(field: &str, value: &str) -> Result<(), Invalid> {
+    text::check_text(value).map_err(|e| Invalid::text(field, e))
+}
+
+fn opt<T>(value: &Option<T>, check: impl FnOnce(&T) -> Result<(), Invalid>) -> Result<(), Invalid> {
+    value.as_ref().map_or(Ok(()), check)
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -38,6 +104,33 @@ pub struct SendResponse {
     pub id: String,
     /// False when an identical reply already existed (M6) and nothing new was stored.
     pub created: bool,
+    /// T4: this record of an intent differs from the one stored under its key; both are kept
+    /// and an `intent-conflict` alert is raised.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub conflict: bool,
+}
+
+impl Validate for SendRequest {
+    /// Everything a send must be whoever sends it; `plan_send` holds it for every path.
+    fn validate(&self) -> Result<(), Invalid> {
+        use crate::mail::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
+        line("to", &self.to, 200)?;
+        line("subject", &self.subject, MAX_SUBJECT_CHARS)?;
+        text("body", &self.body)?;
+        if self.body.len() > MAX_BODY_BYTES {
+            let n = self.body.len();
+            return Err(Invalid::new("body", format!("body is {n} bytes, more than the limit of {MAX_BODY_BYTES}")));
+        }
+        opt(&self.ttl, |d| Ok(bounds::duration("ttl", *d, Dur::default(), bounds::MAX_TTL).map(drop)?))?;
+        if self.kind == Some(MailKind::Intent) {
+            let m = "kind intent is recorded with `intent record` (POST /api/v1/intents), not sent";
+            return Err(Invalid::new("kind", m));
+        }
+        if self.reply_to.is_none() && self.subject.trim().is_empty() && self.body.trim().is_empty() {
+            return Err(Invalid::new("body", "a mail needs a subject or a body"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -47,6 +140,13 @@ pub struct StepRequest {
     pub result: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+impl Validate for StepRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        opt(&self.result, |r| text("result", r))?;
+        opt(&self.reason, |r| text("reason", r))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +191,16 @@ pub struct ManifestFile {
     pub content: String,
 }
 
+impl Validate for ApplyRequest {
+    /// The manifests themselves are checked by the manifest validator (T7), with positions.
+    fn validate(&self) -> Result<(), Invalid> {
+        self.files
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, f)| line("name", &f.name, 1000).map_err(|e| e.within("files", i)))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyResult {
@@ -107,6 +217,12 @@ pub struct ApplyResult {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRequest {
     pub machine: String,
+}
+
+impl Validate for TokenRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        line("machine", &self.machine, 200)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,4 +271,175 @@ pub enum ErrorCode {
     PayloadTooLarge,
     Unavailable,
     Internal,
+}
+
+/// `POST /api/v1/jobs`: one job for the queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnqueueRequest {
+    pub queue: String,
+    pub function: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    #[serde(default)]
+    pub priority: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_after: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Only the server links a job to a ledger row (T3): a request that sets this is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_ref: Option<String>,
+}
+
+impl Validate for EnqueueRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        name("queue", &self.queue)?;
+        name("function", &self.function)?;
+        if self.ledger_ref.is_some() {
+            return Err(Invalid::new(
+                "ledgerRef",
+                "ledgerRef is set by the server alone: only its heavy ledger rows are linked to jobs",
+            ));
+        }
+        opt(&self.unique_key, |k| {
+            line("uniqueKey", k, 200)?;
+            if k.starts_with(crate::jobs::LEDGER_UNIQUE_PREFIX) {
+                let m = format!(
+                    "uniqueKey {k:?} is reserved: keys starting {:?} belong to heavy ledger rows",
+                    crate::jobs::LEDGER_UNIQUE_PREFIX
+                );
+                return Err(Invalid::new("uniqueKey", m));
+            }
+            Ok(())
+        })?;
+        opt(&self.run_after, |d| {
+            Ok(bounds::duration("runAfter", *d, Dur::default(), bounds::MAX_RUN_AFTER).map(drop)?)
+        })?;
+        opt(&self.max_attempts, |n| Ok(bounds::count("maxAttempts", u64::from(*n), 1, bounds::MAX_ATTEMPTS).map(drop)?))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnqueueResponse {
+    pub job: Job,
+    /// False when a live job already held the unique key (J6): that job is answered.
+    pub created: bool,
+}
+
+/// `POST /api/v1/jobs/claim` (J1, J7): up to `limit` due jobs of `queue`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimRequest {
+    pub queue: String,
+    #[serde(default = "one")]
+    pub limit: u64,
+    /// The worker's own name, shown in `leaseOwner` after the machine's.
+    pub owner: String,
+    #[serde(default = "minute")]
+    pub lease: Dur,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn minute() -> Dur {
+    Dur::from_secs(60)
+}
+
+impl Validate for ClaimRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        name("queue", &self.queue)?;
+        bounds::count("limit", self.limit, 1, bounds::MAX_CLAIM)?;
+        crate::jobs::check_worker_name(&self.owner).map_err(|m| Invalid::new("owner", m))?;
+        bounds::duration("lease", self.lease, bounds::MIN_LEASE, bounds::MAX_MAX_LEASE)?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimResponse {
+    /// The only answer that carries lease tokens (T1).
+    pub jobs: Vec<Job>,
+    /// The Functions the claimed jobs name, so an external worker can run them.
+    pub functions: BTreeMap<String, FunctionSpec>,
+}
+
+/// `POST /api/v1/jobs/{id}/heartbeat|complete|fail`: what the lease holder reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaseReport {
+    /// The lease token from the claim; required for heartbeat, complete and fail.
+    #[serde(default)]
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Validate for LeaseReport {
+    fn validate(&self) -> Result<(), Invalid> {
+        line("token", &self.token, 200)?;
+        opt(&self.lease, |d| Ok(bounds::duration("lease", *d, bounds::MIN_LEASE, bounds::MAX_MAX_LEASE).map(drop)?))?;
+        opt(&self.result, |r| text("result", r))?;
+        opt(&self.error, |e| text("error", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t5_t6_a_body_names_the_field_that_is_wrong() {
+        let ok = EnqueueRequest { queue: "q".into(), function: "f".into(), ..Default::default() };
+        assert_eq!(ok.validate(), Ok(()));
+        for (field, bad) in [
+            ("queue", EnqueueRequest { queue: "Q 1".into(), ..ok.clone() }),
+            ("function", EnqueueRequest { function: "x".repeat(64), ..ok.clone() }),
+            ("ledgerRef", EnqueueRequest { ledger_ref: Some("office/T-0001".into()), ..ok.clone() }),
+            ("uniqueKey", EnqueueRequest { unique_key: Some("ledger:office/T-0001".into()), ..ok.clone() }),
+            ("uniqueKey", EnqueueRequest { unique_key: Some("a\0".into()), ..ok.clone() }),
+            ("maxAttempts", EnqueueRequest { max_attempts: Some(0), ..ok.clone() }),
+            ("maxAttempts", EnqueueRequest { max_attempts: Some(u32::MAX), ..ok.clone() }),
+            ("runAfter", EnqueueRequest { run_after: Some(Dur::from_hours(24 * 366)), ..ok.clone() }),
+        ] {
+            let e = bad.validate().expect_err(field);
+            assert_eq!(e.field, field);
+            assert!(e.message.contains(field), "{}", e.message);
+        }
+        let claim = ClaimRequest { queue: "q".into(), limit: 101, owner: "w".into(), lease: Dur::from_secs(60) };
+        assert_eq!(claim.validate().map_err(|e| e.field), Err("limit".into()));
+        let claim = ClaimRequest { limit: 1, lease: Dur::from_hours(24 * 3650), ..claim };
+        assert_eq!(claim.validate().map_err(|e| e.field), Err("lease".into()));
+        let send = SendRequest { to: "pc".into(), subject: "a\u{2028}b".into(), ..Default::default() };
+        let e = send.validate().expect_err("one line");
+        assert_eq!(e.message, "subject must be one line, but contains U+2028 at character 2");
+        let send = SendRequest { to: "pc".into(), body: "\u{202E}".into(), ..Default::default() };
+        assert_eq!(send.validate().map_err(|e| e.field), Err("body".into()));
+        let send = SendRequest {
+            to: "pc".into(),
+            body: "b".into(),
+            ttl: Some(Dur::from_hours(24 * 366)),
+            ..Default::default()
+        };
+        assert!(send.validate().expect_err("ttl").message.starts_with("ttl 366d is out of range"));
+    }
+
+    #[test]
+    fn t6_a_problem_inside_a_list_names_its_index() {
+        let e = Invalid::new("task", "task contains U+0000 at character 1").within("items", 2);
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("items[2].task", "items[2].task contains U+0000 at character 1")
+        );
+    }
 }

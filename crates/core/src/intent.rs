@@ -34,6 +34,30 @@ pub struct InboundMessage {
     pub text: String,
 }
 
+impl crate::api::Validate for InboundMessage {
+    fn validate(&self) -> Result<(), crate::api::Invalid> {
+        use crate::api::{Invalid, line, name, text};
+        name("channel", &self.channel)?;
+        for (field, value) in [("chat", &self.chat), ("message", &self.message)] {
+            line(field, value, 64)?;
+            if value.is_empty() || value.contains(char::is_whitespace) {
+                return Err(Invalid::new(field, format!("intent {field} must be non-empty without spaces")));
+            }
+        }
+        line("from", &self.from, 200)?;
+        text("text", &self.text)?;
+        if self.text.len() > crate::mail::MAX_BODY_BYTES {
+            let m = format!(
+                "text is {} bytes, more than the mail body limit of {}",
+                self.text.len(),
+                crate::mail::MAX_BODY_BYTES
+            );
+            return Err(Invalid::new("text", m));
+        }
+        Ok(())
+    }
+}
+
 /// The mail that records `msg` for `to` (I1).
 pub fn intent_mail(msg: &InboundMessage, to: &str, now: Ts, ttl: crate::duration::Dur) -> Mail {
     let key = external_key(&msg.channel, &msg.chat, &msg.message);
@@ -51,6 +75,70 @@ pub fn intent_mail(msg: &InboundMessage, to: &str, now: Ts, ttl: crate::duration
             now + ttl.to_chrono(),
         )
     }
+}
+
+/// T4: who may record intents: the IntentPolicy's `recorders`, the Roster owner when it names
+/// none, and the admin.
+pub fn may_record(who: &crate::mail::Principal, policy: &IntentPolicySpec, owner: &str) -> bool {
+    match who {
+        crate::mail::Principal::Admin => true,
+        crate::mail::Principal::Machine(m) if policy.recorders.is_empty() => m == owner,
+        crate::mail::Principal::Machine(m) => policy.recorders.iter().any(|r| r == m),
+    }
+}
+
+/// What recording a message does, given the intent already stored under its id (I1, T4).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recording {
+    /// The first record: store the intent.
+    New(Mail),
+    /// The same message again (same sender and text): nothing changes.
+    Same,
+    /// The same key with another sender or text: the stored intent stays, the second version
+    /// is kept in an event and raised as an `intent-conflict` alert, so a forged first record
+    /// can never silently swallow the real message.
+    Conflict { event: crate::api::Event, alert: crate::alert::Alert },
+}
+
+/// T4: the first record of a key stores it; a repeat changes nothing; a record that differs
+/// keeps both texts. `stored` is the mail already holding the intent's id, if any (it must be
+/// that intent: the caller refuses an id taken by another mail).
+pub fn plan_record(stored: Option<&Mail>, incoming: Mail, recorder: &str, now: Ts) -> Recording {
+    let Some(first) = stored else { return Recording::New(incoming) };
+    if first.from == incoming.from && first.body == incoming.body {
+        return Recording::Same;
+    }
+    let key = incoming.external_key.clone().unwrap_or_default();
+    let event = crate::api::Event {
+        at: now,
+        object: format!("mail/{}", first.id),
+        reason: "IntentConflict".into(),
+        message: format!(
+            "{key} was recorded again by {recorder} with another text; the first stays. Second record from {}: {}",
+            incoming.from, incoming.body
+        ),
+        actor: recorder.to_string(),
+    };
+    let summary = format!(
+        "{key} recorded twice with different texts — first from {}: {:?}; then by {recorder} from {}: {:?}",
+        first.from,
+        cut(&first.body, 100),
+        incoming.from,
+        cut(&incoming.body, 100)
+    );
+    let alert = crate::alert::Alert {
+        kind: crate::alert::AlertKind::IntentConflict,
+        subject: first.id.clone(),
+        state: crate::alert::AlertState::Notice,
+        summary: cut(&summary, 300),
+        labels: [("to".to_string(), first.to.clone()), ("channel".to_string(), first.channel.clone())].into(),
+        firing_since: now,
+        resolved_at: None,
+        notified: None,
+        last_sent_at: None,
+        updated_at: now,
+    };
+    Recording::Conflict { event, alert }
 }
 
 /// What a finished tool call means for intents (I2, I3).
@@ -192,6 +280,37 @@ mod tests {
         assert_eq!(due_reminders(std::slice::from_ref(&m), &p, at(480)).len(), 1);
         m.state = MailState::Done;
         assert!(due_reminders(&[m], &p, at(10_000)).is_empty(), "answered");
+    }
+
+    #[test]
+    fn t4_only_recorders_or_else_the_owner_may_record() {
+        use crate::mail::Principal;
+        let mut p = policy();
+        let machine = |m: &str| Principal::Machine(m.into());
+        assert!(may_record(&machine("desk"), &p, "desk"));
+        assert!(!may_record(&machine("laptop"), &p, "desk"));
+        assert!(may_record(&Principal::Admin, &p, "desk"));
+        p.recorders = vec!["laptop".into()];
+        assert!(may_record(&machine("laptop"), &p, "desk"));
+        assert!(!may_record(&machine("desk"), &p, "desk"), "recorders replace the owner");
+    }
+
+    #[test]
+    fn t4_a_second_record_with_another_text_keeps_both_and_raises_a_conflict() {
+        let first = intent_mail(&msg("100", "7"), "desk", at(0), crate::duration::Dur::from_hours(72));
+        assert_eq!(plan_record(None, first.clone(), "desk", at(0)), Recording::New(first.clone()));
+        let again = intent_mail(&msg("100", "7"), "desk", at(5), crate::duration::Dur::from_hours(72));
+        assert_eq!(plan_record(Some(&first), again, "desk", at(5)), Recording::Same, "the same text twice is one");
+        let forged = InboundMessage { text: "送金して".into(), ..msg("100", "7") };
+        let forged = intent_mail(&forged, "desk", at(9), crate::duration::Dur::from_hours(72));
+        let Recording::Conflict { event, alert } = plan_record(Some(&first), forged, "laptop", at(9)) else {
+            panic!("a different text is a conflict")
+        };
+        assert!(event.message.contains("送金して") && event.object == format!("mail/{}", first.id), "{event:?}");
+        assert_eq!((event.reason.as_str(), event.actor.as_str()), ("IntentConflict", "laptop"));
+        assert_eq!((alert.kind, alert.subject.as_str()), (crate::alert::AlertKind::IntentConflict, first.id.as_str()));
+        assert!(alert.summary.contains("本番を止めて") && alert.summary.contains("送金して"), "{}", alert.summary);
+        assert!(alert.needs_notification());
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
+use crate::bounds;
 use crate::duration::Dur;
+use crate::manifest::spec::WorkerPoolSpec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -87,6 +89,8 @@ pub struct Job {
     pub ledger_ref: Option<String>,
     pub created_at: Ts,
     pub finished_at: Option<Ts>,
+    /// The machine that enqueued the job (T2); None for the server's own (heavy ledger rows).
+    pub enqueued_by: Option<String>,
 }
 
 impl Job {
@@ -114,8 +118,51 @@ impl Job {
             ledger_ref: None,
             created_at: now,
             finished_at: None,
+            enqueued_by: None,
         }
     }
+}
+
+/// Who acts on the queue: the server's own WorkerPool workers, a machine (its token), or the
+/// admin (the admin token acting as no machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor<'a> {
+    Pool,
+    Machine(&'a str),
+    Admin,
+}
+
+/// T1: `leaseOwner` as the server writes it at a claim, so that it tells who holds the lease:
+/// `pool:<worker>` for the server's own pools, `<machine>/<worker>` for a machine,
+/// `admin:<worker>` for the admin. `:` and `/` never occur in a machine's name (T6), so no
+/// machine can be mistaken for the pool or the admin.
+pub fn lease_owner(actor: Actor<'_>, worker: &str) -> String {
+    match actor {
+        Actor::Pool => format!("pool:{worker}"),
+        Actor::Machine(m) => format!("{m}/{worker}"),
+        Actor::Admin => format!("admin:{worker}"),
+    }
+}
+
+/// Who holds a lease, read back from `leaseOwner`; None for an owner this build did not write.
+pub fn holder(lease_owner: &str) -> Option<Actor<'_>> {
+    if lease_owner.starts_with("pool:") {
+        return Some(Actor::Pool);
+    }
+    if lease_owner.starts_with("admin:") {
+        return Some(Actor::Admin);
+    }
+    let (machine, _) = lease_owner.split_once('/')?;
+    crate::text::is_name(machine).then_some(Actor::Machine(machine))
+}
+
+/// The name a worker gives itself in a claim (`owner`): shown in `leaseOwner`, so one short line.
+pub fn check_worker_name(worker: &str) -> Result<(), String> {
+    let ok = !worker.is_empty()
+        && worker.chars().count() <= 100
+        && !worker.contains('/')
+        && crate::text::check_line(worker).is_ok();
+    if ok { Ok(()) } else { Err(format!("owner {worker:?} must be 1-100 characters on one line, without '/'")) }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,17 +173,89 @@ pub enum LeaseError {
     NotRunning { id: String, state: JobState },
     #[error("job {0}'s lease was taken from this worker (rescued or reclaimed); its result is not recorded")]
     WrongToken(String),
+    #[error("job {0} is not leased to you: only the worker that claimed it may report on it")]
+    NotHolder(String),
 }
 
-/// J2: heartbeat, complete and fail must match (id, leaseToken, running).
-pub fn check_lease(job: &Job, token: &str) -> Result<(), LeaseError> {
+/// J2/T1: heartbeat, complete and fail must match (id, leaseToken, running) and come from the
+/// one who claimed: the token alone is not enough, a machine's is useless to another.
+pub fn check_lease(job: &Job, token: &str, actor: Actor<'_>) -> Result<(), LeaseError> {
     if job.state != JobState::Running {
         return Err(LeaseError::NotRunning { id: job.id.clone(), state: job.state });
+    }
+    if job.lease_owner.as_deref().and_then(holder) != Some(actor) {
+        return Err(LeaseError::NotHolder(job.id.clone()));
     }
     if job.lease_token.as_deref() != Some(token) {
         return Err(LeaseError::WrongToken(job.id.clone()));
     }
     Ok(())
+}
+
+/// T2: whether `actor` may see a job's payload, result and error: the admin and the pool
+/// always; a machine only for the jobs it enqueued or claimed.
+pub fn may_see(job: &Job, actor: Actor<'_>) -> bool {
+    match actor {
+        Actor::Pool | Actor::Admin => true,
+        Actor::Machine(m) => {
+            job.enqueued_by.as_deref() == Some(m)
+                || job.lease_owner.as_deref().and_then(holder) == Some(Actor::Machine(m))
+        }
+    }
+}
+
+/// T1/T2: a job as any answer but the claim's shows it to `actor`: never its lease token, and
+/// another's payload, result and error blanked.
+pub fn redact(job: Job, actor: Actor<'_>) -> Job {
+    let visible = may_see(&job, actor);
+    let job = Job { lease_token: None, ..job };
+    if visible { job } else { Job { payload: String::new(), result: None, last_error: None, ..job } }
+}
+
+/// Unique keys of this prefix belong to the server's heavy ledger rows (T3): a request that
+/// takes one could hold a row's job hostage.
+pub const LEDGER_UNIQUE_PREFIX: &str = "ledger:";
+
+/// T2: a queue some WorkerPool declares (only those take jobs, so metric labels stay bounded).
+pub fn declared(pools: &[(String, WorkerPoolSpec)], queue: &str) -> bool {
+    pools.iter().any(|(_, p)| p.queues.iter().any(|q| q == queue))
+}
+
+/// Why a queue cannot be claimed from (T2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimRefusal {
+    #[error("queue {0:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it")]
+    Undeclared(String),
+    #[error(
+        "{machine} may not claim from queue {queue:?}: add {machine} to externalWorkers of WorkerPool {}",
+        pools.join(" or ")
+    )]
+    NotExternalWorker { machine: String, queue: String, pools: Vec<String> },
+}
+
+/// T2/T5: whether `actor` may claim from `queue`, and the longest lease it may take there
+/// (the largest `maxLease` of the WorkerPools that let it in).
+pub fn claim_terms(pools: &[(String, WorkerPoolSpec)], queue: &str, actor: Actor<'_>) -> Result<Dur, ClaimRefusal> {
+    let declaring: Vec<&(String, WorkerPoolSpec)> =
+        pools.iter().filter(|(_, p)| p.queues.iter().any(|q| q == queue)).collect();
+    if declaring.is_empty() {
+        return Err(ClaimRefusal::Undeclared(queue.to_string()));
+    }
+    let allowed = declaring.iter().filter(|(_, p)| match actor {
+        Actor::Pool | Actor::Admin => true,
+        Actor::Machine(m) => p.external_workers.iter().any(|w| w == m),
+    });
+    match allowed.map(|(_, p)| p.max_lease.unwrap_or(bounds::DEFAULT_MAX_LEASE)).max() {
+        Some(max) => Ok(max),
+        None => Err(ClaimRefusal::NotExternalWorker {
+            machine: match actor {
+                Actor::Machine(m) => m.to_string(),
+                _ => String::new(),
+            },
+            queue: queue.to_string(),
+            pools: declaring.iter().map(|(n, _)| n.clone()).collect(),
+        }),
+    }
 }
 
 /// J4: exponential backoff from `base`, capped at `max`, with `jitter` in [0, 1) spreading each
@@ -152,14 +271,13 @@ pub const RETRY_BASE: Dur = Dur::from_secs(1);
 pub const RETRY_MAX: Dur = Dur::from_hours(1);
 
 /// J4: a failed attempt goes back to the queue after its backoff, or is dead once it has used
-/// `maxAttempts`. The lease is released either way.
+/// `maxAttempts`. The lease is released either way; `leaseOwner` keeps who held it last.
 pub fn plan_failure(job: &Job, error: &str, now: Ts, jitter: f64) -> Job {
     let dead = job.attempts >= job.max_attempts;
     let delay = retry_delay(job.attempts, RETRY_BASE, RETRY_MAX, jitter);
     Job {
         state: if dead { JobState::Dead } else { JobState::Queued },
         run_after: if dead { job.run_after } else { now + delay.to_chrono() },
-        lease_owner: None,
         lease_token: None,
         lease_expires_at: None,
         last_error: Some(error.chars().take(2000).collect()),
@@ -201,11 +319,94 @@ mod tests {
 
     #[test]
     fn j2_only_the_current_lease_holder_may_write() {
-        let running = plan_claim(&job(), "w1", "tok-a", Dur::from_secs(60), at(1));
-        assert_eq!(check_lease(&running, "tok-a"), Ok(()));
-        assert_eq!(check_lease(&running, "tok-b"), Err(LeaseError::WrongToken("job-1".into())));
+        let owner = lease_owner(Actor::Machine("laptop"), "w1");
+        let running = plan_claim(&job(), &owner, "tok-a", Dur::from_secs(60), at(1));
+        let laptop = Actor::Machine("laptop");
+        assert_eq!(check_lease(&running, "tok-a", laptop), Ok(()));
+        assert_eq!(check_lease(&running, "tok-b", laptop), Err(LeaseError::WrongToken("job-1".into())));
         let rescued = plan_rescue(&running, at(100), 0.5);
-        assert!(matches!(check_lease(&rescued, "tok-a"), Err(LeaseError::NotRunning { .. })));
+        assert!(matches!(check_lease(&rescued, "tok-a", laptop), Err(LeaseError::NotRunning { .. })));
+    }
+
+    #[test]
+    fn t1_the_token_is_useless_to_anyone_but_the_claimer() {
+        let by_laptop = plan_claim(&job(), &lease_owner(Actor::Machine("laptop"), "w"), "t", Dur::from_secs(9), at(1));
+        let by_pool = plan_claim(&job(), &lease_owner(Actor::Pool, "default#1"), "t", Dur::from_secs(9), at(1));
+        let by_admin = plan_claim(&job(), &lease_owner(Actor::Admin, "w"), "t", Dur::from_secs(9), at(1));
+        let not_holder = Err(LeaseError::NotHolder("job-1".into()));
+        for actor in [Actor::Machine("desk"), Actor::Admin, Actor::Pool] {
+            assert_eq!(check_lease(&by_laptop, "t", actor), not_holder, "{actor:?}");
+        }
+        for actor in [Actor::Machine("laptop"), Actor::Admin] {
+            assert_eq!(check_lease(&by_pool, "t", actor), not_holder, "{actor:?}");
+        }
+        assert_eq!(check_lease(&by_pool, "t", Actor::Pool), Ok(()));
+        assert_eq!(check_lease(&by_admin, "t", Actor::Machine("laptop")), not_holder);
+        assert_eq!(check_lease(&by_admin, "t", Actor::Admin), Ok(()));
+        // An owner written by an older build is nobody's: only the reaper ends that lease.
+        let legacy = plan_claim(&job(), "worker-pc-123", "t", Dur::from_secs(9), at(1));
+        for actor in [Actor::Machine("worker-pc-123"), Actor::Admin, Actor::Pool] {
+            assert_eq!(check_lease(&legacy, "t", actor), not_holder);
+        }
+    }
+
+    #[test]
+    fn t1_lease_owners_round_trip_and_machines_cannot_pose_as_the_pool_or_the_admin() {
+        assert_eq!(holder(&lease_owner(Actor::Machine("pc-1"), "w/x")), Some(Actor::Machine("pc-1")));
+        assert_eq!(holder(&lease_owner(Actor::Pool, "default#2")), Some(Actor::Pool));
+        assert_eq!(holder(&lease_owner(Actor::Admin, "cli")), Some(Actor::Admin));
+        assert_eq!(holder("Desk/w"), None, "not a machine name");
+        assert_eq!(holder("nobody"), None);
+        assert!(check_worker_name("worker-host-42").is_ok());
+        for bad in ["", "a/b", "a\nb", &"w".repeat(101)] {
+            assert!(check_worker_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn t2_a_machine_sees_the_details_of_its_own_jobs_only_and_nobody_sees_a_token_outside_the_claim() {
+        let mine = Job { enqueued_by: Some("desk".into()), payload: "secret".into(), ..job() };
+        let claimed = plan_claim(&mine, &lease_owner(Actor::Machine("laptop"), "w"), "tok", Dur::from_secs(9), at(1));
+        let done = Job { result: Some("r".into()), ..claimed };
+        for (actor, sees) in [
+            (Actor::Machine("desk"), true),
+            (Actor::Machine("laptop"), true),
+            (Actor::Machine("builder"), false),
+            (Actor::Admin, true),
+        ] {
+            assert_eq!(may_see(&done, actor), sees, "{actor:?}");
+            let shown = redact(done.clone(), actor);
+            assert_eq!(shown.lease_token, None, "{actor:?}");
+            assert_eq!((shown.payload == "secret", shown.result.is_some()), (sees, sees), "{actor:?}");
+            assert_eq!(shown.id, done.id);
+        }
+    }
+
+    fn pool(queues: &[&str], external: &[&str], max_lease: Option<Dur>) -> WorkerPoolSpec {
+        WorkerPoolSpec {
+            workers: 0,
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            external_workers: external.iter().map(|q| q.to_string()).collect(),
+            max_lease,
+            ..WorkerPoolSpec::default()
+        }
+    }
+
+    #[test]
+    fn t2_only_a_pools_external_workers_and_the_admin_claim_its_queues() {
+        let pools = vec![
+            ("a".to_string(), pool(&["q"], &["laptop"], None)),
+            ("b".to_string(), pool(&["q", "r"], &["desk"], Some(Dur::from_hours(3)))),
+        ];
+        assert_eq!(claim_terms(&pools, "q", Actor::Machine("laptop")), Ok(bounds::DEFAULT_MAX_LEASE));
+        assert_eq!(claim_terms(&pools, "q", Actor::Machine("desk")), Ok(Dur::from_hours(3)));
+        assert_eq!(claim_terms(&pools, "q", Actor::Admin), Ok(Dur::from_hours(3)));
+        let refused = claim_terms(&pools, "r", Actor::Machine("laptop")).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "laptop may not claim from queue \"r\": add laptop to externalWorkers of WorkerPool b"
+        );
+        assert_eq!(claim_terms(&pools, "nope", Actor::Admin), Err(ClaimRefusal::Undeclared("nope".into())));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod alert;
 pub mod api;
+pub mod bounds;
 pub mod channel;
 #[cfg(test)]
 mod clock_jumps;
@@ -23,6 +24,8 @@ pub mod present;
 pub mod retry;
 pub mod roster;
 pub mod sheet;
+pub mod text;
+pub mod throttle;
 
 /// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.
 pub type Ts = chrono::DateTime<chrono::Utc>;

@@ -61,7 +61,7 @@ struct Inner {
 impl App {
     pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
+        pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
         let admin_token_hash = auth::ensure_admin_token(dir)?;
         let url = match &config.store_url {
             Some(u) => u.clone(),
@@ -106,6 +106,11 @@ impl App {
         // Before the first sync, so a sole replica writes statuses from its first moment.
         crate::leader::attempt(&app).await?;
         crate::specs::sync(&app, crate::now()).await?;
+        // Objects an older build stored that today's rules refuse: said once at start, and
+        // on their status; everything else serves.
+        for problem in &app.runtime().fenced {
+            tracing::warn!("{problem}");
+        }
         Ok(app)
     }
 

@@ -37,6 +37,14 @@ impl Caller {
             .ok_or_else(|| ApiError::bad_request("the admin token acts as no machine here; name one with --as MACHINE"))
     }
 
+    /// Who this request is on the job queue: its machine, or the admin acting as none.
+    pub fn actor(&self) -> pcmail_core::jobs::Actor<'_> {
+        match &self.principal {
+            Principal::Machine(m) => pcmail_core::jobs::Actor::Machine(m),
+            Principal::Admin => pcmail_core::jobs::Actor::Admin,
+        }
+    }
+
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.admin { Ok(()) } else { Err(ApiError::forbidden("this needs the admin token")) }
     }

@@ -47,8 +47,13 @@ pub async fn run(
         unsafe {
             // If serve dies (SIGKILL included), the function dies with it instead of running
             // on as an orphan next to the retry that L11 allows.
-            cmd.pre_exec(|| {
+            // The function creates files with its user's usual permissions, not serve's 077 (T8).
+            let umask = pcmail_store::private::inherited_umask();
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(mask) = umask {
+                    libc::umask(mask as libc::mode_t);
+                }
                 Ok(())
             });
         }

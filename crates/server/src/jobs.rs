@@ -2,11 +2,16 @@
 //! heartbeat, complete and fail (J2, J4), the reaper (J3), retry and cancel.
 
 use pcmail_core::Ts;
+use pcmail_core::api::{EnqueueRequest, EnqueueResponse};
+use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
-use pcmail_core::jobs::{Job, JobState, check_lease, plan_failure, plan_rescue};
+use pcmail_core::jobs::{
+    Actor, ClaimRefusal, Job, JobState, LeaseError, check_lease, claim_terms, declared, lease_owner, plan_failure,
+    plan_rescue,
+};
+use pcmail_core::text::sanitize;
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
-use serde::{Deserialize, Serialize};
 
 use crate::App;
 use crate::api::ApiError;
@@ -24,40 +29,24 @@ fn jitter() -> f64 {
     f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EnqueueRequest {
-    pub queue: String,
-    pub function: String,
-    #[serde(default)]
-    pub payload: Option<serde_json::Value>,
-    #[serde(default)]
-    pub priority: i64,
-    #[serde(default)]
-    pub unique_key: Option<String>,
-    #[serde(default)]
-    pub run_after: Option<Dur>,
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-    #[serde(default)]
-    pub ledger_ref: Option<String>,
+/// Who asks for a job: a caller of the API (a machine, or the admin as None), or a heavy
+/// ledger row — the only origin that links a job to a row (T3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Caller(Option<String>),
+    Ledger(String),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EnqueueResponse {
-    pub job: Job,
-    /// False when a live job already held the unique key (J6): that job is answered.
-    pub created: bool,
-}
-
-pub async fn enqueue(app: &App, req: EnqueueRequest, now: Ts) -> Result<EnqueueResponse, ApiError> {
-    if req.queue.trim().is_empty() || req.function.trim().is_empty() {
-        return Err(ApiError::bad_request("a job needs a queue and a function"));
-    }
+pub async fn enqueue(app: &App, req: EnqueueRequest, origin: Origin, now: Ts) -> Result<EnqueueResponse, ApiError> {
     let rt = app.runtime();
+    if !declared(&rt.pools, &req.queue) {
+        return Err(ApiError::unprocessable(format!(
+            "queue {:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it",
+            req.queue
+        )));
+    }
     if !rt.functions.iter().any(|(n, _)| *n == req.function) {
-        return Err(ApiError::bad_request(format!(
+        return Err(ApiError::unprocessable(format!(
             "function {:?} is not defined; apply a Function of that name",
             req.function
         )));
@@ -67,14 +56,19 @@ pub async fn enqueue(app: &App, req: EnqueueRequest, now: Ts) -> Result<EnqueueR
     });
     let run_after = now
         .checked_add_signed(req.run_after.unwrap_or_default().to_chrono())
-        .ok_or_else(|| ApiError::bad_request("runAfter is too far away"))?;
+        .ok_or_else(|| ApiError::unprocessable("runAfter is too far away"))?;
     let payload = req.payload.map_or_else(|| "null".into(), |p| p.to_string());
+    let (enqueued_by, ledger_ref) = match origin {
+        Origin::Caller(machine) => (machine, None),
+        Origin::Ledger(reference) => (None, Some(reference)),
+    };
     let job = Job {
         priority: req.priority,
         max_attempts: max_attempts.max(1),
         run_after,
         unique_key: req.unique_key.clone(),
-        ledger_ref: req.ledger_ref,
+        ledger_ref,
+        enqueued_by,
         ..Job::new(format!("job-{}", random_hex(6)?), req.queue, req.function, payload, now)
     };
     let select = match &req.unique_key {
@@ -94,19 +88,29 @@ pub async fn enqueue(app: &App, req: EnqueueRequest, now: Ts) -> Result<EnqueueR
     Ok(response)
 }
 
-/// J1: up to `limit` due jobs of `queue`, leased to `owner` for `lease`.
+/// J1/T2/T5: up to `limit` due jobs of `queue`, leased to `worker` of `actor` for `lease`. A
+/// machine claims only the queues of pools that name it in `externalWorkers`, and no longer than
+/// their `maxLease`; the server's own pool workers claim their pool's queues.
 pub async fn claim(
     app: &App,
     queue: &str,
     limit: usize,
-    owner: &str,
+    (actor, worker): (Actor<'_>, &str),
     lease: Dur,
     now: Ts,
 ) -> Result<Vec<Job>, ApiError> {
+    if actor != Actor::Pool {
+        let max_lease = claim_terms(&app.runtime().pools, queue, actor).map_err(|e| match e {
+            ClaimRefusal::Undeclared(_) => ApiError::unprocessable(e.to_string()),
+            ClaimRefusal::NotExternalWorker { .. } => ApiError::forbidden(e.to_string()),
+        })?;
+        bounds::duration("lease", lease, bounds::MIN_LEASE, max_lease)
+            .map_err(|e| ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
+    }
     let claim = Claim {
         queue: queue.to_string(),
-        limit: limit.clamp(1, 1000),
-        owner: owner.to_string(),
+        limit: limit.clamp(1, bounds::MAX_CLAIM as usize),
+        owner: lease_owner(actor, worker),
         token_prefix: format!("{}-", random_hex(8)?),
         now,
         lease_until: now + lease.to_chrono(),
@@ -124,31 +128,55 @@ pub enum Report {
     Fail { error: String },
 }
 
-/// J2: writes only if (id, token, running) still match; a worker whose lease was taken from it
-/// gets 409 and changes nothing.
-pub async fn report(app: &App, id: &str, token: &str, report: Report, now: Ts) -> Result<Job, ApiError> {
+/// J2/T1: writes only if (id, token, running) still match and `actor` claimed the job; a
+/// worker whose lease was taken from it gets 409, anyone else 403, and nothing changes.
+pub async fn report(
+    app: &App,
+    id: &str,
+    token: &str,
+    actor: Actor<'_>,
+    report: Report,
+    now: Ts,
+) -> Result<Job, ApiError> {
     let (token, jitter) = (token.to_string(), jitter());
     let failed = matches!(report, Report::Fail { .. });
+    let rt = app.runtime();
+    let reporter = match actor {
+        Actor::Machine(m) => Reporter::Machine(m.to_string()),
+        Actor::Pool => Reporter::Pool,
+        Actor::Admin => Reporter::Admin,
+    };
     let job = app
         .store()
         .jobs_transaction(JobSelect::Ids(vec![id.to_string()]), move |mut found| {
             let Some(job) = found.pop() else { return (vec![], Err(ApiError::not_found("job not found"))) };
-            if let Err(e) = check_lease(&job, &token) {
-                return (vec![], Err(ApiError::conflict(e.to_string())));
+            let actor = reporter.actor();
+            if let Err(e) = check_lease(&job, &token, actor) {
+                let refusal = match e {
+                    LeaseError::NotHolder(_) => ApiError::forbidden(e.to_string()),
+                    _ => ApiError::conflict(e.to_string()),
+                };
+                return (vec![], Err(refusal));
             }
             let next = match report {
                 Report::Heartbeat { lease } => {
+                    if actor != Actor::Pool {
+                        let max = claim_terms(&rt.pools, &job.queue, actor).unwrap_or(bounds::MIN_LEASE);
+                        if let Err(e) = bounds::duration("lease", lease, bounds::MIN_LEASE, max) {
+                            return (vec![], Err(ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)"))));
+                        }
+                    }
                     Job { heartbeat_at: Some(now), lease_expires_at: Some(now + lease.to_chrono()), ..job }
                 }
                 Report::Complete { result } => Job {
                     state: JobState::Succeeded,
-                    result: Some(result.chars().take(20_000).collect()),
+                    result: Some(sanitize(&result).chars().take(20_000).collect()),
                     finished_at: Some(now),
                     lease_token: None,
                     lease_expires_at: None,
                     ..job
                 },
-                Report::Fail { error } => plan_failure(&job, &error, now, jitter),
+                Report::Fail { error } => plan_failure(&job, &sanitize(&error), now, jitter),
             };
             (vec![next.clone()], Ok(next))
         })
@@ -158,6 +186,23 @@ pub async fn report(app: &App, id: &str, token: &str, report: Report, now: Ts) -
     }
     crate::ledger::job_ended(app, &job, now).await?;
     Ok(job)
+}
+
+/// `Actor` borrows; the store's transaction closure must own what it holds.
+enum Reporter {
+    Pool,
+    Machine(String),
+    Admin,
+}
+
+impl Reporter {
+    fn actor(&self) -> Actor<'_> {
+        match self {
+            Reporter::Pool => Actor::Pool,
+            Reporter::Machine(m) => Actor::Machine(m),
+            Reporter::Admin => Actor::Admin,
+        }
+    }
 }
 
 /// J3: expired leases go back to the queue (the attempt counts) or die at maxAttempts.

@@ -93,7 +93,9 @@ pub async fn serve(
     let controller = tokio::spawn(controller::run(app.clone()));
     let leader = tokio::spawn(leader::run(app.clone()));
     let stopping = app.clone();
-    axum::serve(listener, api::router(app.clone()))
+    // Connection info gives the console's sign-in throttle its client address (T9).
+    let service = api::router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(async move {
             shutdown.await;
             stopping.begin_shutdown();

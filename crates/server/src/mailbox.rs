@@ -7,7 +7,7 @@ use pcmail_core::Ts;
 use pcmail_core::alert::arrival_notice;
 use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
-use pcmail_core::intent::{InboundMessage, intent_mail};
+use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_record};
 use pcmail_core::mail::{
     Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
 };
@@ -119,47 +119,63 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
     if notice {
         app.queue().add(crate::controller::Key::Notify);
     }
-    Ok(SendResponse { id: plan.id, created: plan.outcome == SendOutcome::Created })
+    Ok(SendResponse { id: plan.id, created: plan.outcome == SendOutcome::Created, conflict: false })
 }
 
-/// I1: the intent mail for `msg`, addressed to the Roster owner, stored once per key.
-pub async fn record_intent(app: &App, msg: InboundMessage, now: Ts) -> Result<SendResponse, ApiError> {
+/// I1/T4: the intent mail for `msg`, addressed to the Roster owner, stored once per key, by
+/// the IntentPolicy's recorders only. A second record with another text keeps both (an event
+/// and an `intent-conflict` alert) and answers `conflict`.
+pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now: Ts) -> Result<SendResponse, ApiError> {
     let rt = app.runtime();
-    for (field, value) in [("channel", &msg.channel), ("chat", &msg.chat), ("message", &msg.message)] {
-        if value.trim().is_empty() || value.contains(char::is_whitespace) {
-            return Err(ApiError::bad_request(format!("intent {field} must be non-empty without spaces")));
-        }
-    }
-    if msg.text.len() > pcmail_core::mail::MAX_BODY_BYTES {
-        return Err(ApiError::bad_request("intent text is larger than the mail body limit"));
-    }
     let roster = rt.roster.as_ref().ok_or_else(|| ApiError::from_resolve(ResolveError::NoRoster))?;
     let owner = resolve(Some(roster), &roster.owner).map_err(ApiError::from_resolve)?;
+    if !may_record(&caller.principal, &rt.intent_policy, &owner) {
+        let recorders =
+            if rt.intent_policy.recorders.is_empty() { owner.clone() } else { rt.intent_policy.recorders.join(", ") };
+        return Err(ApiError::forbidden(format!(
+            "only the IntentPolicy's recorders ({recorders}) may record intents; list this machine in its recorders"
+        )));
+    }
+    let recorder = caller.machine().unwrap_or("admin").to_string();
     let mail = intent_mail(&msg, &owner, now, rt.mail_policy.ttl);
     let id = mail.id.clone();
-    let (created, moves) = app
+    let (outcome, moves) = app
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.clone()]), move |rows| {
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-            let outcome = match rows.first() {
-                None => {
-                    moves.record(&mut writes, None, mail, "intent", now);
-                    Ok(true)
-                }
-                Some(same) if same.kind == MailKind::Intent && same.external_key == mail.external_key => Ok(false),
-                // Another mail holds the id this key derives to: say so rather than drop it.
-                Some(other) => Err(ApiError::conflict(format!(
+            let stored = rows.first();
+            // Another mail holds the id this key derives to: say so rather than drop it.
+            if let Some(other) = stored.filter(|m| m.kind != MailKind::Intent || m.external_key != mail.external_key) {
+                let e = ApiError::conflict(format!(
                     "intent {} cannot be stored: its id {} is taken by another mail ({})",
                     mail.external_key.as_deref().unwrap_or_default(),
                     other.id,
                     other.kind
-                ))),
+                ));
+                return (writes, (Err(e), moves));
+            }
+            let outcome = match plan_record(stored, mail, &recorder, now) {
+                Recording::New(mail) => {
+                    moves.record(&mut writes, None, mail, &recorder, now);
+                    (true, false)
+                }
+                Recording::Same => (false, false),
+                Recording::Conflict { event, alert } => {
+                    writes.events.push(event);
+                    writes.alerts.push(alert);
+                    (false, true)
+                }
             };
-            (writes, (outcome, moves))
+            (writes, (Ok(outcome), moves))
         })
         .await?;
+    let (created, conflict) = outcome?;
     moves.publish(app);
-    Ok(SendResponse { id, created: created? })
+    if conflict {
+        tracing::warn!(id = %id, recorder = caller.machine().unwrap_or("admin"), "an intent was recorded again with another text");
+        app.queue().add(crate::controller::Key::Notify);
+    }
+    Ok(SendResponse { id, created, conflict })
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.

@@ -9,7 +9,7 @@ use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::{
     FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleRole, ScheduleSpec, WorkerPoolSpec,
 };
-use pcmail_core::manifest::{Spec, SpecRecord, Status};
+use pcmail_core::manifest::{Spec, SpecRecord, Status, check_object};
 
 use crate::controller::schedules::{CronEntry, key_for};
 
@@ -30,6 +30,9 @@ pub struct Runtime {
     pub ledgers: Vec<LedgerSpec>,
     pub functions: Vec<(String, FunctionSpec)>,
     pub pools: Vec<(String, WorkerPoolSpec)>,
+    /// Stored objects this build refuses (stored by an older one before a rule existed), each
+    /// with the rules it breaks: left out of the running configuration, the rest serves.
+    pub fenced: Vec<String>,
 }
 
 /// Facts from outside the specs that conditions report on.
@@ -49,11 +52,26 @@ pub fn build(specs: &[SpecRecord], health: &Health, now: Ts) -> (Runtime, Vec<(S
     for record in specs {
         let mut status = record.status.clone();
         status.observed_generation = record.generation;
+        let object = format!("{}/{}", record.kind.lower(), record.name);
         match Spec::from_json(record.kind, record.spec.clone()) {
-            Ok(spec) => conditions(&mut rt, spec, &record.name, health, &mut status, now),
+            Ok(spec) => {
+                let problems = check_object(&record.name, &spec);
+                if problems.is_empty() {
+                    conditions(&mut rt, spec, &record.name, health, &mut status, now);
+                } else {
+                    let broken: Vec<String> = problems.into_iter().map(|p| p.message).collect();
+                    let message = format!(
+                        "not in effect: {}; correct the manifest and apply it again (rename: apply under a valid name, then delete {object})",
+                        broken.join("; ")
+                    );
+                    status.set_condition("Ready", false, "InvalidSpec", &message, now);
+                    rt.fenced.push(format!("{object}: {message}"));
+                }
+            }
             Err(e) => {
                 let message = format!("stored spec does not fit this build: {e}");
                 status.set_condition("Ready", false, "InvalidSpec", &message, now);
+                rt.fenced.push(format!("{object}: {message}"));
             }
         }
         if status != record.status {
@@ -211,6 +229,33 @@ mod tests {
         assert_eq!(rt.crons.len(), 3);
         assert_eq!(ready(&statuses[0].1), ("True", "Scheduled"));
         assert_eq!(rt.max_per_run, vec![(ScheduleRole::ExecuteChecked, 1)]);
+    }
+
+    #[test]
+    fn t5_t6_a_stored_object_breaking_todays_rules_is_fenced_off_and_the_rest_serves() {
+        let old_roster = serde_json::json!({"owner": "PC1", "machines": [{"number": 1, "label": "PC1"}]});
+        let old_pool = serde_json::json!({"workers": 1, "queues": ["q"], "leaseDuration": "3650d"});
+        let function = serde_json::json!({"command": ["true"], "mode": "generate"});
+        let specs = [
+            record(Kind::Roster, 1, old_roster),
+            record(Kind::WorkerPool, 1, old_pool),
+            record(Kind::Function, 1, function),
+        ];
+        let (rt, statuses) = build(&specs, &Health::default(), at(5));
+        assert_eq!(
+            (rt.roster.is_none(), rt.pools.len(), rt.functions.len()),
+            (true, 0, 1),
+            "only the valid one serves"
+        );
+        assert_eq!(rt.fenced.len(), 2, "{:?}", rt.fenced);
+        assert!(
+            rt.fenced[0].starts_with("roster/x: not in effect: label: \"PC1\" is not a valid name"),
+            "{}",
+            rt.fenced[0]
+        );
+        assert!(rt.fenced[1].contains("leaseDuration 3650d is out of range"), "{}", rt.fenced[1]);
+        assert_eq!(ready(&statuses[0].1), ("False", "InvalidSpec"));
+        assert_eq!(ready(&statuses[2].1), ("True", "Applied"));
     }
 
     #[test]

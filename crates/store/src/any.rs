@@ -10,8 +10,8 @@ use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 use crate::{
-    Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    PgStore, Result, SheetsStore, SpecWrites, SqliteStore, Store,
+    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
+    MailWrites, PgStore, Result, SheetsStore, SpecWrites, SqliteStore, Store,
 };
 
 #[derive(Clone)]
@@ -136,8 +136,8 @@ impl Store for AnyStore {
         forward!(self, s => s.jobs_transaction(select, plan).await)
     }
 
-    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
-        forward!(self, s => s.list_jobs(queue, state, limit).await)
+    async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
+        forward!(self, s => s.list_jobs(q).await)
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

@@ -278,7 +278,7 @@ pub fn ledger_params(row: &LedgerRow) -> Vec<Value<'_>> {
 
 pub const JOB_COLUMNS: &str = "id, queue, function, payload, state, priority, attempts, max_attempts, run_after, \
     lease_owner, lease_token, lease_expires_at, heartbeat_at, rescues, last_error, result, unique_key, ledger_ref, \
-    created_at, finished_at";
+    created_at, finished_at, enqueued_by";
 
 pub fn job(r: &dyn Columns) -> Result<Job> {
     let id = r.text(0)?;
@@ -302,11 +302,12 @@ pub fn job(r: &dyn Columns) -> Result<Job> {
         ledger_ref: r.opt_text(17)?,
         created_at: r.ts(18)?,
         finished_at: r.opt_ts(19)?,
+        enqueued_by: r.opt_text(20)?,
         id,
     })
 }
 
-/// Parameters 1..=20 in JOB_COLUMNS order.
+/// Parameters 1..=21 in JOB_COLUMNS order.
 pub fn job_params(j: &Job) -> Vec<Value<'_>> {
     vec![
         Value::text(&j.id),
@@ -329,6 +330,7 @@ pub fn job_params(j: &Job) -> Vec<Value<'_>> {
         Value::opt_text(&j.ledger_ref),
         Value::ts(j.created_at),
         Value::opt_ts(j.finished_at),
+        Value::opt_text(&j.enqueued_by),
     ]
 }
 
@@ -444,6 +446,7 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
             "ledger_ref",
             "created_at",
             "finished_at",
+            "enqueued_by",
         ],
     ),
 ];

@@ -11,7 +11,8 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
 
 use crate::{
-    Claim, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites, Store,
+    Claim, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites,
+    Store,
 };
 use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
@@ -417,11 +418,37 @@ pub async fn j2_j3_a_rescued_lease_can_no_longer_write(store: &impl Store) {
     let verdict = store
         .jobs_transaction(JobSelect::Ids(vec![claimed.id.clone()]), move |mut j| {
             let current = j.remove(0);
-            (vec![], check_lease(&current, &token))
+            (vec![], check_lease(&current, &token, pcmail_core::jobs::Actor::Pool))
         })
         .await
         .expect("check");
     assert!(verdict.is_err(), "the zombie worker cannot complete");
+}
+
+pub async fn t2_a_machine_lists_the_jobs_it_enqueued_or_claimed(store: &impl Store) {
+    let by =
+        |n: u32, machine: Option<&str>, priority| Job { enqueued_by: machine.map(String::from), ..job(n, priority, 0) };
+    let jobs = vec![by(1, Some("desk"), 0), by(2, Some("builder"), 0), by(3, None, 10), by(4, None, 5)];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
+    // job-0003 to the laptop, job-0004 to a machine whose name starts with the laptop's.
+    let claimed = store.claim_jobs(Claim { limit: 1, ..claim("laptop/w1", 1, 10) }).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let other = store.claim_jobs(claim("laptops/w1", 1, 10)).await.expect("claim");
+    assert_eq!(other.len(), 1);
+    let list = |machine: Option<&str>| {
+        let q = JobQuery { machine: machine.map(String::from), limit: 100, ..Default::default() };
+        async move {
+            let mut ids: Vec<String> = store.list_jobs(q).await.expect("list").into_iter().map(|j| j.id).collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(claimed[0].id, "job-0003");
+    assert_eq!(list(Some("laptop")).await, vec!["job-0003".to_string()], "only what the laptop claimed");
+    assert_eq!(list(Some("desk")).await, vec!["job-0001".to_string()]);
+    assert_eq!(list(None).await.len(), 4, "the admin's listing");
+    let stored = store.jobs_transaction(JobSelect::Ids(vec!["job-0001".into()]), |j| (vec![], j)).await.expect("load");
+    assert_eq!(stored[0].enqueued_by.as_deref(), Some("desk"), "enqueuedBy round-trips");
 }
 
 pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
@@ -522,6 +549,7 @@ macro_rules! contract_tests {
             c2_tokens_are_found_by_hash_and_reissue_replaces,
             mail_counts_follow_inserts_and_state_changes,
             m9_selections_find_new_and_delivered_mail_by_age,
+            t2_a_machine_lists_the_jobs_it_enqueued_or_claimed,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,

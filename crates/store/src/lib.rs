@@ -9,6 +9,7 @@ pub mod codec;
 #[cfg(test)]
 mod contract;
 pub mod postgres;
+pub mod private;
 pub mod sheets;
 pub mod sqlite;
 
@@ -160,6 +161,16 @@ pub enum JobSelect {
     },
 }
 
+/// A read-only listing of jobs, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobQuery {
+    pub queue: Option<String>,
+    pub state: Option<String>,
+    /// T2: only the jobs this machine enqueued or holds (or last held) the lease of.
+    pub machine: Option<String>,
+    pub limit: usize,
+}
+
 /// A claim request (J1): up to `limit` due jobs of `queue`, leased to `owner` until
 /// `lease_until`; each lease token is `token_prefix` plus the job's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,13 +240,8 @@ pub trait Store: Send + Sync + 'static {
     where
         F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
         R: Send + 'static;
-    /// Jobs newest first, optionally of one queue and state.
-    fn list_jobs(
-        &self,
-        queue: Option<&str>,
-        state: Option<&str>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// Jobs newest first, as the query narrows them.
+    fn list_jobs(&self, query: JobQuery) -> impl Future<Output = Result<Vec<Job>>> + Send;
     /// Job counts by (queue, state), for the gauges.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
 

@@ -28,15 +28,18 @@ pub enum AlertKind {
     Arrival,
     /// I4: an inbound chat message still unanswered after `escalateAfter`.
     IntentUnanswered,
+    /// T4: one chat message recorded twice with different texts (one of them forged or garbled).
+    IntentConflict,
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 5] = [
+    pub const ALL: [AlertKind; 6] = [
         AlertKind::UnreadSla,
         AlertKind::Undelivered,
         AlertKind::ReceiverDown,
         AlertKind::Arrival,
         AlertKind::IntentUnanswered,
+        AlertKind::IntentConflict,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +49,7 @@ impl AlertKind {
             AlertKind::ReceiverDown => "receiver-down",
             AlertKind::Arrival => "arrival",
             AlertKind::IntentUnanswered => "intent-unanswered",
+            AlertKind::IntentConflict => "intent-conflict",
         }
     }
 
@@ -57,6 +61,7 @@ impl AlertKind {
             AlertKind::ReceiverDown => "PcmailReceiverDown",
             AlertKind::Arrival => "PcmailArrival",
             AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
+            AlertKind::IntentConflict => "PcmailIntentConflict",
         }
     }
 }

@@ -27,6 +27,23 @@ pub struct Incoming {
     pub refresh: bool,
 }
 
+impl crate::api::Validate for Incoming {
+    /// T6: one-line cells stay one line, and no cell carries NUL or a bidirectional override.
+    fn validate(&self) -> Result<(), crate::api::Invalid> {
+        use crate::api::{line, text};
+        line("source", &self.source, 200)?;
+        line("task", &self.task, 1000)?;
+        text("content", &self.content)?;
+        text("evidence", &self.evidence)?;
+        line("due", &self.due, 100)?;
+        line("assignee", &self.assignee, 200)?;
+        if !self.function.is_empty() {
+            crate::api::name("function", &self.function)?;
+        }
+        Ok(())
+    }
+}
+
 /// The cells a merge may write on an existing row. Instruction, result, failures, state and
 /// runRequested are not here: a merge cannot express a write to them (L5).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -60,6 +60,12 @@ pub fn plan_handoff(row: &Row, job_id: &str, queue: &str) -> Row {
     }
 }
 
+/// T3: whether `row` is waiting for exactly the job `job_id` (handed off by [`plan_handoff`] and
+/// not changed since): only then may that job's end be written on it.
+pub fn awaits_job(row: &Row, job_id: &str) -> bool {
+    row.state == RowState::Todo && row.result.starts_with(&format!("heavy: runs as job {job_id} "))
+}
+
 /// The ledger reference a heavy row's job carries: `project/id`.
 pub fn ledger_ref(row: &Row) -> String {
     format!("{}/{}", row.project, row.id)
@@ -182,6 +188,16 @@ mod tests {
         assert_eq!((r.state, r.run_requested), (RowState::Todo, false));
         assert!(r.result.contains("job-abc") && r.result.contains("queue heavy"), "{}", r.result);
         assert_eq!(ledger_ref(&r), "p/T-0001");
+    }
+
+    #[test]
+    fn t3_only_the_job_a_row_was_handed_to_may_end_it() {
+        let r = plan_handoff(&runnable(), "job-abc", "heavy");
+        assert!(awaits_job(&r, "job-abc"));
+        assert!(!awaits_job(&r, "job-ab"), "a prefix of the id is another job");
+        assert!(!awaits_job(&r, "job-xyz"));
+        assert!(!awaits_job(&runnable(), "job-abc"), "a row never handed off waits for no job");
+        assert!(!awaits_job(&plan_success(&r, "done"), "job-abc"), "a row that moved on waits no more");
     }
 
     #[test]

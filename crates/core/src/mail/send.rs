@@ -3,7 +3,7 @@
 
 use super::{Mail, MailKind, Step, apply_step};
 use crate::Ts;
-use crate::api::SendRequest;
+use crate::api::{SendRequest, Validate};
 use crate::ids;
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 use crate::roster::{self, ResolveError};
@@ -76,7 +76,7 @@ pub fn plan_send(
     seen: SendObserved<'_>,
     ctx: &SendContext<'_>,
 ) -> Result<SendPlan, SendError> {
-    validate(req)?;
+    req.validate().map_err(|e| SendError::Invalid(e.message))?;
     let expires_at = ctx
         .now
         .checked_add_signed(req.ttl.unwrap_or(ctx.policy.ttl).to_chrono())
@@ -186,26 +186,6 @@ pub fn reply_refusal(parent: &Mail) -> Option<String> {
         .reply_to
         .as_ref()
         .map(|grand| format!("{} is itself a reply (to {grand}); send a new mail to start a new thread", parent.id))
-}
-
-fn validate(req: &SendRequest) -> Result<(), SendError> {
-    let invalid = |m: String| Err(SendError::Invalid(m));
-    if req.subject.chars().count() > MAX_SUBJECT_CHARS {
-        return invalid(format!("subject is longer than {MAX_SUBJECT_CHARS} characters"));
-    }
-    if req.subject.contains(['\n', '\r']) {
-        return invalid("subject must be a single line".into());
-    }
-    if req.body.len() > MAX_BODY_BYTES {
-        return invalid(format!("body is {} bytes, more than the limit of {MAX_BODY_BYTES}", req.body.len()));
-    }
-    if req.kind == Some(MailKind::Intent) {
-        return invalid("intents are recorded with `intent record` (POST /api/v1/intents), not sent".into());
-    }
-    if req.reply_to.is_none() && req.subject.trim().is_empty() && req.body.trim().is_empty() {
-        return invalid("a mail needs a subject or a body".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -171,9 +171,21 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         return Err(at(key_line("kind"), 7, format!("unknown kind {kind_name:?}; known kinds: {}", known.join(", "))));
     };
 
-    fn typed<S: DeserializeOwned>(chunk: &str) -> Result<Raw<S>, serde_yaml_ng::Error> {
-        serde_yaml_ng::from_str(chunk)
+    /// The typed document; an error names the field it is in (`spec.ttl`, `spec.machines[1].number`).
+    fn typed<S: DeserializeOwned>(chunk: &str) -> Result<Raw<S>, (String, serde_yaml_ng::Error)> {
+        serde_path_to_error::deserialize(serde_yaml_ng::Deserializer::from_str(chunk))
+            .map_err(|e| (e.path().to_string(), e.into_inner()))
     }
+    let field_err = |(path, e): (String, serde_yaml_ng::Error)| {
+        let mut error = yaml_err(e);
+        // serde_yaml_ng names at most the enclosing key; the path names the field itself.
+        let own =
+            error.message.split_once(": ").filter(|(p, _)| !p.contains(' ')).map_or(error.message.as_str(), |(_, m)| m);
+        if path != "." && !path.is_empty() {
+            error.message = format!("{path}: {own}");
+        }
+        error
+    };
     let (api_version, metadata, spec) = match kind {
         Kind::Roster => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Roster(r.spec))),
         Kind::MailPolicy => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::MailPolicy(r.spec))),
@@ -183,7 +195,7 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         Kind::Ledger => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Ledger(r.spec))),
         Kind::Schedule => typed(chunk).map(|r| (r.api_version, r.metadata, Spec::Schedule(r.spec))),
     }
-    .map_err(yaml_err)?;
+    .map_err(field_err)?;
     if api_version != API_VERSION {
         return Err(at(
             key_line("apiVersion"),

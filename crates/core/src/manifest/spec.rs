@@ -106,6 +106,9 @@ pub struct IntentPolicySpec {
     pub remind_every: Dur,
     #[serde(default = "d_10m")]
     pub escalate_after: Dur,
+    /// T4: the machines that may record intents; empty means the Roster owner alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recorders: Vec<String>,
 }
 
 impl Default for IntentPolicySpec {
@@ -117,6 +120,7 @@ impl Default for IntentPolicySpec {
             remind_after: d_3m(),
             remind_every: d_5m(),
             escalate_after: d_10m(),
+            recorders: Vec::new(),
         }
     }
 }
@@ -135,6 +139,28 @@ pub struct WorkerPoolSpec {
     pub max_attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// T2: the machines that may claim this pool's queues over the API (the admin always may).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_workers: Vec<String>,
+    /// T5: the longest lease a claim or heartbeat on this pool's queues may ask for (1h when
+    /// absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lease: Option<Dur>,
+}
+
+impl Default for WorkerPoolSpec {
+    fn default() -> Self {
+        WorkerPoolSpec {
+            workers: 0,
+            queues: Vec::new(),
+            lease_duration: d_60s(),
+            stale_after: d_30m(),
+            max_attempts: 3,
+            rate_limit: None,
+            external_workers: Vec::new(),
+            max_lease: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::spec::*;
 use super::{Document, Kind, ManifestError, Spec, SpecRecord};
-use crate::roster;
+use crate::duration::Dur;
+use crate::{bounds, roster, text};
 
 /// Checks a whole apply set against itself and the objects already stored.
 /// Any error refuses the whole set.
@@ -12,9 +13,6 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
     let mut errors = Vec::new();
     let mut seen: BTreeMap<(Kind, &str), &Document> = BTreeMap::new();
     for doc in docs {
-        if let Err(m) = check_name(&doc.name) {
-            errors.push(doc.error_at("name:", 0, m));
-        }
         errors.extend(validate_spec(doc));
         if let Some(first) = seen.insert((doc.kind(), &doc.name), doc) {
             errors.push(doc.error_at(
@@ -68,25 +66,162 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
     errors
 }
 
-/// Object names are DNS-label-like so that they are safe in URLs, file names and metric labels.
-fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.as_bytes()[0].is_ascii_alphanumeric();
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid name {name:?}: use 1-63 lowercase letters, digits, '-' or '.', starting with a letter or digit"
-        ))
+/// One rule an object breaks, and where its document shows it: the `nth` (from 0) whole-word
+/// occurrence of `needle` (or the document's start when that is not found).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub needle: String,
+    pub nth: usize,
+    pub message: String,
+}
+
+impl Problem {
+    fn at(needle: &str, message: impl Into<String>) -> Problem {
+        Problem { needle: needle.to_string(), nth: 0, message: message.into() }
     }
 }
 
-/// Durations past ten years are typos, and would overflow time arithmetic.
-const MAX_DURATION: crate::duration::Dur = crate::duration::Dur::from_hours(24 * 3650);
+/// Every rule one object must hold on its own (T5 ranges, T6 names and texts, T7 crons, time
+/// zones and argv, and the field rules), whether it arrives in an apply or was stored by an
+/// older build: the same list refuses an apply and fences a stored object off at start-up.
+pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if !text::is_name(name) {
+        problems.push(Problem::at("name:", format!("metadata.name {name:?} is not a valid name: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit")));
+    }
+    for (field, d) in durations(spec) {
+        let max = if field == "ttl" { bounds::MAX_TTL } else { bounds::MAX_DURATION };
+        if let Err(e) = bounds::duration(field, d, Dur::default(), max) {
+            problems.push(Problem::at(field, e.to_string()));
+        }
+    }
+    let mut err =
+        |needle: &str, nth: usize, m: String| problems.push(Problem { needle: needle.to_string(), nth, message: m });
+    match spec {
+        Spec::Roster(r) => {
+            for m in &r.machines {
+                name_of("label", &m.label, &mut err);
+                for a in &m.aliases {
+                    name_of("alias", a, &mut err);
+                }
+                if let Some(h) = &m.hostname
+                    && let Err(e) = text::check_line(h)
+                {
+                    err(h, 0, format!("hostname {e}"));
+                }
+            }
+        }
+        Spec::MailPolicy(p) => {
+            if let Err(e) = bounds::count("maxHop", u64::from(p.max_hop), 1, 100) {
+                err("maxHop", 0, e.to_string());
+            }
+            if p.ttl.as_millis() == 0 {
+                err("ttl", 0, "ttl must be longer than 0s".into());
+            }
+            if let Some(n) = &p.notify
+                && (!(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
+                    || text::check_line(&n.webhook).is_err())
+            {
+                err("webhook", 0, format!("notify.webhook {:?} must be an http:// or https:// URL", n.webhook));
+            }
+        }
+        Spec::IntentPolicy(p) => {
+            if p.remind_every.as_millis() == 0 {
+                err("remindEvery", 0, "remindEvery must be longer than 0s".into());
+            }
+            name_of("channel", &p.channel, &mut err);
+            for r in &p.recorders {
+                name_of("recorders", r, &mut err);
+            }
+            for (field, tool) in [("replyTool", &p.reply_tool), ("reactTool", &p.react_tool)] {
+                if tool.is_empty() || text::check_line(tool).is_err() {
+                    err(field, 0, format!("{field} {tool:?} must be a tool name on one line"));
+                }
+            }
+        }
+        Spec::WorkerPool(w) => {
+            if let Err(e) = bounds::count("workers", u64::from(w.workers), 0, 256) {
+                err("workers", 0, e.to_string());
+            }
+            let max_lease = w.max_lease.unwrap_or(bounds::DEFAULT_MAX_LEASE);
+            if let Err(e) = bounds::duration("maxLease", max_lease, bounds::MIN_LEASE, bounds::MAX_MAX_LEASE) {
+                err("maxLease", 0, e.to_string());
+            } else if let Err(e) = bounds::duration("leaseDuration", w.lease_duration, bounds::MIN_LEASE, max_lease) {
+                err("leaseDuration", 0, format!("{e} (the pool's maxLease)"));
+            }
+            if let Err(e) = bounds::count("maxAttempts", u64::from(w.max_attempts), 1, bounds::MAX_ATTEMPTS) {
+                err("maxAttempts", 0, e.to_string());
+            }
+            for q in &w.queues {
+                name_of("queues", q, &mut err);
+            }
+            for m in &w.external_workers {
+                name_of("externalWorkers", m, &mut err);
+            }
+            check_rate(w.rate_limit, &mut err);
+        }
+        Spec::Function(f) => {
+            if f.command.first().is_none_or(|c| c.trim().is_empty()) {
+                err("command", 0, "command must name a program as its first element".into());
+            }
+            if let Some(i) = f.command.iter().position(|a| a.contains('\0')) {
+                err("command", 0, format!("command[{i}] contains NUL, which no program can receive"));
+            }
+            for (k, v) in &f.env {
+                if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+                    err("env", 0, format!("env {k:?} must be a name without '=' or NUL, and its value without NUL"));
+                }
+            }
+            if f.timeout.as_millis() == 0 {
+                err("timeout", 0, "timeout must be longer than 0s".into());
+            }
+            check_rate(f.rate_limit, &mut err);
+        }
+        Spec::Ledger(l) => {
+            name_of("project", &l.project, &mut err);
+            if let Err(e) = bounds::count("viewCap", u64::from(l.view_cap), 1, bounds::MAX_COUNT) {
+                err("viewCap", 0, e.to_string());
+            }
+            let mut names = BTreeSet::new();
+            for s in &l.sources {
+                if !names.insert(&s.name) {
+                    err(&s.name, 1, format!("source name {:?} is used twice", s.name));
+                }
+                if s.name.is_empty() || text::check_line(&s.name).is_err() {
+                    err(&s.name, 0, format!("source name {:?} must be one line", s.name));
+                }
+                if s.file.is_some() == s.command.is_some() {
+                    err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
+                }
+                let argv = s.command.iter().flatten().chain(&s.file);
+                if argv.into_iter().any(|a| a.contains('\0')) {
+                    err(&s.name, 0, format!("source {:?}: file and command must not contain NUL", s.name));
+                }
+            }
+        }
+        Spec::Schedule(s) => {
+            if let Err(e) = crate::cron::parse_tz(&s.timezone) {
+                err("timezone", 0, format!("timezone: {e}"));
+            }
+            if s.entries.is_empty() {
+                err("entries", 0, "a Schedule needs at least one entry".into());
+            }
+            for e in &s.entries {
+                if let Err(problem) = e.cron.parse::<crate::cron::Cron>() {
+                    err(&e.cron, 0, problem.to_string());
+                }
+                if let Some(n) = e.max_per_run
+                    && let Err(problem) = bounds::count("maxPerRun", u64::from(n), 1, bounds::MAX_COUNT)
+                {
+                    err("maxPerRun", 0, problem.to_string());
+                }
+            }
+        }
+    }
+    problems
+}
 
-fn durations(spec: &Spec) -> Vec<(&'static str, crate::duration::Dur)> {
+fn durations(spec: &Spec) -> Vec<(&'static str, Dur)> {
     match spec {
         Spec::MailPolicy(p) => {
             let mut v = vec![
@@ -109,82 +244,10 @@ fn durations(spec: &Spec) -> Vec<(&'static str, crate::duration::Dur)> {
 }
 
 fn validate_spec(doc: &Document) -> Vec<ManifestError> {
-    let mut errors = Vec::new();
-    let mut err = |needle: &str, nth: usize, m: String| errors.push(doc.error_at(needle, nth, m));
-    for (field, d) in durations(&doc.spec) {
-        if d > MAX_DURATION {
-            err(field, 0, format!("{field} {d} is longer than the limit of {MAX_DURATION}"));
-        }
-    }
-    match &doc.spec {
-        Spec::Roster(r) => return validate_roster(doc, r),
-        Spec::MailPolicy(p) => {
-            if p.max_hop == 0 {
-                err("maxHop", 0, "maxHop must be at least 1".into());
-            }
-            if p.ttl.as_millis() == 0 {
-                err("ttl", 0, "ttl must be longer than 0s".into());
-            }
-            if let Some(n) = &p.notify
-                && !(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
-            {
-                err("webhook", 0, format!("notify.webhook {:?} must be an http:// or https:// URL", n.webhook));
-            }
-        }
-        Spec::IntentPolicy(p) => {
-            if p.remind_every.as_millis() == 0 {
-                err("remindEvery", 0, "remindEvery must be longer than 0s".into());
-            }
-        }
-        Spec::WorkerPool(w) => {
-            if w.workers > 256 {
-                err("workers", 0, format!("workers {} is more than the limit of 256", w.workers));
-            }
-            if w.lease_duration.as_millis() < 1000 {
-                err("leaseDuration", 0, "leaseDuration must be at least 1s".into());
-            }
-            if w.max_attempts == 0 {
-                err("maxAttempts", 0, "maxAttempts must be at least 1".into());
-            }
-            check_rate(w.rate_limit, &mut err);
-        }
-        Spec::Function(f) => {
-            if f.command.first().is_none_or(|c| c.trim().is_empty()) {
-                err("command", 0, "command must name a program as its first element".into());
-            }
-            if f.timeout.as_millis() == 0 {
-                err("timeout", 0, "timeout must be longer than 0s".into());
-            }
-            check_rate(f.rate_limit, &mut err);
-        }
-        Spec::Ledger(l) => {
-            if l.project.trim().is_empty() {
-                err("project", 0, "project must not be empty".into());
-            }
-            let mut names = BTreeSet::new();
-            for s in &l.sources {
-                if !names.insert(&s.name) {
-                    err(&s.name, 1, format!("source name {:?} is used twice", s.name));
-                }
-                if s.file.is_some() == s.command.is_some() {
-                    err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
-                }
-            }
-        }
-        Spec::Schedule(s) => {
-            if s.entries.is_empty() {
-                err("entries", 0, "a Schedule needs at least one entry".into());
-            }
-            for e in &s.entries {
-                if e.cron.split_whitespace().count() != 5 {
-                    err(
-                        &e.cron,
-                        0,
-                        format!("cron {:?} must have 5 fields: minute hour day-of-month month day-of-week", e.cron),
-                    );
-                }
-            }
-        }
+    let mut errors: Vec<ManifestError> =
+        check_object(&doc.name, &doc.spec).into_iter().map(|p| doc.error_at(&p.needle, p.nth, p.message)).collect();
+    if let Spec::Roster(r) = &doc.spec {
+        errors.extend(validate_roster(doc, r));
     }
     errors
 }
@@ -202,9 +265,6 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     let mut owners: BTreeMap<String, &str> = BTreeMap::new();
     let mut occurrences: BTreeMap<String, usize> = BTreeMap::new();
     for m in &r.machines {
-        if m.label.is_empty() || m.label.chars().any(|c| c.is_whitespace() || c == ',') {
-            err(&m.label, 0, format!("label {:?} must be non-empty, without spaces or commas", m.label));
-        }
         let own: BTreeSet<String> = roster::names(m).map(|n| n.to_lowercase()).collect();
         for name in own {
             let nth = occurrences.entry(name.clone()).or_default();
@@ -228,9 +288,19 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     errors
 }
 
+/// T6 for a name inside a spec (a label, a queue, a project), pointed at where it is written.
+fn name_of(field: &str, value: &str, err: &mut impl FnMut(&str, usize, String)) {
+    if let Err(e) = text::check_name(value) {
+        err(value, 0, format!("{field}: {e}"));
+    }
+}
+
 fn check_rate(rate: Option<RateLimit>, err: &mut impl FnMut(&str, usize, String)) {
-    if rate.is_some_and(|r| r.per_minute == 0 || r.burst == 0) {
-        err("rateLimit", 0, "rateLimit.perMinute and burst must be at least 1".into());
+    let Some(r) = rate else { return };
+    for (field, n) in [("perMinute", r.per_minute), ("burst", r.burst)] {
+        if let Err(e) = bounds::count(field, u64::from(n), 1, bounds::MAX_COUNT) {
+            err(field, 0, format!("rateLimit.{e}"));
+        }
     }
 }
 
@@ -257,7 +327,7 @@ mod tests {
     #[test]
     fn duplicate_roster_number_and_alias_clash_are_refused() {
         let errors = check(
-            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: pc1\n  machines:\n  - {number: 1, label: pc1}\n  - {number: 1, label: pc2, aliases: [PC1]}\n",
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: pc1\n  machines:\n  - {number: 1, label: pc1}\n  - {number: 1, label: pc2, aliases: [pc1]}\n",
         );
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors.iter().any(|e| e.message.contains("duplicate number \"1\"")));
@@ -295,7 +365,7 @@ mod tests {
     #[test]
     fn durations_past_ten_years_are_refused() {
         let errors = check("apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: p}\nspec:\n  ttl: 99999d\n");
-        assert!(errors[0].message.contains("ttl 99999d is longer than the limit"), "{errors:?}");
+        assert!(errors[0].message.contains("ttl 99999d is out of range: it must be at most 365d"), "{errors:?}");
         assert_eq!(errors[0].line, 5);
     }
 
@@ -305,6 +375,90 @@ mod tests {
             "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: f}\nspec: {command: [echo], mode: generate}\n";
         let errors = check(&format!("{doc}---\n{doc}"));
         assert!(errors[0].message.contains("function/f is defined twice"), "{errors:?}");
+    }
+
+    fn doc(kind: &str, spec: &str) -> String {
+        format!("apiVersion: pcmail/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:\n{spec}")
+    }
+
+    #[track_caller]
+    fn refused(kind: &str, spec: &str, needle: &str) -> ManifestError {
+        let errors = check(&doc(kind, spec));
+        assert_eq!(errors.len(), 1, "{kind} {spec}: {errors:?}");
+        assert!(errors[0].message.contains(needle), "{}", errors[0]);
+        errors[0].clone()
+    }
+
+    #[test]
+    fn t6_names_in_specs_are_lowercase_dns_labels() {
+        refused(
+            "Roster",
+            "  owner: Desk\n  machines:\n  - {number: 1, label: Desk}\n",
+            "label: \"Desk\" is not a valid name",
+        );
+        refused("Roster", "  owner: a\n  machines:\n  - {number: 1, label: a, aliases: [\"b\\u202E\"]}\n", "alias:");
+        refused("Roster", "  owner: a\n  machines:\n  - {number: 1, label: a, aliases: [\"<b>x</b>\"]}\n", "alias:");
+        refused("WorkerPool", "  workers: 1\n  queues: [Q]\n", "queues: \"Q\"");
+        refused("WorkerPool", "  workers: 1\n  queues: [q]\n  externalWorkers: [\"a b\"]\n", "externalWorkers:");
+        refused("Ledger", "  project: \"a/b?c#d\"\n", "project: \"a/b?c#d\"");
+        refused("IntentPolicy", "  recorders: [Desk]\n", "recorders:");
+        let errors = check(
+            "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: a.b}\nspec: {command: [x], mode: generate}\n",
+        );
+        assert!(errors[0].message.contains("metadata.name \"a.b\" is not a valid name"), "{errors:?}");
+        assert_eq!(errors[0].line, 3);
+    }
+
+    #[test]
+    fn t7_each_invalid_schedule_and_function_field_is_refused_at_its_line() {
+        let e = refused(
+            "Schedule",
+            "  timezone: Mars/Olympus\n  entries: [{role: sync, cron: \"0 2 * * *\"}]\n",
+            "Mars/Olympus",
+        );
+        assert_eq!(e.line, 5);
+        let e = refused("Schedule", "  entries:\n  - {role: sync, cron: \"99 99 99 99 99\"}\n", "minute field \"99\"");
+        assert_eq!(e.line, 6);
+        refused("Schedule", "  entries: [{role: sync, cron: \"0 2 * *\"}]\n", "expected 5 fields");
+        refused(
+            "Schedule",
+            "  entries: [{role: sync, cron: \"0 2 * * *\", maxPerRun: 0}]\n",
+            "maxPerRun 0 is out of range",
+        );
+        refused("Function", "  command: [\"ec\\0ho\"]\n  mode: generate\n", "command[0] contains NUL");
+        refused("Function", "  command: [echo]\n  mode: generate\n  env: {\"A=B\": x}\n", "env \"A=B\"");
+        refused(
+            "Function",
+            "  command: [echo]\n  mode: generate\n  rateLimit: {perMinute: 0}\n",
+            "rateLimit.perMinute 0",
+        );
+        refused("Function", "  command: [echo]\n  mode: generate\n  timeout: 0s\n", "timeout must be longer");
+    }
+
+    #[test]
+    fn t5_pool_leases_attempts_and_counts_have_ranges() {
+        refused("WorkerPool", "  workers: 1\n  maxLease: 2d\n", "maxLease 2d is out of range: it must be at most 1d");
+        refused(
+            "WorkerPool",
+            "  workers: 1\n  leaseDuration: 2h\n",
+            "leaseDuration 2h is out of range: it must be at most 1h",
+        );
+        assert!(check(&doc("WorkerPool", "  workers: 1\n  leaseDuration: 2h\n  maxLease: 3h\n")).is_empty());
+        refused("WorkerPool", "  workers: 1\n  maxAttempts: 101\n", "maxAttempts 101 is out of range");
+        refused("WorkerPool", "  workers: 257\n", "workers 257 is out of range");
+        refused("MailPolicy", "  maxHop: 0\n", "maxHop 0 is out of range");
+        refused("Ledger", "  project: p\n  viewCap: 0\n", "viewCap 0");
+        refused("MailPolicy", "  ttl: 366d\n", "ttl 366d is out of range");
+    }
+
+    #[test]
+    fn t5_t6_a_stored_object_is_checked_by_the_same_rules_without_a_document() {
+        let spec = Spec::WorkerPool(WorkerPoolSpec { queues: vec!["Bad Queue".into()], ..WorkerPoolSpec::default() });
+        let problems = check_object("Old.Pool", &spec);
+        let messages: Vec<&str> = problems.iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(problems.len(), 2, "{messages:?}");
+        assert!(messages[0].contains("metadata.name \"Old.Pool\"") && messages[1].contains("queues: \"Bad Queue\""));
+        assert!(check_object("ok", &Spec::WorkerPool(WorkerPoolSpec::default())).is_empty());
     }
 
     #[test]

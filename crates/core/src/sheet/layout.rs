@@ -15,10 +15,13 @@ pub struct Field {
     pub boolean: bool,
     /// A time: RFC 3339 in the sheet, milliseconds in the store.
     pub time: bool,
+    /// Added to the layout after spreadsheets already had the tab: a header row without it
+    /// gets it appended, where any other missing header is an error.
+    pub late: bool,
 }
 
 const fn field(key: &'static str, en: &'static str, ja: &'static str) -> Field {
-    Field { key, en, ja, editable: false, boolean: false, time: false }
+    Field { key, en, ja, editable: false, boolean: false, time: false, late: false }
 }
 
 /// A controller's column whose header is its store name in both presets.
@@ -36,6 +39,10 @@ const fn editable(f: Field) -> Field {
 
 const fn checkbox(f: Field) -> Field {
     Field { boolean: true, ..f }
+}
+
+const fn late(f: Field) -> Field {
+    Field { late: true, ..f }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +150,7 @@ pub const JOBS: Tab = Tab {
         plain("ledger_ref"),
         time(plain("created_at")),
         time(plain("finished_at")),
+        late(plain("enqueued_by")),
     ],
     key: &["id"],
 };
@@ -173,18 +181,27 @@ pub enum LayoutError {
     DuplicateColumn { tab: String, header: String },
 }
 
-/// The sheet column (0-based) of each field of `tab`, in field order, found in `header`.
+/// The sheet column (0-based) of each field of `tab`, in field order, found in `header`. A
+/// late field missing from it is placed after the header's last column (the caller writes its
+/// header there: a column at or past `header.len()`).
 pub fn locate(tab: &Tab, header: &[String]) -> Result<Vec<usize>, LayoutError> {
+    let mut appended = header.len();
     tab.fields
         .iter()
         .map(|f| {
             let names = [f.ja, f.en, f.key];
             let mut hits = header.iter().enumerate().filter(|(_, h)| names.contains(&h.trim()));
-            let (column, _) = hits.next().ok_or_else(|| LayoutError::MissingColumn {
-                tab: tab.title.into(),
-                header: f.ja.into(),
-                other: f.en.into(),
-            })?;
+            let Some((column, _)) = hits.next() else {
+                if f.late {
+                    appended += 1;
+                    return Ok(appended - 1);
+                }
+                return Err(LayoutError::MissingColumn {
+                    tab: tab.title.into(),
+                    header: f.ja.into(),
+                    other: f.en.into(),
+                });
+            };
             if hits.next().is_some() {
                 return Err(LayoutError::DuplicateColumn { tab: tab.title.into(), header: header[column].clone() });
             }
@@ -216,6 +233,16 @@ mod tests {
         assert_eq!(header[columns[state]], "状態");
         let en = header_row(&LEDGER, Lang::En);
         assert_eq!(locate(&LEDGER, &en).expect("found"), (0..LEDGER.fields.len()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_late_field_missing_from_an_older_tab_is_placed_after_its_last_column() {
+        let mut header = header_row(&JOBS, Lang::En);
+        header.pop();
+        header.push("notes".into());
+        let columns = locate(&JOBS, &header).expect("a late field is not an error");
+        assert_eq!(columns.last(), Some(&header.len()), "appended after the person's own column");
+        assert_eq!(&columns[..columns.len() - 1], &(0..header.len() - 1).collect::<Vec<_>>()[..]);
     }
 
     #[test]

@@ -44,6 +44,10 @@ impl ApiError {
     pub fn too_large(m: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge, m)
     }
+    /// Well-formed but refused for what it says (T2, T3, T5, T6): 422 naming the field.
+    pub fn unprocessable(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::BadRequest, m)
+    }
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m)
     }
@@ -78,6 +82,12 @@ impl From<StoreError> for ApiError {
                 Self::internal(e.to_string())
             }
         }
+    }
+}
+
+impl From<pcmail_core::api::Invalid> for ApiError {
+    fn from(e: pcmail_core::api::Invalid) -> Self {
+        Self::unprocessable(e.message)
     }
 }
 

@@ -1,26 +1,30 @@
-//! Job routes: enqueue and list (any machine), claim/heartbeat/complete/fail (external
-//! workers, J7), retry and cancel (admin).
+//! Job routes: enqueue and list (any machine, its own jobs), claim/heartbeat/complete/fail
+//! (the machines a WorkerPool names in `externalWorkers`, J7, T1, T2), retry and cancel (admin).
 
 use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::Job;
-use pcmail_core::manifest::spec::FunctionSpec;
-use pcmail_store::Store;
-use serde::{Deserialize, Serialize};
+use pcmail_core::jobs::{Job, redact};
+use pcmail_store::{JobQuery, Store};
+use serde::Deserialize;
 
 use super::{ApiError, JsonBody, detached};
 use crate::App;
 use crate::auth::Caller;
-use crate::jobs::{self, EnqueueRequest, EnqueueResponse, Report};
+use crate::jobs::{self, Origin, Report};
 
 pub async fn enqueue(
     State(app): State<App>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<EnqueueRequest>,
 ) -> Result<Json<EnqueueResponse>, ApiError> {
-    Ok(Json(detached(async move { jobs::enqueue(&app, req, crate::now()).await }).await?))
+    let origin = Origin::Caller(caller.machine().map(String::from));
+    let answer = detached(async move { jobs::enqueue(&app, req, origin, crate::now()).await }).await?;
+    // J6 may answer another machine's job: as that machine's, never its details (T2).
+    Ok(Json(EnqueueResponse { job: redact(answer.job, caller.actor()), ..answer }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -34,71 +38,44 @@ pub struct ListQuery {
     limit: Option<usize>,
 }
 
+/// T2: a machine lists the jobs it enqueued or claimed; the admin lists all.
 pub async fn list(
     State(app): State<App>,
+    Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Job>>, ApiError> {
     let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
     if let Some(s) = &q.state {
         s.parse::<pcmail_core::jobs::JobState>().map_err(ApiError::bad_request)?;
     }
-    let limit = q.limit.unwrap_or(100).min(1000);
-    Ok(Json(app.store().list_jobs(q.queue.as_deref(), q.state.as_deref(), limit).await?))
+    let query = JobQuery {
+        queue: q.queue,
+        state: q.state,
+        machine: caller.machine().map(String::from),
+        limit: q.limit.unwrap_or(100).min(1000),
+    };
+    let jobs = app.store().list_jobs(query).await?;
+    Ok(Json(jobs.into_iter().map(|j| redact(j, caller.actor())).collect()))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ClaimRequest {
-    queue: String,
-    #[serde(default = "one")]
-    limit: usize,
-    owner: String,
-    #[serde(default = "minute")]
-    lease: Dur,
-}
-
-fn one() -> usize {
-    1
-}
-
-fn minute() -> Dur {
-    Dur::from_secs(60)
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClaimResponse {
-    jobs: Vec<Job>,
-    /// The Functions the claimed jobs name, so an external worker can run them.
-    functions: std::collections::BTreeMap<String, FunctionSpec>,
-}
-
+/// The one answer that carries lease tokens (T1).
 pub async fn claim(
     State(app): State<App>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     let claimed = {
         let app = app.clone();
-        detached(async move { jobs::claim(&app, &req.queue, req.limit, &req.owner, req.lease, crate::now()).await })
-            .await?
+        let caller = caller.clone();
+        detached(async move {
+            let who = (caller.actor(), req.owner.as_str());
+            jobs::claim(&app, &req.queue, req.limit as usize, who, req.lease, crate::now()).await
+        })
+        .await?
     };
     let rt = app.runtime();
     let functions = rt.functions.iter().filter(|(n, _)| claimed.iter().any(|j| j.function == *n)).cloned().collect();
     Ok(Json(ClaimResponse { jobs: claimed, functions }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LeaseReport {
-    /// The lease token from the claim; required for heartbeat, complete and fail.
-    #[serde(default)]
-    token: String,
-    #[serde(default)]
-    lease: Option<Dur>,
-    #[serde(default)]
-    result: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
 }
 
 pub async fn report(
@@ -108,13 +85,14 @@ pub async fn report(
     JsonBody(req): JsonBody<LeaseReport>,
 ) -> Result<Json<Job>, ApiError> {
     let report = match action.as_str() {
-        "heartbeat" => Report::Heartbeat { lease: req.lease.unwrap_or_else(minute) },
+        "heartbeat" => Report::Heartbeat { lease: req.lease.unwrap_or(Dur::from_secs(60)) },
         "complete" => Report::Complete { result: req.result.unwrap_or_default() },
         "fail" => Report::Fail { error: req.error.unwrap_or_else(|| "failed".into()) },
         "retry" | "cancel" => {
             caller.require_admin()?;
             let retry = action == "retry";
-            return Ok(Json(detached(async move { jobs::admin_move(&app, &id, retry, crate::now()).await }).await?));
+            let job = detached(async move { jobs::admin_move(&app, &id, retry, crate::now()).await }).await?;
+            return Ok(Json(redact(job, caller.actor())));
         }
         other => return Err(ApiError::not_found(format!("no job action {other:?}"))),
     };
@@ -122,5 +100,9 @@ pub async fn report(
     if token.is_empty() {
         return Err(ApiError::bad_request("heartbeat, complete and fail need the lease token of the claim"));
     }
-    Ok(Json(detached(async move { jobs::report(&app, &id, &token, report, crate::now()).await }).await?))
+    let job = {
+        let caller = caller.clone();
+        detached(async move { jobs::report(&app, &id, &token, caller.actor(), report, crate::now()).await }).await?
+    };
+    Ok(Json(redact(job, caller.actor())))
 }

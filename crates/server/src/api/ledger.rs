@@ -5,6 +5,7 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use pcmail_core::api::{Invalid, Validate};
 use pcmail_core::ledger::{Incoming, Row, Trigger};
 use pcmail_store::Store;
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,17 @@ pub struct PushRequest {
     items: Vec<Incoming>,
 }
 
+fn project(field: Option<&String>) -> Result<(), Invalid> {
+    field.map_or(Ok(()), |p| pcmail_core::api::name("project", p))
+}
+
+impl Validate for PushRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())?;
+        self.items.iter().enumerate().try_for_each(|(i, item)| item.validate().map_err(|e| e.within("items", i)))
+    }
+}
+
 /// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
 pub async fn push(
     State(app): State<App>,
@@ -77,6 +89,12 @@ pub struct RunRequest {
     /// Answer when the run has finished, with its result; else once it is claimed.
     #[serde(default)]
     wait: bool,
+}
+
+impl Validate for RunRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())
+    }
 }
 
 pub async fn run(
@@ -122,6 +140,12 @@ pub struct ProjectBody {
     project: Option<String>,
 }
 
+impl Validate for ProjectBody {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PurgeRequest {
@@ -130,6 +154,13 @@ pub struct PurgeRequest {
     source: String,
     #[serde(default)]
     yes: bool,
+}
+
+impl Validate for PurgeRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())?;
+        pcmail_core::api::line("source", &self.source, 200)
+    }
 }
 
 #[derive(Debug, Serialize)]

@@ -168,8 +168,7 @@ pub async fn record_intent(
     Extension(caller): Extension<Caller>,
     JsonBody(msg): JsonBody<pcmail_core::intent::InboundMessage>,
 ) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
-    caller.require_machine()?;
-    let response = detached(async move { mailbox::record_intent(&app, msg, crate::now()).await }).await?;
+    let response = detached(async move { mailbox::record_intent(&app, &caller, msg, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }

@@ -14,6 +14,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::routing::get;
+use pcmail_core::api::Validate;
 use pcmail_store::Store;
 use serde::de::DeserializeOwned;
 
@@ -145,10 +146,11 @@ pub async fn detached<T: Send + 'static>(
 }
 
 /// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,
-/// malformed, or an unknown or missing field.
+/// malformed, an unknown or missing field, or a value out of its range (T5, T6): every body
+/// passes here, so no route can forget a check its body type declares.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -163,11 +165,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     }
 }
 
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         ApiError::bad_request(format!("request body is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()))
     })?;
-    serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    let value: T = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text)).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        if at == "." || inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("invalid JSON body at {at}: {inner}"))
+        }
+    })?;
+    value.validate()?;
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -17,6 +17,20 @@ pub fn esc(s: &str) -> String {
     out
 }
 
+/// A value as one URL path segment (T9): everything but `A-Z a-z 0-9 - . _ ~` percent-encoded,
+/// so a name with `/ ? #` stays one segment of its own link.
+pub fn seg(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lang {
     Ja,
@@ -62,14 +76,15 @@ pub fn page(lang: Lang, title: &str, csrf: Option<&str>, body: &str) -> String {
     let html_lang = if lang == Lang::Ja { "ja" } else { "en" };
     format!(
         "<!doctype html><html lang=\"{html_lang}\"><head><meta charset=\"utf-8\"><title>{} — pcmail</title>\
-         <meta name=\"viewport\" content=\"width=device-width\"><style>{CSS}</style></head>\
+         <meta name=\"viewport\" content=\"width=device-width\"><link rel=\"stylesheet\" href=\"/ui/style.css\"></head>\
          <body>{nav}<main><h1>{}</h1>{body}</main></body></html>",
         esc(title),
         esc(title)
     )
 }
 
-const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}nav{background:#1f3a5f;padding:.5em 1em}\
+/// The stylesheet, served at `/ui/style.css`: the pages' CSP allows no inline style (T9).
+pub const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}nav{background:#1f3a5f;padding:.5em 1em}\
 nav a{color:#fff;margin-right:1em}nav form.inline{display:inline;float:right}main{padding:1em}\
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}\
 .review{background:#fff6d6}.overdue{color:#b00020;font-weight:bold}.error{color:#b00020}pre{white-space:pre-wrap}\

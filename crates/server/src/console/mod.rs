@@ -21,12 +21,13 @@ use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
 use crate::App;
-use html::{Lang, esc, lang, page, t, table};
+use html::{Lang, esc, lang, page, seg, t, table};
 pub use session::Sessions;
 
 pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
     Router::new()
         .route("/ui", get(|| async { Redirect::to("/ui/ledger") }))
+        .route("/ui/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], html::CSS) }))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/ledger", get(ledger))
@@ -37,6 +38,35 @@ pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
         .route("/ui/jobs", get(jobs))
         .route("/ui/specs", get(specs))
         .layer(Extension(sessions))
+        .layer(axum::middleware::map_response(guard_headers))
+}
+
+/// T9 on every console answer: nothing but our own resources load, no page in a frame, nothing
+/// cached (a shared PC's back button shows no ledger), no referrer leaving with a URL.
+async fn guard_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, "default-src 'self'; form-action 'self'; frame-ancestors 'none'"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ] {
+        h.insert(name, header::HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// The client's address, when the server was started with connection info (T9's throttle).
+struct ClientAddr(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<ClientAddr, Self::Rejection> {
+        let addr = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+        Ok(ClientAddr(addr.map_or_else(|| "unknown".into(), |a| a.0.ip().to_string())))
+    }
 }
 
 /// The signed-in person's page context: their language and the session's CSRF token.
@@ -111,14 +141,27 @@ struct LoginForm {
 async fn login(
     State(app): State<App>,
     Extension(sessions): Extension<Arc<Sessions>>,
+    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let lang = language(&headers);
+    if let Err(wait) = sessions.sign_in_attempt(&client, crate::now()) {
+        tracing::warn!(%client, "console sign-in refused: too many failed sign-ins from this address");
+        let message = match lang {
+            Lang::Ja => format!("サインインの失敗が多すぎます。{wait} 秒後にもう一度どうぞ。"),
+            Lang::En => format!("Too many failed sign-ins from this address; try again in {wait} s."),
+        };
+        let body = login_page(lang, Some(&message));
+        return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, wait.to_string())], Html(body)).into_response();
+    }
     if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), app.admin_token_hash()) {
+        sessions.sign_in_failed(&client);
+        tracing::warn!(%client, "console sign-in failed: not the admin token");
         let message = t(lang, "That is not the admin token.", "管理トークンが違います。");
         return (StatusCode::UNAUTHORIZED, Html(login_page(lang, Some(message)))).into_response();
     }
+    sessions.sign_in_succeeded(&client);
     let id = match sessions.create() {
         Ok(id) => id,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
@@ -167,7 +210,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
             let (review, overdue) = (r.state == RowState::Review, is_overdue(r, &today));
             vec![
                 esc(&r.project),
-                format!("<a href=\"/ui/ledger/{}/{}\">{}</a>", esc(&r.project), esc(&r.id), esc(&r.id)),
+                format!("<a href=\"/ui/ledger/{}/{}\">{}</a>", seg(&r.project), seg(&r.id), esc(&r.id)),
                 format!(
                     "<span class=\"{}\">{}</span>",
                     if review { "review" } else { "" },
@@ -242,8 +285,8 @@ async fn render_row(app: &App, ctx: &Ctx, project: &str, id: &str, error: Option
          <label>{}<textarea name=\"instruction\" id=\"instruction\">{}</textarea></label>\
          <label><input type=\"checkbox\" name=\"run\" id=\"run\" value=\"on\"> {}</label>\
          <button id=\"save\">{}</button></form>",
-        esc(project),
-        esc(id),
+        seg(project),
+        seg(id),
         esc(&ctx.csrf),
         t(l, "State", "状態"),
         t(l, "Correction instruction (goes to this row's next run)", "修正指示（この行の次の実行に渡ります）"),
@@ -322,7 +365,7 @@ async fn mail(State(app): State<App>, ctx: Ctx) -> Response {
         let late = pcmail_core::alert::is_unread_past_sla(m, &policy, now);
         let row = format!(
             "<tr><td><a href=\"/ui/mail/{}\">{}</a></td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&m.id),
+            seg(&m.id),
             esc(&m.id),
             esc(&m.from),
             if late { "overdue" } else { "" },
@@ -412,7 +455,8 @@ async fn jobs(State(app): State<App>, ctx: Ctx) -> Response {
     let l = ctx.lang;
     let counts = app.store().job_counts().await.unwrap_or_default();
     let rows: Vec<Vec<String>> = counts.iter().map(|(q, s, n)| vec![esc(q), esc(s), n.to_string()]).collect();
-    let recent = app.store().list_jobs(None, None, 50).await.unwrap_or_default();
+    let recent =
+        app.store().list_jobs(pcmail_store::JobQuery { limit: 50, ..Default::default() }).await.unwrap_or_default();
     let recent: Vec<Vec<String>> = recent
         .iter()
         .map(|j| {

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::Job;
+use pcmail_core::jobs::{Actor, Job};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -80,7 +80,7 @@ async fn work(app: App, pool: String, me: String, mut stop: watch::Receiver<bool
         }
         let mut claimed: Option<Job> = None;
         for queue in &spec.queues {
-            match jobs::claim(&app, queue, 1, &me, spec.lease_duration, crate::now()).await {
+            match jobs::claim(&app, queue, 1, (Actor::Pool, &me), spec.lease_duration, crate::now()).await {
                 Ok(mut got) if !got.is_empty() => {
                     claimed = got.pop();
                     break;
@@ -116,7 +116,8 @@ pub async fn run_job(app: &App, job: Job, lease: Dur) {
             let every = (lease.to_std() / 3).max(Duration::from_millis(100));
             loop {
                 tokio::time::sleep(every).await;
-                if let Err(e) = jobs::report(&app, &id, &token, Report::Heartbeat { lease }, crate::now()).await {
+                let beat = Report::Heartbeat { lease };
+                if let Err(e) = jobs::report(&app, &id, &token, Actor::Pool, beat, crate::now()).await {
                     tracing::warn!(job = %id, error = %e, "heartbeat refused: the lease is gone");
                     return;
                 }
@@ -139,7 +140,7 @@ pub async fn run_job(app: &App, job: Job, lease: Dur) {
         Ok(stdout) => Report::Complete { result: stdout.trim().to_string() },
         Err(error) => Report::Fail { error },
     };
-    if let Err(e) = jobs::report(app, &job.id, &token, report, crate::now()).await {
+    if let Err(e) = jobs::report(app, &job.id, &token, Actor::Pool, report, crate::now()).await {
         tracing::warn!(job = %job.id, error = %e, "result not recorded (the lease was rescued)");
     }
 }

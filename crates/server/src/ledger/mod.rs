@@ -4,10 +4,11 @@
 
 use pcmail_core::Ts;
 use pcmail_core::api::Event;
+use pcmail_core::jobs::LEDGER_UNIQUE_PREFIX;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
-    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, ledger_ref, merge_plan,
-    plan_claim, plan_failure, plan_handoff, plan_purge, plan_stale, plan_success, render_view, sync_order,
+    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, awaits_job, build_prompt, ledger_ref,
+    merge_plan, plan_claim, plan_failure, plan_handoff, plan_purge, plan_stale, plan_success, render_view, sync_order,
 };
 use pcmail_core::manifest::spec::{FunctionMode, LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
@@ -181,15 +182,21 @@ pub async fn handoff_if_heavy(
         )));
     };
     let reference = ledger_ref(&row);
-    let request = crate::jobs::EnqueueRequest {
+    let request = pcmail_core::api::EnqueueRequest {
         queue: queue.clone(),
         function: row.function.clone(),
         payload: Some(serde_json::Value::String(build_prompt(&row))),
-        unique_key: Some(format!("ledger:{reference}")),
-        ledger_ref: Some(reference),
+        unique_key: Some(format!("{LEDGER_UNIQUE_PREFIX}{reference}")),
         ..Default::default()
     };
-    let job = crate::jobs::enqueue(app, request, now).await?.job;
+    let job = crate::jobs::enqueue(app, request, crate::jobs::Origin::Ledger(reference.clone()), now).await?.job;
+    // A live job holding the row's key must be the row's own (T3): never adopt another's.
+    if job.ledger_ref.as_deref() != Some(reference.as_str()) {
+        return Err(ApiError::conflict(format!(
+            "{id}: the job queue key of this row is held by job {} that is not this row's; cancel it first",
+            job.id
+        )));
+    }
     let (p, job_id) = (project.to_string(), job.id.clone());
     let handed = app
         .store()
@@ -216,7 +223,8 @@ pub async fn job_ended(app: &App, job: &pcmail_core::jobs::Job, now: Ts) -> Resu
     let (p, job_id) = (project.to_string(), job.id.clone());
     app.store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
-            let Some(row) = s.rows.first().filter(|r| r.state == RowState::Todo) else {
+            // T3: only the job this row was handed to writes on it.
+            let Some(row) = s.rows.first().filter(|r| awaits_job(r, &job_id)) else {
                 return (LedgerWrites::default(), ());
             };
             let (next, reason) = match &outcome {
@@ -401,6 +409,17 @@ pub struct RowEdit {
     pub due: Option<String>,
     #[serde(default)]
     pub assignee: Option<String>,
+}
+
+impl pcmail_core::api::Validate for RowEdit {
+    fn validate(&self) -> Result<(), pcmail_core::api::Invalid> {
+        use pcmail_core::api::{line, name, text};
+        self.project.as_ref().map_or(Ok(()), |p| name("project", p))?;
+        self.state.as_ref().map_or(Ok(()), |s| line("state", s, 50))?;
+        self.instruction.as_ref().map_or(Ok(()), |i| text("instruction", i))?;
+        self.due.as_ref().map_or(Ok(()), |d| line("due", d, 100))?;
+        self.assignee.as_ref().map_or(Ok(()), |a| line("assignee", a, 200))
+    }
 }
 
 /// L16 set-row: writes the fields a person may change, then reads the row back.

@@ -27,8 +27,8 @@ use crate::codec::{
     SPEC_COLUMNS, Value, from_ms, json, ms,
 };
 use crate::{
-    Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    Result, SpecWrites, Store, StoreError,
+    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
+    MailWrites, Result, SpecWrites, Store, StoreError,
 };
 use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 
@@ -540,12 +540,13 @@ impl Store for PgStore {
         c.finish(outcome).await
     }
 
-    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
+    async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
-             ORDER BY seq DESC LIMIT $3"
+             AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/') \
+             ORDER BY seq DESC LIMIT $4"
         );
-        self.conn().await?.decode(&sql, &[&queue, &state, &(limit as i64)], codec::job).await
+        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &(q.limit as i64)], codec::job).await
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

@@ -199,6 +199,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER specs_announce AFTER INSERT OR DELETE OR UPDATE OF spec, generation, labels ON specs
         FOR EACH STATEMENT EXECUTE FUNCTION pcmail_announce();
     "#,
+    // 2: who enqueued a job (T2), as SQLite's migration 5.
+    r#"
+    ALTER TABLE jobs ADD COLUMN enqueued_by TEXT;
+    CREATE INDEX jobs_enqueued_by ON jobs(enqueued_by, seq) WHERE enqueued_by IS NOT NULL;
+    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {

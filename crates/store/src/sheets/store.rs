@@ -31,8 +31,8 @@ use super::render::{FieldRow, fields, names};
 use super::wire::{ValueRange, delete_rows};
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
 use crate::{
-    Change, Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    Result, SpecWrites, SqliteStore, Store, StoreError,
+    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
+    MailWrites, Result, SpecWrites, SqliteStore, Store, StoreError,
 };
 
 /// The tabs kept on the spreadsheet, in the order they are read.
@@ -240,7 +240,7 @@ impl SheetsStore {
             }
             "jobs" => {
                 let n = names(JOB_COLUMNS);
-                let mut jobs = local.list_jobs(None, None, ALL).await?;
+                let mut jobs = local.list_jobs(JobQuery { limit: ALL, ..Default::default() }).await?;
                 jobs.reverse();
                 jobs.iter().map(|j| fields(tab, lang, &n, &codec::job_params(j))).collect()
             }
@@ -340,7 +340,16 @@ impl SheetsStore {
                 });
                 (0..tab.fields.len()).collect()
             } else {
-                locate(tab, &header).map_err(|e| StoreError::Schema(e.to_string()))?
+                let columns = locate(tab, &header).map_err(|e| StoreError::Schema(e.to_string()))?;
+                // Late fields an older tab lacks: their headers are written after its last column.
+                for (f, &column) in columns.iter().enumerate().filter(|(_, c)| **c >= header.len()) {
+                    updates.push(ValueRange {
+                        range: a1_row_range(tab.title, 1, column, column),
+                        major_dimension: None,
+                        values: vec![vec![serde_json::Value::String(self.inner.lang.header(&tab.fields[f]).into())]],
+                    });
+                }
+                columns
             };
             let base = self.base(tab).await?;
             let plan = plan_sync(tab, &columns, &rows, &base, &self.ours(tab).await?);
@@ -498,8 +507,8 @@ impl Store for SheetsStore {
         then_sync!(self, self.inner.local.jobs_transaction(select, plan))
     }
 
-    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
-        self.inner.local.list_jobs(queue, state, limit).await
+    async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
+        self.inner.local.list_jobs(q).await
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

@@ -19,8 +19,8 @@ use crate::codec::{
     SPEC_COLUMNS, from_ms, json, ms,
 };
 use crate::{
-    Claim, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Result,
-    SpecWrites, Store, StoreError,
+    Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
+    Result, SpecWrites, Store, StoreError,
 };
 use pcmail_core::jobs::Job;
 use pcmail_core::lease::Lease;
@@ -619,7 +619,7 @@ impl Store for SqliteStore {
             let existing: std::collections::HashSet<String> = loaded.iter().map(|j| j.id.clone()).collect();
             let (writes, out) = plan(loaded);
             if !writes.is_empty() {
-                let placeholders: Vec<String> = (1..=20).map(|i| format!("?{i}")).collect();
+                let placeholders: Vec<String> = (1..=21).map(|i| format!("?{i}")).collect();
                 let upsert = format!(
                     "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET state = excluded.state, \
                      priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
@@ -630,11 +630,12 @@ impl Store for SqliteStore {
                     placeholders.join(", ")
                 );
                 // Rows the transaction loaded are known to exist: a plain update by id skips the
-                // failed insert an upsert tries first. The same parameters; the identity ones go unused.
+                // failed insert an upsert tries first. The same parameters; the identity ones go
+                // unused but the last, which every statement must bind (it is written unchanged).
                 let update = "UPDATE jobs SET state = ?5, priority = ?6, attempts = ?7, max_attempts = ?8, \
                               run_after = ?9, lease_owner = ?10, lease_token = ?11, lease_expires_at = ?12, \
-                              heartbeat_at = ?13, rescues = ?14, last_error = ?15, result = ?16, finished_at = ?20 \
-                              WHERE id = ?1";
+                              heartbeat_at = ?13, rescues = ?14, last_error = ?15, result = ?16, finished_at = ?20, \
+                              enqueued_by = ?21 WHERE id = ?1";
                 let mut upsert = tx.prepare_cached(&upsert).map_err(map_err)?;
                 let mut update = tx.prepare_cached(update).map_err(map_err)?;
                 for j in &writes {
@@ -649,16 +650,16 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_jobs(&self, queue: Option<&str>, state: Option<&str>, limit: usize) -> Result<Vec<Job>> {
-        let (queue, state) = (queue.map(String::from), state.map(String::from));
+    async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
                     "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
-                     ORDER BY seq DESC LIMIT ?3"
+                     AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/') \
+                     ORDER BY seq DESC LIMIT ?4"
                 ))
                 .map_err(map_err)?;
-            collect(&mut stmt, params![queue, state, limit as i64], codec::job)
+            collect(&mut stmt, params![q.queue, q.state, q.machine, q.limit as i64], codec::job)
         })
         .await
     }

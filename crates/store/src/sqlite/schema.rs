@@ -188,6 +188,11 @@ const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL
     );
     "#,
+    // 5: who enqueued a job (T2: a machine lists the jobs it enqueued or claimed).
+    r#"
+    ALTER TABLE jobs ADD COLUMN enqueued_by TEXT;
+    CREATE INDEX jobs_enqueued_by ON jobs(enqueued_by, seq) WHERE enqueued_by IS NOT NULL;
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
