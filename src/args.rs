@@ -358,6 +358,16 @@ pub struct ServeArgs {
     /// PostgreSQL, another takes over within this long after the leader dies
     #[arg(long, default_value = "15s")]
     pub lease: Dur,
+    /// Connections served at once (E1); kept under the process's file limit, and `/healthz`
+    /// still answers when it is reached
+    #[arg(long, default_value_t = 2048)]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's head
+    #[arg(long, default_value = "10s")]
+    pub header_timeout: Dur,
+    /// How long a connection may stay idle between requests
+    #[arg(long, default_value = "60s")]
+    pub idle_timeout: Dur,
 }
 
 #[derive(Debug, Subcommand)]

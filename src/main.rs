@@ -9,7 +9,12 @@ mod output;
 use clap::Parser;
 
 fn main() {
-    let cli = args::Cli::parse();
+    let mut cli = args::Cli::parse();
+    // E10: a variable set but empty (`PCMAIL_TOKEN=`) is unset, so the login's value applies.
+    for value in [&mut cli.conn.server, &mut cli.conn.token, &mut cli.conn.as_machine] {
+        value.take_if(|v| v.trim().is_empty());
+    }
+    quiet_on_closed_output(&cli.command);
     // Hooks run on every prompt and tool call: no async runtime, no threads, just the cache.
     if let args::Command::Hook { event } = &cli.command {
         std::process::exit(commands::hook(event));
@@ -28,4 +33,19 @@ fn main() {
             std::process::exit(exit::exit_code(&err));
         }
     }
+}
+
+/// E10: a verb whose output is closed (`| head`) ends quietly, as Unix tools do, instead of
+/// panicking on the broken pipe. Not `serve` and `worker`: they write to their Functions' stdin,
+/// where a reader that went away is an error to report, not a reason to die.
+fn quiet_on_closed_output(command: &args::Command) {
+    #[cfg(unix)]
+    if !matches!(command, args::Command::Serve(_) | args::Command::Worker { .. }) {
+        // SAFETY: restores the default action of one signal before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = command;
 }

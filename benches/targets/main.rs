@@ -3,10 +3,12 @@
 //! calls per pass) is a count, held by the sheets adapter's tests. `MCP` is issue 11's push
 //! latency (send → channel notification), beside them.
 //!
-//! `cargo bench` runs all; `cargo bench -- P3 P7` runs some. `PCMAIL_BENCH_MAILS` shrinks P1,
+//! `cargo bench` runs all but the soak run; `cargo bench -- P3 P7` runs some, `cargo bench --
+//! SOAK` the soak run (`PCMAIL_SOAK_MINUTES`, 10 by default). `PCMAIL_BENCH_MAILS` shrinks P1,
 //! P2 and P7's 1M-mail data set for a quick look; `PCMAIL_TEST_POSTGRES` is where P3's
 //! PostgreSQL run goes.
 
+mod endurance;
 mod jobs;
 mod merge;
 mod pcside;
@@ -19,7 +21,8 @@ use table::Row;
 
 #[tokio::main]
 async fn main() {
-    let asked: Vec<String> = std::env::args().skip(1).filter(|a| a.starts_with('P') || a == "MCP").collect();
+    let asked: Vec<String> =
+        std::env::args().skip(1).filter(|a| a.starts_with('P') || a == "MCP" || a == "SOAK").collect();
     let wants = |ids: &[&str]| asked.is_empty() || ids.iter().any(|id| asked.iter().any(|a| a == id));
     let mut rows: Vec<Row> = Vec::new();
     if wants(&["P1", "P2", "P7"]) {
@@ -45,6 +48,16 @@ async fn main() {
     }
     if wants(&["MCP"]) {
         rows.extend(push::run().await);
+    }
+    if wants(&["P11"]) {
+        rows.extend(endurance::p11().await);
+    }
+    if wants(&["P12"]) {
+        rows.extend(endurance::p12().await);
+    }
+    // Minutes long: only when asked for by name.
+    if asked.iter().any(|a| a == "SOAK") {
+        rows.extend(endurance::soak().await);
     }
     table::print(&rows);
 }

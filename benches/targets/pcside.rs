@@ -37,6 +37,11 @@ pub struct Serve {
 impl Serve {
     /// `machines` are the Roster's labels; the first is its owner.
     pub fn start(machines: &[String]) -> Serve {
+        Serve::start_with(machines, "", &[])
+    }
+
+    /// As [`Serve::start`], with more manifests and `serve` flags.
+    pub fn start_with(machines: &[String], manifests: &str, args: &[&str]) -> Serve {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut roster = format!(
             "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {{name: bench}}\nspec:\n  owner: {}\n  machines:\n",
@@ -45,9 +50,14 @@ impl Serve {
         for (i, m) in machines.iter().enumerate() {
             roster += &format!("  - {{number: {}, label: {m}}}\n", i + 1);
         }
+        if !manifests.is_empty() {
+            roster = format!("{roster}---\n{manifests}");
+        }
         std::fs::write(dir.path().join("roster.yaml"), roster).expect("roster");
         let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--apply"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .arg("--apply")
             .arg(dir.path().join("roster.yaml"))
             .arg("--data-dir")
             .arg(dir.path().join("data"))
@@ -74,6 +84,16 @@ impl Serve {
             .await
             .expect("json");
         v["token"].as_str().expect("token").to_string()
+    }
+}
+
+impl Serve {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn admin(&self) -> &str {
+        &self.admin
     }
 }
 

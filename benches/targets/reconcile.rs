@@ -58,15 +58,10 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
     let total = mails();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ServeConfig {
-        data_dir: dir.path().to_path_buf(),
-        store_url: None,
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        apply: None,
-        insecure_listen: false,
-        resync: Duration::from_secs(10),
         // No lease task runs here: a lease longer than the run keeps this App the leader, so
         // the passes measured run every leader key (a lapsed lease would skip them).
         lease: Duration::from_secs(24 * 3600),
+        ..ServeConfig::on(dir.path().to_path_buf())
     };
     let app = App::start(&config).await.expect("start");
     let now = chrono::Utc::now();

@@ -11,7 +11,7 @@ use crate::table::Row;
 const BIN: &str = env!("CARGO_BIN_EXE_pcmail-ctl");
 
 /// `VmRSS` and `VmHWM` (peak) of a process, in MiB.
-fn memory(pid: u32) -> Option<(f64, f64)> {
+pub fn memory(pid: u32) -> Option<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| -> Option<f64> {
         let line = status.lines().find(|l| l.starts_with(name))?;

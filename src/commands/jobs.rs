@@ -1,7 +1,7 @@
 //! `jobs …` and `worker` (J7): the job queue from the command line, and an external worker
 //! that claims, runs, heartbeats and completes over the API.
 
-use pcmail_agent::client::Client;
+use pcmail_agent::client::{Client, ClientError};
 use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
@@ -65,7 +65,9 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// J7: claim one job at a time, heartbeat while it runs, report its end. A report the server
+/// J7: claim one job at a time, heartbeat while it runs, report its end. E3: the server going
+/// away (a restart, a network cut) is waited out with backoff — claims, heartbeats and reports
+/// are repeated — and only a usage or authorization error ends the worker. A report the server
 /// refuses (the lease was rescued meanwhile) is printed and the worker goes on.
 pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> anyhow::Result<i32> {
     let owner = format!("worker-{}-{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "pc".into()), std::process::id());
@@ -77,7 +79,11 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
     let mut done = 0usize;
     while !*stopped.borrow() {
         let claim = ClaimRequest { queue: queue.to_string(), limit: 1, owner: owner.clone(), lease };
-        let claimed: ClaimResponse = client.post("/api/v1/jobs/claim", &claim).await?;
+        let claimed: ClaimResponse =
+            match persist("claim", stopped.clone(), || client.post("/api/v1/jobs/claim", &claim)).await {
+                Some(answer) => answer?,
+                None => break,
+            };
         let Some(job) = claimed.jobs.into_iter().next() else {
             if once {
                 break;
@@ -87,16 +93,20 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
         };
         let token = job.lease_token.clone().unwrap_or_default();
         let beat = {
-            let (client, id, token) = (client.clone(), job.id.clone(), token.clone());
+            let (client, id, token, stopped) = (client.clone(), job.id.clone(), token.clone(), stopped.clone());
             tokio::spawn(async move {
                 let every = (lease.to_std() / 3).max(std::time::Duration::from_millis(200));
+                let beat = LeaseReport { token, lease: Some(lease), ..Default::default() };
                 loop {
                     tokio::time::sleep(every).await;
-                    let beat = LeaseReport { token: token.clone(), lease: Some(lease), ..Default::default() };
-                    let r: Result<Job, _> = client.post(&format!("/api/v1/jobs/{id}/heartbeat"), &beat).await;
-                    if let Err(e) = r {
-                        eprintln!("{id}: heartbeat refused ({e}); the job will be rescued");
-                        break;
+                    let path = format!("/api/v1/jobs/{id}/heartbeat");
+                    match persist("heartbeat", stopped.clone(), || client.post::<_, Job>(&path, &beat)).await {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            eprintln!("{id}: heartbeat refused ({e}); the job will be rescued");
+                            break;
+                        }
+                        None => break,
                     }
                 }
             })
@@ -116,12 +126,44 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
             }
             Err(e) => ("fail", LeaseReport { token, error: Some(sanitize(e)), ..Default::default() }),
         };
-        match client.post::<_, Job>(&format!("/api/v1/jobs/{}/{action}", job.id), &body).await {
-            Ok(j) => println!("{} {}", j.id, j.state),
-            Err(e) => eprintln!("{}: {action} not recorded: {e}", job.id),
+        let path = format!("/api/v1/jobs/{}/{action}", job.id);
+        match persist(action, stopped.clone(), || client.post::<_, Job>(&path, &body)).await {
+            Some(Ok(j)) => println!("{} {}", j.id, j.state),
+            Some(Err(e)) => eprintln!("{}: {action} not recorded: {e}", job.id),
+            None => eprintln!("{}: {action} not recorded: stopped while the server was away", job.id),
         }
         done += 1;
     }
     eprintln!("worker {owner}: {done} job(s) handled");
     Ok(0)
+}
+
+/// E3: repeats `call` while it fails the way a server that went away fails (unreachable, 408,
+/// 429, 5xx), backing off from 250 ms to 10 s; any other answer is returned as it is. None once
+/// the worker is told to stop.
+async fn persist<T, F>(
+    what: &str,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+    mut call: impl FnMut() -> F,
+) -> Option<Result<T, ClientError>>
+where
+    F: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut backoff = std::time::Duration::from_millis(250);
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() => {
+                eprintln!("{what}: {e}; trying again in {backoff:?}");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopped.changed() => return None,
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(10));
+            }
+            answer => return Some(answer),
+        }
+        if *stopped.borrow() {
+            return None;
+        }
+    }
 }

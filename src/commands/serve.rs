@@ -18,6 +18,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         insecure_listen: args.insecure_listen,
         resync: args.resync.to_std(),
         lease: args.lease.to_std(),
+        max_connections: args.max_connections,
+        header_timeout: args.header_timeout.to_std(),
+        idle_timeout: args.idle_timeout.to_std(),
     };
     pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)

@@ -29,6 +29,10 @@ fn deploy_systemd_unit_runs_serve_with_flags_that_exist() {
         assert!(flags.iter().any(|f| f == flag), "{flag} is not a flag of serve: {flags:?}");
     }
     assert!(unit.contains("KillSignal=SIGTERM") && unit.contains("Restart=always"));
+    // E1: systemd's default soft limit (1,024) would hold fewer connections than serve may.
+    let nofile: u64 =
+        unit.lines().find_map(|l| l.strip_prefix("LimitNOFILE=")).and_then(|v| v.parse().ok()).expect("LimitNOFILE");
+    assert!(nofile >= 2048 + pcmail_core::conns::RESERVED_FDS, "LimitNOFILE={nofile}");
 }
 
 #[test]

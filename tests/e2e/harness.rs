@@ -18,6 +18,8 @@ pub struct Server {
     apply: Option<PathBuf>,
     listen: String,
     extra: Vec<String>,
+    /// The open-file limit serve runs under (`ulimit -n`), when a test sets one.
+    nofile: Option<u64>,
 }
 
 impl Server {
@@ -34,7 +36,27 @@ impl Server {
     pub fn start_opts(apply: Option<PathBuf>, listen: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra = extra.iter().map(|s| s.to_string()).collect();
-        let mut s = Server { dir, url: String::new(), child: None, apply, listen: listen.to_string(), extra };
+        let mut s =
+            Server { dir, url: String::new(), child: None, apply, listen: listen.to_string(), extra, nofile: None };
+        s.spawn();
+        s
+    }
+
+    /// A server whose open-file limit is `nofile` (soft and hard, as `ulimit -n` sets both), its
+    /// log kept in [`Server::log`].
+    pub fn start_limited(nofile: u64, extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply: Some(examples()),
+            listen: "127.0.0.1:0".into(),
+            extra,
+            nofile: Some(nofile),
+        };
         s.spawn();
         s
     }
@@ -43,8 +65,15 @@ impl Server {
     pub fn start_logged(apply: Option<PathBuf>) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
-        let mut s =
-            Server { dir, url: String::new(), child: None, apply, listen: "127.0.0.1:0".into(), extra: Vec::new() };
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply,
+            listen: "127.0.0.1:0".into(),
+            extra: Vec::new(),
+            nofile: None,
+        };
         s.spawn();
         s
     }
@@ -70,6 +99,7 @@ impl Server {
             apply: first.apply.clone(),
             listen,
             extra: first.extra.clone(),
+            nofile: first.nofile,
         };
         s.spawn();
         s
@@ -96,6 +126,21 @@ impl Server {
             .arg(self.dir.path().join("data"));
         if let Some(a) = &self.apply {
             cmd.arg("--apply").arg(a);
+        }
+        #[cfg(unix)]
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         // `serve.log` in the test's dir, when a test reads what serve logged.
         let log = self.dir.path().join("serve.log");

@@ -4,6 +4,7 @@
 
 mod console;
 mod deploy;
+mod endurance;
 mod faults;
 mod harness;
 mod jobs;

@@ -291,6 +291,22 @@ fn mcp_pushes_a_new_mail_once_within_a_second_never_again_after_a_restart_and_ho
 }
 
 #[test]
+fn e8_the_first_session_on_a_fresh_pc_pushes_mail_that_arrives_while_its_first_poll_runs() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    let laptop = s.token("laptop");
+    // Logged in, never polled: no cursor yet.
+    ok(s.ctl(&laptop, &["login", "--server", &s.url, "--token", &laptop]));
+    let home = s.home_of(&laptop);
+    let mut mcp = McpClient::start(&home, "session-fresh", true);
+    let fresh = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "sent at once", "--body", "now"]));
+    mcp.pump(Duration::from_secs(3), None);
+    let pushed: Vec<String> =
+        mcp.pushes.iter().filter_map(|(_, p)| p["params"]["meta"]["id"].as_str().map(String::from)).collect();
+    assert_eq!(pushed, vec![fresh.clone()], "E8: the mail sent after the session began, once");
+}
+
+#[test]
 fn mcp_with_serve_stopped_tools_say_so_and_pushes_resume_with_nothing_missed() {
     let listen = format!("127.0.0.1:{}", free_port());
     let mut s = Server::start_opts(Some(examples()), &listen, &[]);

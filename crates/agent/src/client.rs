@@ -33,6 +33,16 @@ impl ClientError {
         }
     }
 
+    /// E3: the server went away or is overloaded (unreachable, 408, 429, 5xx): worth repeating.
+    /// Anything else is an answer about the request itself.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } => true,
+            ClientError::Api { status, .. } => pcmail_core::retry::retryable(*status),
+            _ => false,
+        }
+    }
+
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } | ClientError::Decode { status, .. } => Some(*status),

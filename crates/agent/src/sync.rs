@@ -104,19 +104,30 @@ async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<Cyc
     })?;
     let (mut sent, _) = flush(client, home).await?;
     let policy: IntentPolicySpec = client.get("/api/v1/policy", &[]).await?;
-    let cursor: i64 = {
+    let cursor: (i64, String) = {
         let mut cache = Cache::open(home, POLLER_BUSY)?;
         cache.set_state(&[
             ("machine", machine.clone()),
             ("intent_policy", serde_json::to_string(&policy).unwrap_or_default()),
         ])?;
-        cache.state("cursor")?.and_then(|c| c.parse().ok()).unwrap_or(0)
+        let cursor = cache.state("cursor")?.and_then(|c| c.parse().ok()).unwrap_or(0);
+        (cursor, cache.state("store")?.unwrap_or_default())
     };
+    let (cursor, store) = cursor;
     let long = client.with_timeout(wait + Duration::from_secs(30))?;
-    let query = [("cursor", cursor.to_string()), ("wait", format!("{}ms", wait.as_millis()))];
+    // E5: the cursor says which store it belongs to; the server starts a foreign one from 0.
+    // (Sent once known: a server older than identities answers none, and would refuse it.)
+    let mut query = vec![("cursor", cursor.to_string()), ("wait", format!("{}ms", wait.as_millis()))];
+    if !store.is_empty() {
+        query.push(("store", store.clone()));
+    }
     let response: PollResponse = long.get("/api/v1/poll", &query).await?;
-    let merged =
-        Cache::open(home, POLLER_BUSY)?.merge_polled(&machine, response.mail.clone(), response.cursor, crate::now())?;
+    let mut cache = Cache::open(home, POLLER_BUSY)?;
+    let merged = cache.merge_polled(&machine, response.mail.clone(), response.cursor, crate::now())?;
+    // After the cursor it goes with: a crash in between polls the same store from 0 once more.
+    if response.store != store {
+        cache.set_state(&[("store", response.store.clone())])?;
+    }
     if !merged.quarantined.is_empty() {
         tracing::warn!(ids = ?merged.quarantined, "quarantined malformed mail");
     }
@@ -126,7 +137,8 @@ async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<Cyc
 }
 
 /// `agent` (and `mcp`): cycles until `shutdown`, backing off from 1 s to `max_backoff` while
-/// the server is away; `on_mail` hears of every poll that answered with mail.
+/// the server is away (E3), ending only on a token it refuses; `on_mail` hears of every poll
+/// that answered with mail.
 pub async fn run(
     client: &Client,
     home: &Path,
@@ -148,6 +160,8 @@ pub async fn run(
                 }
                 Duration::ZERO
             }
+            // E3: a token the server no longer knows is not waited out; the agent says so and ends.
+            Err(SyncError::Client(e)) if e.status() == Some(401) => return Err(SyncError::Client(e)),
             // A busy or failing cache is retried like an unreachable server: the work stays for
             // the next cycle (A2), and the log says what is wrong.
             Err(e) => {

@@ -155,6 +155,10 @@ pub struct PollResponse {
     pub mail: Vec<Mail>,
     /// Send this back as `cursor` on the next poll; re-sending an older one re-delivers (M11).
     pub cursor: i64,
+    /// The store's identity (E5): send it back as `store` with the cursor, so a cursor that
+    /// belongs to another store starts again from 0.
+    #[serde(default)]
+    pub store: String,
 }
 
 /// A mail and the trail of events that moved it, for `status`.

@@ -22,13 +22,38 @@ pub const CAPABILITY: &str = "claude/channel";
 /// A pushed mail's text is cut here (H2's block size); the whole mail is one `read` away.
 pub const MAX_CONTENT: usize = 1800;
 
-/// The mails to push now, oldest first: arrived after `after_seq` (the local cursor when the
-/// session's server started), never presented anywhere, and still something H2 would show
-/// (open, not expired, not an intent — inbound chat messages reach the session by their own
-/// channel).
-pub fn to_push(inbox: &[Mail], after_seq: i64, now: Ts) -> Vec<&Mail> {
-    let mut out: Vec<&Mail> =
-        inbox.iter().filter(|m| m.seq > after_seq && m.presented_at.is_none() && group(m, now).is_some()).collect();
+/// Where a session's pushes begin: after this seq, and — on a PC that never polled — only for
+/// mail created since this time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    pub after_seq: i64,
+    pub created_since: Option<Ts>,
+}
+
+/// How far a PC's clock may run ahead of the server's before a fresh PC's first push is missed
+/// (and shown by the hooks instead).
+pub const CLOCK_SKEW_SECS: i64 = 10;
+
+/// Where a session that started at `started` begins. A cache that has polled has a cursor: what
+/// it holds up to there is backlog. A fresh cache has none, and its first poll may bring both
+/// the backlog and mail sent after the session started (E8): the backlog is then what was
+/// created before the session (less the clock skew allowed), and everything newer is pushed.
+pub fn start(cursor: Option<i64>, started: Ts) -> Start {
+    match cursor {
+        Some(after_seq) => Start { after_seq, created_since: None },
+        None => Start { after_seq: 0, created_since: Some(started - chrono::TimeDelta::seconds(CLOCK_SKEW_SECS)) },
+    }
+}
+
+/// The mails to push now, oldest first: after `from` (moved past every mail pushed), never
+/// presented anywhere, and still something H2 would show (open, not expired, not an intent —
+/// inbound chat messages reach the session by their own channel).
+pub fn to_push(inbox: &[Mail], from: Start, now: Ts) -> Vec<&Mail> {
+    let mut out: Vec<&Mail> = inbox
+        .iter()
+        .filter(|m| m.seq > from.after_seq && from.created_since.is_none_or(|t| m.created_at >= t))
+        .filter(|m| m.presented_at.is_none() && group(m, now).is_some())
+        .collect();
     out.sort_by_key(|m| m.seq);
     out
 }
@@ -77,7 +102,20 @@ mod tests {
         let mut presented = m(7, MailState::Seen);
         presented.presented_at = Some(at(5));
         let inbox = [m(9, MailState::Delivered), m(8, MailState::New), presented, m(6, MailState::Delivered)];
-        assert_eq!(seqs(&to_push(&inbox, 6, at(10))), [8, 9], "after the cursor, never presented, oldest first");
+        let from = start(Some(6), at(10));
+        assert_eq!(seqs(&to_push(&inbox, from, at(10))), [8, 9], "after the cursor, never presented, oldest first");
+    }
+
+    #[test]
+    fn e8_a_fresh_pc_pushes_what_was_created_since_its_session_began_and_not_its_backlog() {
+        let created =
+            |seq, secs| Mail { created_at: at(secs), expires_at: at(100_000), ..m(seq, MailState::Delivered) };
+        // The first poll brings the backlog (seq 1, 2) and a mail sent after the session began (3).
+        let inbox = [created(1, 100), created(2, 985), created(3, 1000)];
+        let from = start(None, at(1000));
+        assert_eq!(from, Start { after_seq: 0, created_since: Some(at(990)) });
+        assert_eq!(seqs(&to_push(&inbox, from, at(1001))), [3]);
+        assert_eq!(seqs(&to_push(&inbox, start(Some(2), at(1000)), at(1001))), [3], "a cache that polled: its cursor");
     }
 
     #[test]
@@ -87,7 +125,7 @@ mod tests {
         let mut expired = m(4, MailState::Delivered);
         expired.expires_at = at(10);
         let inbox = [m(1, MailState::Done), m(2, MailState::Failed), intent, expired, m(5, MailState::Seen)];
-        assert_eq!(seqs(&to_push(&inbox, 0, at(10))), [5]);
+        assert_eq!(seqs(&to_push(&inbox, start(Some(0), at(0)), at(10))), [5]);
     }
 
     #[test]

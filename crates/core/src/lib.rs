@@ -11,6 +11,7 @@ pub mod bounds;
 pub mod channel;
 #[cfg(test)]
 mod clock_jumps;
+pub mod conns;
 pub mod cron;
 pub mod duration;
 pub mod ids;
@@ -21,6 +22,7 @@ pub mod ledger;
 pub mod mail;
 pub mod manifest;
 pub mod present;
+pub mod retention;
 pub mod retry;
 pub mod roster;
 pub mod sheet;

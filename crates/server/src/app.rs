@@ -15,6 +15,7 @@ use crate::controller::Key;
 use crate::controller::queue::WorkQueue;
 use crate::metrics::Metrics;
 use crate::runtime::{Health, Runtime};
+use crate::wakeups::{Topic, Wakeups};
 use crate::{ServeConfig, ServeError, auth};
 
 #[derive(Clone)]
@@ -24,13 +25,13 @@ pub struct App {
 
 struct Inner {
     store: AnyStore,
+    /// E5: the store's identity, answered with every poll.
+    identity: String,
     admin_token_hash: String,
     /// What the applied specs mean right now; swapped whole on every spec change.
     runtime: RwLock<Arc<Runtime>>,
-    /// Bumped after every committed mail change: long-polls wait on it instead of sleeping.
-    mail_changed: watch::Sender<u64>,
-    /// The recipient of every new mail, for the long-polls of that recipient only.
-    arrivals: tokio::sync::broadcast::Sender<Arc<str>>,
+    /// E2: long-polls and status waits, woken per machine and per mail.
+    wakeups: Arc<Wakeups>,
     /// Bumped after every runtime rebuild: the cron task recomputes its next fire.
     specs_changed: watch::Sender<u64>,
     shutting_down: watch::Sender<bool>,
@@ -68,6 +69,9 @@ impl App {
             None => format!("sqlite:{}", dir.join("pcmail.db").display()),
         };
         let store = pcmail_store::open(&url, dir).await?;
+        let identity = store.kv_get(pcmail_store::IDENTITY_KEY).await?.ok_or_else(|| {
+            pcmail_store::StoreError::Schema("the store has no identity (E5); was it changed outside pcmail?".into())
+        })?;
         let changes = store.changes();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -77,11 +81,11 @@ impl App {
         let app = App {
             inner: Arc::new(Inner {
                 store,
+                identity,
                 admin_token_hash,
                 runtime: RwLock::new(Arc::new(Runtime::default())),
-                mail_changed: watch::channel(0).0,
+                wakeups: Arc::default(),
                 specs_changed: watch::channel(0).0,
-                arrivals: tokio::sync::broadcast::channel(4096).0,
                 shutting_down: watch::channel(false).0,
                 spec_lock: tokio::sync::Mutex::new(()),
                 metrics: Metrics::new().map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?,
@@ -118,6 +122,10 @@ impl App {
         &self.inner.store
     }
 
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
     pub fn admin_token_hash(&self) -> &str {
         &self.inner.admin_token_hash
     }
@@ -139,28 +147,14 @@ impl App {
         self.inner.spec_lock.lock().await
     }
 
-    pub fn mail_changed(&self) {
-        self.inner.mail_changed.send_modify(|v| *v = v.wrapping_add(1));
+    pub fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.inner.wakeups
     }
 
     /// How long a waiter trusts the wake-ups before it looks again anyway: announcements from
     /// other replicas travel over a connection that can drop, so polling is the fallback.
     pub fn recheck_every(&self) -> Duration {
         if self.inner.shared_store { Duration::from_secs(2) } else { Duration::from_secs(3600) }
-    }
-
-    /// `to` empty wakes every long-poll (announcements may have been missed).
-    pub fn mail_arrived(&self, to: &str) {
-        // No receiver (nobody long-polling) is fine.
-        let _ = self.inner.arrivals.send(Arc::from(to));
-    }
-
-    pub fn watch_arrivals(&self) -> tokio::sync::broadcast::Receiver<Arc<str>> {
-        self.inner.arrivals.subscribe()
-    }
-
-    pub fn watch_mail(&self) -> watch::Receiver<u64> {
-        self.inner.mail_changed.subscribe()
     }
 
     pub fn begin_shutdown(&self) {
@@ -290,17 +284,16 @@ async fn follow_changes(app: App, mut changes: tokio::sync::broadcast::Receiver<
         };
         match change {
             Change::Mail { to } => {
-                app.mail_arrived(&to);
-                app.mail_changed();
+                app.wakeups().wake(&Topic::Inbox(to));
                 // Arrival notices (M10) are the leader's to post, whichever replica took the send.
                 app.queue().add(Key::Notify);
             }
-            Change::MailMoved => app.mail_changed(),
+            // Another replica's announcement names no mail: every status wait looks again.
+            Change::MailMoved => app.wakeups().wake_all(|t| matches!(t, Topic::Mail(_))),
             Change::Jobs => app.ring_job_bell(),
             Change::Specs => app.queue().add(Key::Specs),
             Change::Missed => {
-                app.mail_arrived("");
-                app.mail_changed();
+                app.wakeups().wake_all(|_| true);
                 app.ring_job_bell();
                 app.queue().add(Key::Specs);
             }

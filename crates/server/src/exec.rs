@@ -60,11 +60,17 @@ pub async fn run(
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
     let pid = child.id();
-    if let Some(mut stdin) = child.stdin.take() {
-        // A function that does not read its stdin is not an error.
-        let _ = stdin.write_all(input.as_bytes()).await;
-    }
-    match tokio::time::timeout(function.timeout.to_std(), child.wait_with_output()).await {
+    let stdin = child.stdin.take();
+    // E4: the input is written inside the timeout, beside the wait: a function that never reads
+    // a payload larger than the pipe holds is killed at its timeout like any other.
+    let feed = async move {
+        if let Some(mut stdin) = stdin {
+            // A function that does not read its stdin is not an error.
+            let _ = stdin.write_all(input.as_bytes()).await;
+        }
+    };
+    let run = async { tokio::join!(feed, child.wait_with_output()).1 };
+    match tokio::time::timeout(function.timeout.to_std(), run).await {
         Err(_) => {
             kill_group(pid);
             Err(format!("timed out after {}", function.timeout))
@@ -152,6 +158,13 @@ mod tests {
         let running =
             state.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|s| s != "Z");
         assert!(!running, "the background grandchild {pid} outlived the timeout: {state}");
+    }
+
+    #[tokio::test]
+    async fn e4_a_function_that_never_reads_a_256k_payload_is_killed_at_its_timeout() {
+        let payload = "x".repeat(256 * 1024);
+        let outcome = run("f", &function("sleep 30", Dur::from_millis(500)), &vars(""), payload).await;
+        assert_eq!(outcome, Err("timed out after 500ms".to_string()), "not left blocked on the full pipe");
     }
 
     #[tokio::test]

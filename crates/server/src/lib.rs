@@ -7,6 +7,7 @@
 mod api;
 mod app;
 mod auth;
+mod conns;
 mod console;
 pub mod controller;
 pub mod exec;
@@ -18,6 +19,7 @@ pub mod manifests;
 mod metrics;
 mod runtime;
 mod specs;
+mod wakeups;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +46,30 @@ pub struct ServeConfig {
     pub resync: std::time::Duration,
     /// C1: the leader lease's duration; renewed three times within it.
     pub lease: std::time::Duration,
+    /// E1: connections served at once (never more than the file limit allows).
+    pub max_connections: usize,
+    /// E1: how long a request's head may take, and an idle connection may stay.
+    pub header_timeout: std::time::Duration,
+    pub idle_timeout: std::time::Duration,
+}
+
+impl ServeConfig {
+    /// `serve`'s defaults on `data_dir`, loopback on an ephemeral port: tests and tools set
+    /// what differs with struct update syntax.
+    pub fn on(data_dir: PathBuf) -> ServeConfig {
+        ServeConfig {
+            data_dir,
+            store_url: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            apply: None,
+            insecure_listen: false,
+            resync: std::time::Duration::from_secs(10),
+            lease: std::time::Duration::from_secs(15),
+            max_connections: 2048,
+            header_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: std::time::Duration::from_secs(60),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,23 +110,28 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let connections = conns::Settings {
+        limit: pcmail_core::conns::limit(config.max_connections, conns::file_limit()),
+        timeouts: pcmail_core::conns::Timeouts {
+            header_ms: ms(config.header_timeout),
+            idle_ms: ms(config.idle_timeout),
+        },
+    };
     let local = listener.local_addr()?;
     app.set_listen_addr(local);
     // Tests and scripts read this line to find a port chosen with :0.
     println!("pcmail-ctl serve listening on http://{local}");
-    tracing::info!(%local, data_dir = %config.data_dir.display(), "serving");
+    tracing::info!(%local, data_dir = %config.data_dir.display(), connections = connections.limit, "serving");
 
     let controller = tokio::spawn(controller::run(app.clone()));
     let leader = tokio::spawn(leader::run(app.clone()));
     let stopping = app.clone();
-    // Connection info gives the console's sign-in throttle its client address (T9).
-    let service = api::router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stopping.begin_shutdown();
-        })
-        .await?;
+    tokio::spawn(async move {
+        shutdown.await;
+        stopping.begin_shutdown();
+    });
+    conns::serve(listener, api::router(app.clone()), connections, app.watch_shutdown()).await;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {

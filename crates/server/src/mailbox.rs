@@ -9,7 +9,8 @@ use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_record};
 use pcmail_core::mail::{
-    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, plan_send, send_ids,
+    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, deliver_or_expire,
+    plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{MailSelect, MailWrites, Store};
@@ -17,6 +18,7 @@ use pcmail_store::{MailSelect, MailWrites, Store};
 use crate::App;
 use crate::api::ApiError;
 use crate::auth::Caller;
+use crate::wakeups::Topic;
 
 /// The event that records one mail's move, for `status`'s timeline.
 pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: Ts) -> Event {
@@ -32,10 +34,12 @@ pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: T
 }
 
 /// The state changes one transaction made, counted in `pcmail_mail_transitions_total` once it
-/// has committed, and the recipients of the mail it added, whose long-polls it wakes.
+/// has committed, the mails they moved (whose status waits they wake) and the recipients of the
+/// mail it added (whose long-polls they wake).
 #[derive(Debug, Default)]
 pub struct Moves {
     transitions: Vec<(&'static str, &'static str)>,
+    moved: Vec<String>,
     arrivals: Vec<String>,
 }
 
@@ -44,6 +48,7 @@ impl Moves {
     pub fn record(&mut self, writes: &mut MailWrites, before: Option<&Mail>, after: Mail, actor: &str, now: Ts) {
         writes.events.push(transition_event(before, &after, actor, now));
         self.transitions.push((before.map_or("none", |b| b.state.as_str()), after.state.as_str()));
+        self.moved.push(after.id.clone());
         if before.is_some() {
             writes.update.push(after);
         } else {
@@ -52,21 +57,20 @@ impl Moves {
         }
     }
 
-    /// Counts the committed moves; wakes status waits if anything moved, and the long-polls of
-    /// the recipients of new mail (only new mail can land after a poller's cursor).
+    /// Counts the committed moves; wakes the status waits of the mail that moved, and the
+    /// long-polls of the recipients of new mail (only new mail can land after a poller's cursor).
     pub fn publish(mut self, app: &App) {
-        if self.transitions.is_empty() {
-            return;
-        }
         for (from, to) in self.transitions {
             app.metrics().mail_transitions.with_label_values(&[from, to]).inc();
+        }
+        for id in self.moved {
+            app.wakeups().wake(&Topic::Mail(id));
         }
         self.arrivals.sort();
         self.arrivals.dedup();
         for to in self.arrivals {
-            app.mail_arrived(&to);
+            app.wakeups().wake(&Topic::Inbox(to));
         }
-        app.mail_changed();
     }
 }
 
@@ -225,9 +229,10 @@ async fn poll_once(
         let rows = app.store().select_mail(select.clone()).await?;
         if rows.iter().all(|m| m.state != MailState::New) {
             let cursor = rows.last().map_or(cursor, |m| m.seq);
-            return Ok(PollResponse { mail: rows, cursor });
+            return Ok(PollResponse { mail: rows, cursor, store: app.identity().to_string() });
         }
     }
+    let store = app.identity().to_string();
     let (response, moves) = app
         .store()
         .mail_transaction(select, move |rows| {
@@ -235,33 +240,36 @@ async fn poll_once(
             let mut moves = Moves::default();
             let mut out = Vec::with_capacity(rows.len());
             for mail in rows {
-                match apply_step(&mail, &Step::Deliver, &who, now) {
-                    Some(next) if mail.state == MailState::New => {
+                match deliver_or_expire(&mail, &who, now) {
+                    Some(next) => {
                         moves.record(&mut writes, Some(&mail), next.clone(), &who, now);
                         out.push(next);
                     }
-                    _ => out.push(mail),
+                    None => out.push(mail),
                 }
             }
             let cursor = out.last().map_or(cursor, |m| m.seq);
-            (writes, (PollResponse { mail: out, cursor }, moves))
+            (writes, (PollResponse { mail: out, cursor, store }, moves))
         })
         .await?;
     moves.publish(app);
     Ok(response)
 }
 
-/// Long-polls up to `wait`: returns as soon as there is mail after the cursor.
+/// Long-polls up to `wait`: returns as soon as there is mail after the cursor. A cursor of
+/// another store (`client_store`), or beyond this one's last seq, starts from 0 (E5).
 pub async fn poll(
     app: &App,
     machine: &str,
-    cursor: i64,
+    (cursor, client_store): (i64, Option<&str>),
     limit: usize,
     wait: Duration,
 ) -> Result<PollResponse, ApiError> {
+    let last_seq = if cursor > 0 { app.store().mail_last_seq().await? } else { 0 };
+    let cursor = poll_start(cursor, client_store, app.identity(), last_seq);
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before the first query, so mail that lands in between is not missed.
-    let mut arrivals = app.watch_arrivals();
+    let mut arrivals = app.wakeups().subscribe(Topic::Inbox(machine.to_string()));
     let mut shutdown = app.watch_shutdown();
     let mut first = true;
     let recheck = app.recheck_every();
@@ -273,17 +281,10 @@ pub async fn poll(
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
         let next_look = deadline.min(tokio::time::Instant::now() + recheck);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(next_look) => break,
-                _ = shutdown.changed() => break,
-                arrival = arrivals.recv() => match arrival {
-                    Ok(to) if *to == *machine || to.is_empty() => break,
-                    Ok(_) => continue,
-                    // Lagged: some arrivals were not seen; look again rather than miss one.
-                    Err(_) => break,
-                },
-            }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_look) => {}
+            _ = shutdown.changed() => {}
+            _ = arrivals.changed() => {}
         }
     }
 }
@@ -291,10 +292,10 @@ pub async fn poll(
 /// M12: waits until the mail reaches `target` (or any terminal state), or `wait` passes.
 pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Duration) -> Result<Mail, ApiError> {
     let deadline = tokio::time::Instant::now() + wait;
-    let mut changes = app.watch_mail();
+    // Subscribed before each look: a move between the look and the wait wakes it.
+    let mut changes = app.wakeups().subscribe(Topic::Mail(id.to_string()));
     let mut shutdown = app.watch_shutdown();
     loop {
-        changes.mark_unchanged();
         let mail =
             app.store().get_mail(id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
         let reached = target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());

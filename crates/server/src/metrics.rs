@@ -36,6 +36,7 @@ pub struct Metrics {
     pub workers: IntGaugeVec,
     pub build_info: IntGaugeVec,
     pub leader: IntGauge,
+    pub pruned: IntCounterVec,
 }
 
 /// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
@@ -112,6 +113,7 @@ impl Metrics {
             workers: reg!(gauge("pcmail_workers", "Workers running, by pool.", &["pool"])?),
             build_info: reg!(gauge("pcmail_build_info", "Build information.", &["version"])?),
             leader: reg!(IntGauge::new("pcmail_leader", "1 while this replica holds the leader lease (C1).")?),
+            pruned: reg!(counter("pcmail_pruned_total", "Rows pruned past their retention (E7).", &["tab"])?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
@@ -186,6 +188,9 @@ impl Metrics {
         functions: &[(&str, &FunctionSpec)],
         pools: &[(&str, &WorkerPoolSpec)],
     ) {
+        for tab in ["mail", "jobs", "events", "alerts"] {
+            self.pruned.with_label_values(&[tab]).inc_by(0);
+        }
         for m in machines {
             self.mail_undelivered.with_label_values(&[m]).add(0);
             for u in ["urgent", "normal"] {

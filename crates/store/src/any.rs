@@ -11,7 +11,7 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
-    MailWrites, PgStore, Result, SheetsStore, SpecWrites, SqliteStore, Store,
+    MailWrites, PgStore, Prune, Result, SheetsStore, SpecWrites, SqliteStore, Store,
 };
 
 #[derive(Clone)]
@@ -116,6 +116,10 @@ impl Store for AnyStore {
         forward!(self, s => s.ledger_projects().await)
     }
 
+    async fn mail_last_seq(&self) -> Result<i64> {
+        forward!(self, s => s.mail_last_seq().await)
+    }
+
     async fn kv_get(&self, key: &str) -> Result<Option<String>> {
         forward!(self, s => s.kv_get(key).await)
     }
@@ -142,6 +146,10 @@ impl Store for AnyStore {
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
         forward!(self, s => s.job_counts().await)
+    }
+
+    async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
+        forward!(self, s => s.prune(what, limit).await)
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

@@ -11,8 +11,8 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
 
 use crate::{
-    Claim, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, SpecWrites,
-    Store,
+    Claim, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Prune,
+    SpecWrites, Store,
 };
 use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
@@ -50,6 +50,101 @@ pub async fn mail_round_trips_every_field(store: &impl Store) {
     assert!(got.seq > 0);
     assert_eq!(Mail { seq: 0, ..got }, m);
     assert_eq!(store.get_mail("mail--ffffffff").await.expect("get"), None);
+}
+
+pub async fn e5_a_store_has_an_identity_from_its_schema_and_knows_its_last_seq(store: &impl Store) {
+    let identity = store.kv_get(crate::IDENTITY_KEY).await.expect("kv").expect("an identity");
+    assert!(identity.len() == 32 && identity.bytes().all(|b| b.is_ascii_hexdigit()), "{identity}");
+    assert_eq!(store.mail_last_seq().await.expect("last seq"), 0);
+    insert(store, vec![mail(1, "pc2"), mail(2, "pc3")]).await;
+    let last = store.get_mail("mail--00000002").await.expect("get").expect("present").seq;
+    assert_eq!(store.mail_last_seq().await.expect("last seq"), last);
+}
+
+pub async fn e7_prune_takes_settled_rows_older_than_their_cutoff_and_nothing_live(store: &impl Store) {
+    use pcmail_core::mail::{Step, apply_step};
+    let closed = |n: u32, step: Step, at_: i64| apply_step(&mail(n, "pc2"), &step, "pc2", at(at_)).expect("moves");
+    let mut expired_old = mail(3, "pc2");
+    expired_old.state = MailState::Expired;
+    expired_old.expires_at = at(50);
+    let mut open_old = mail(5, "pc2");
+    open_old.expires_at = at(10);
+    let rows = vec![
+        closed(1, Step::Done { result: None }, 50),
+        closed(2, Step::Fail { reason: "no".into() }, 60),
+        expired_old,
+        closed(4, Step::Done { result: None }, 500),
+        open_old,
+    ];
+    let event = |n: i64| Event {
+        at: at(n),
+        object: "mail/x".into(),
+        reason: "R".into(),
+        message: String::new(),
+        actor: "a".into(),
+    };
+    let events = vec![event(10), event(20), event(500)];
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { insert: rows, events, ..Default::default() }, ())
+        })
+        .await
+        .expect("insert");
+    let posted = |subject: &str, state, updated| Alert { notified: Some(state), ..alert(subject, state, updated) };
+    store
+        .write_alerts(vec![
+            posted("resolved-old", AlertState::Resolved, 10),
+            alert("resolved-unposted", AlertState::Resolved, 10),
+            posted("firing-old", AlertState::Firing, 10),
+            posted("notice-old", AlertState::Notice, 10),
+            posted("resolved-new", AlertState::Resolved, 500),
+        ])
+        .await
+        .expect("alerts");
+    let done = |n: u32, state: JobState, finished: i64| Job { state, finished_at: Some(at(finished)), ..job(n, 0, 0) };
+    let mut other = done(5, JobState::Succeeded, 10);
+    other.queue = "other".into();
+    let jobs = vec![
+        done(1, JobState::Succeeded, 10),
+        done(2, JobState::Dead, 20),
+        done(3, JobState::Succeeded, 500),
+        job(4, 0, 0),
+        other,
+    ];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
+
+    let before = at(100);
+    assert_eq!(store.prune(Prune::ClosedMail { before }, 2).await.expect("prune"), 2, "a batch is at most the limit");
+    assert_eq!(store.prune(Prune::ClosedMail { before }, 100).await.expect("prune"), 1);
+    assert_eq!(store.prune(Prune::ClosedMail { before }, 100).await.expect("prune"), 0);
+    let left: Vec<String> = store
+        .list_mail(MailQuery { limit: 10, ..Default::default() })
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(left, ["mail--00000005", "mail--00000004"], "open mail and recently closed mail stay");
+    let counts = store.mail_counts().await.expect("counts");
+    assert_eq!(counts.iter().map(|c| c.count).sum::<u64>(), 2, "the kept counts follow deletions");
+    assert_eq!(store.prune(Prune::Events { before }, 100).await.expect("prune"), 2);
+    assert_eq!(store.events_for("mail/x").await.expect("events").len(), 1);
+    assert_eq!(store.prune(Prune::SettledAlerts { before }, 100).await.expect("prune"), 2);
+    let mut subjects: Vec<String> =
+        store.list_alerts(10).await.expect("alerts").into_iter().map(|a| a.subject).collect();
+    subjects.sort();
+    assert_eq!(subjects, ["firing-old", "resolved-new", "resolved-unposted"]);
+    let q = |queue: Option<&str>| Prune::FinishedJobs { queue: queue.map(String::from), before };
+    assert_eq!(store.prune(q(Some("q")), 100).await.expect("prune"), 2);
+    let ids = || async {
+        let jobs = store.list_jobs(JobQuery { limit: 10, ..Default::default() }).await.expect("jobs");
+        let mut ids: Vec<String> = jobs.into_iter().map(|j| j.id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids().await, ["job-0003", "job-0004", "job-0005"], "queued jobs, new ones and other queues stay");
+    assert_eq!(store.prune(q(None), 100).await.expect("prune"), 1, "any queue");
+    assert_eq!(ids().await, ["job-0003", "job-0004"]);
 }
 
 pub async fn m11_after_cursor_returns_only_the_recipients_mail_in_order(store: &impl Store) {
@@ -312,6 +407,16 @@ pub async fn m10_alert_rows_commit_with_the_mail_they_announce(store: &impl Stor
         .await;
     assert!(failed.is_err());
     assert!(store.list_alerts(10).await.expect("alerts").is_empty(), "rolled back with the mail");
+    // A plan that only raises an alert (T4's intent conflict) is written too.
+    let alone = Alert { kind: AlertKind::IntentConflict, ..alert("mail--00000002", AlertState::Notice, 2) };
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { alerts: vec![alone], ..Default::default() }, ())
+        })
+        .await
+        .expect("alerts alone");
+    let stored = store.list_alerts(10).await.expect("alerts");
+    assert_eq!(stored.iter().map(|a| a.kind).collect::<Vec<_>>(), vec![AlertKind::IntentConflict]);
 }
 
 fn incoming(task: &str) -> Incoming {
@@ -537,6 +642,8 @@ macro_rules! contract_tests {
     ($make:ident, after: $after:path) => {
         crate::contract::contract_tests!(@each $make, $after;
             mail_round_trips_every_field,
+            e5_a_store_has_an_identity_from_its_schema_and_knows_its_last_seq,
+            e7_prune_takes_settled_rows_older_than_their_cutoff_and_nothing_live,
             m11_after_cursor_returns_only_the_recipients_mail_in_order,
             transaction_writes_are_all_or_nothing,
             duplicate_id_insert_fails_and_keeps_the_original,

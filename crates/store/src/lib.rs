@@ -84,7 +84,11 @@ pub struct MailWrites {
 
 impl MailWrites {
     pub fn is_empty(&self) -> bool {
-        self.insert.is_empty() && self.update.is_empty() && self.events.is_empty() && self.heartbeat.is_none()
+        self.insert.is_empty()
+            && self.update.is_empty()
+            && self.events.is_empty()
+            && self.heartbeat.is_none()
+            && self.alerts.is_empty()
     }
 }
 
@@ -171,6 +175,40 @@ pub struct JobQuery {
     pub limit: usize,
 }
 
+/// E7: one batch of what retention lets go, oldest first. Only settled rows ever match: closed
+/// mail, finished jobs, events, and alerts whose latest state (resolved, or a notice) was posted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prune {
+    /// Done or failed mail closed (`doneAt`) before, and expired mail whose `expiresAt` is before.
+    ClosedMail {
+        before: Ts,
+    },
+    /// Succeeded, dead and cancelled jobs finished before, of one queue or of any.
+    FinishedJobs {
+        queue: Option<String>,
+        before: Ts,
+    },
+    Events {
+        before: Ts,
+    },
+    /// Resolved alerts and notices, posted, last changed before.
+    SettledAlerts {
+        before: Ts,
+    },
+}
+
+impl Prune {
+    /// The tab it prunes, for `pcmail_pruned_total{tab}`.
+    pub fn tab(&self) -> &'static str {
+        match self {
+            Prune::ClosedMail { .. } => "mail",
+            Prune::FinishedJobs { .. } => "jobs",
+            Prune::Events { .. } => "events",
+            Prune::SettledAlerts { .. } => "alerts",
+        }
+    }
+}
+
 /// A claim request (J1): up to `limit` due jobs of `queue`, leased to `owner` until
 /// `lease_until`; each lease token is `token_prefix` plus the job's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,6 +220,9 @@ pub struct Claim {
     pub now: Ts,
     pub lease_until: Ts,
 }
+
+/// The `kv` key of the store's identity (E5), written with its schema.
+pub const IDENTITY_KEY: &str = "store/identity";
 
 pub trait Store: Send + Sync + 'static {
     /// Loads the selected rows, hands them to `plan`, and applies the writes it returns, all in
@@ -196,6 +237,9 @@ pub trait Store: Send + Sync + 'static {
     fn get_mail(&self, id: &str) -> impl Future<Output = Result<Option<Mail>>> + Send;
     fn mail_counts(&self) -> impl Future<Output = Result<Vec<MailCount>>> + Send;
     fn list_mail(&self, query: MailQuery) -> impl Future<Output = Result<Vec<Mail>>> + Send;
+    /// The highest `seq` ever given to a mail (0 for none): a poll cursor beyond it belongs to
+    /// another store or an older copy of this one (E5).
+    fn mail_last_seq(&self) -> impl Future<Output = Result<i64>> + Send;
     /// Events about one object (`mail/<id>`, `roster/<name>`), oldest first.
     fn events_for(&self, object: &str) -> impl Future<Output = Result<Vec<Event>>> + Send;
 
@@ -244,6 +288,10 @@ pub trait Store: Send + Sync + 'static {
     fn list_jobs(&self, query: JobQuery) -> impl Future<Output = Result<Vec<Job>>> + Send;
     /// Job counts by (queue, state), for the gauges.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
+
+    /// E7: deletes at most `limit` rows that `what` selects, in one short transaction; answers
+    /// how many went.
+    fn prune(&self, what: Prune, limit: usize) -> impl Future<Output = Result<usize>> + Send;
 
     /// Alerts in state `firing`.
     fn firing_alerts(&self) -> impl Future<Output = Result<Vec<Alert>>> + Send;

@@ -37,16 +37,17 @@ struct Follower {
     /// The session pushes are presented in, when it listens to channels.
     presented_in: Option<String>,
     cache: Option<Cache>,
-    /// The last seq looked at: starts at the cursor when following began (older mail is the
-    /// hooks' to show) and moves past every mail pushed, so none is pushed twice. Mail reaches
-    /// the cache in seq order (M11's cursor), so nothing behind it can still arrive.
-    after: Option<i64>,
+    /// Where pushes begin: at the cursor when following began (older mail is the hooks' to
+    /// show), then past every mail looked at, so none is pushed twice. Mail reaches the cache in
+    /// seq order (M11's cursor), so nothing behind it can still arrive.
+    from: Option<channel::Start>,
+    started: pcmail_core::Ts,
 }
 
 /// Pushes until the session goes away: every [`TICK`], and at once when `fetched` is told of a
 /// poll that brought mail.
 pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, presented_in: Option<String>, fetched: Arc<Notify>) {
-    let mut f = Follower { home, presented_in, cache: None, after: None };
+    let mut f = Follower { home, presented_in, cache: None, from: None, started: crate::now() };
     let mut pause = TICK;
     loop {
         match f.tick(&peer).await {
@@ -76,15 +77,15 @@ impl Follower {
             Some(c) => c,
             slot => slot.insert(Cache::open(&self.home, HOOK_BUSY)?),
         };
-        let Some(after) = self.after else {
-            // Until a first poll has set the cursor, everything in the cache is backlog.
-            self.after = cache.state("cursor")?.and_then(|c| c.parse().ok());
+        let Some(from) = self.from else {
+            let cursor = cache.state("cursor")?.and_then(|c| c.parse().ok());
+            self.from = Some(channel::start(cursor, self.started));
             return Ok(());
         };
         let now = crate::now();
-        let fresh = cache.unpresented_after(after)?;
+        let fresh = cache.unpresented_after(from.after_seq)?;
         let mut pushed = Vec::new();
-        for m in channel::to_push(&fresh, after, now) {
+        for m in channel::to_push(&fresh, from, now) {
             let push = channel::push(m);
             let params = serde_json::json!({"content": push.content, "meta": push.meta});
             peer.send_notification(ServerNotification::CustomNotification(CustomNotification::new(
@@ -96,7 +97,8 @@ impl Follower {
         }
         // Past what was pushed, and past what is not pushable now (closed, expired), which never
         // becomes so.
-        self.after = fresh.iter().map(|m| m.seq).chain(self.after).max();
+        let after_seq = fresh.iter().map(|m| m.seq).chain([from.after_seq]).max().unwrap_or(from.after_seq);
+        self.from = Some(channel::Start { after_seq, ..from });
         if let Some(session) = &self.presented_in
             && !pushed.is_empty()
             && let Err(e) = cache.mark_pushed(&pushed, session, now)

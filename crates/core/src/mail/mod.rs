@@ -18,7 +18,7 @@ pub use send::{
     reply_refusal, send_ids,
 };
 pub use state::{Step, apply_step};
-pub use sweep::plan_expiry;
+pub use sweep::{deliver_or_expire, plan_expiry, poll_start};
 
 /// One row of the `mail` tab. Field names are the tab's column names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

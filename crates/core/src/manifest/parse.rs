@@ -149,6 +149,9 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         at(line, column, message)
     };
 
+    if let Some((line, column)) = too_deep(chunk, MAX_DEPTH) {
+        return Err(at(line, column, format!("nesting deeper than {MAX_DEPTH} levels; a manifest needs far fewer")));
+    }
     let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(chunk).map_err(yaml_err)?;
     if value.is_null() {
         return Ok(None);
@@ -211,6 +214,76 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         spec,
         text: chunk.to_string(),
     }))
+}
+
+/// E9: how deep a manifest may nest (a real one needs about six levels).
+pub const MAX_DEPTH: usize = 64;
+
+/// E9: where `text` first nests deeper than `max` — block indentation, `- ` sequence markers and
+/// `[ {` flow brackets together — found in one linear pass before any parser sees the text (a
+/// 100,000-deep document would otherwise cost the parser seconds before it is refused). Quoted
+/// strings, comments and block scalars (`|`, `>`) are skipped.
+fn too_deep(text: &str, max: usize) -> Option<(usize, usize)> {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut scalar_above: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let body = &line[indent..];
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        if let Some(parent) = scalar_above {
+            if indent > parent {
+                continue;
+            }
+            scalar_above = None;
+        }
+        let mut column = indent;
+        if flow == 0 {
+            while indents.last().is_some_and(|&top| top >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            let mut rest = body;
+            while let Some(after) = rest.strip_prefix("- ").or_else(|| (rest == "-").then_some("")) {
+                indents.push(column + 1);
+                column += 2;
+                rest = after.trim_start_matches(' ');
+            }
+        }
+        if indents.len() + flow > max {
+            return Some((n + 1, column + 1));
+        }
+        let mut quote: Option<char> = None;
+        let mut chars = line[column.min(line.len())..].char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match (quote, c) {
+                (Some('"'), '\\') => {
+                    chars.next();
+                }
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    if indents.len() + flow > max {
+                        return Some((n + 1, column + i + 1));
+                    }
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+        }
+        let trimmed = body.trim_end();
+        if flow == 0
+            && ["|", ">", "|-", ">-", "|+", ">+"].iter().any(|m| trimmed.ends_with(&format!(": {m}")) || trimmed == *m)
+        {
+            scalar_above = Some(indent);
+        }
+    }
+    None
 }
 
 /// Errors raised by a field's own parser (a bad duration) are placed by serde_yaml_ng at the
@@ -322,7 +395,28 @@ spec:
             "]".repeat(10_000)
         );
         let e = &errors(&deep)[0];
-        assert!(e.message.contains("recursion limit"), "{e}");
+        assert!(e.message.contains("nesting deeper than 64 levels"), "{e}");
+        assert_eq!((e.line, e.column), (4, 70), "at the 64th bracket: {e}");
+    }
+
+    #[test]
+    fn e9_nesting_is_refused_at_depth_64_before_any_parser_runs() {
+        let block: String = (0..100_000).map(|i| format!("{}k{i}:\n", " ".repeat(i % 2000))).collect();
+        let dashes = format!("spec:\n  x:\n  {}a\n", "- ".repeat(100_000));
+        let flow = format!("spec: {}\n", "{a: ".repeat(100_000));
+        for text in [block, dashes, flow] {
+            let doc = format!("apiVersion: pcmail/v1\nkind: Roster\nmetadata: {{name: x}}\n{text}");
+            let e = &errors(&doc)[0];
+            assert!(e.message.contains("nesting deeper than 64"), "{e}");
+        }
+        let fine = "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: f}\nspec:\n  command: [sh, -c, \"echo '[[[[{{{{'\"]  # [[[\n  mode: generate\n  env:\n    NOTE: |\n      [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n";
+        assert!(parse_file("m.yaml", fine).is_ok(), "quotes, comments and block scalars do not nest");
+        let depth = |n: usize| {
+            let nested: String = (0..n).map(|i| format!("{}k:\n", "  ".repeat(i))).collect();
+            too_deep(&nested, MAX_DEPTH)
+        };
+        assert_eq!(depth(MAX_DEPTH), None);
+        assert_eq!(depth(MAX_DEPTH + 1), Some((MAX_DEPTH + 1, 2 * MAX_DEPTH + 1)));
     }
 
     #[test]

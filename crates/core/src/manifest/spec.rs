@@ -41,6 +41,12 @@ pub struct MailPolicySpec {
     pub max_hop: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Notify>,
+    /// E7: closed mail (done, failed, expired) is kept this long after it closed.
+    #[serde(default = "d_90d")]
+    pub retention: Dur,
+    /// E7: events and settled alerts are kept this long.
+    #[serde(default = "d_30d")]
+    pub event_retention: Dur,
 }
 
 impl Default for MailPolicySpec {
@@ -52,6 +58,8 @@ impl Default for MailPolicySpec {
             receiver_down_after: d_10m(),
             max_hop: 3,
             notify: None,
+            retention: d_90d(),
+            event_retention: d_30d(),
         }
     }
 }
@@ -146,6 +154,9 @@ pub struct WorkerPoolSpec {
     /// absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lease: Option<Dur>,
+    /// E7: finished jobs of this pool's queues are kept this long.
+    #[serde(default = "d_7d")]
+    pub retention: Dur,
 }
 
 impl Default for WorkerPoolSpec {
@@ -159,6 +170,7 @@ impl Default for WorkerPoolSpec {
             rate_limit: None,
             external_workers: Vec::new(),
             max_lease: None,
+            retention: d_7d(),
         }
     }
 }
@@ -287,6 +299,15 @@ fn d_6h() -> Dur {
 }
 fn d_72h() -> Dur {
     Dur::from_hours(72)
+}
+fn d_7d() -> Dur {
+    Dur::from_hours(24 * 7)
+}
+fn d_30d() -> Dur {
+    Dur::from_hours(24 * 30)
+}
+fn d_90d() -> Dur {
+    Dur::from_hours(24 * 90)
 }
 fn one() -> u32 {
     1

@@ -118,6 +118,11 @@ pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
             if p.ttl.as_millis() == 0 {
                 err("ttl", 0, "ttl must be longer than 0s".into());
             }
+            for (field, d) in [("retention", p.retention), ("eventRetention", p.event_retention)] {
+                if d < bounds::MIN_LEASE {
+                    err(field, 0, format!("{field} must be at least 1s"));
+                }
+            }
             if let Some(n) = &p.notify
                 && (!(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
                     || text::check_line(&n.webhook).is_err())
@@ -151,6 +156,9 @@ pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
             }
             if let Err(e) = bounds::count("maxAttempts", u64::from(w.max_attempts), 1, bounds::MAX_ATTEMPTS) {
                 err("maxAttempts", 0, e.to_string());
+            }
+            if w.retention < bounds::MIN_LEASE {
+                err("retention", 0, "retention must be at least 1s".into());
             }
             for q in &w.queues {
                 name_of("queues", q, &mut err);
@@ -232,12 +240,15 @@ fn durations(spec: &Spec) -> Vec<(&'static str, Dur)> {
                 ("receiverDownAfter", p.receiver_down_after),
             ];
             v.extend(p.notify.as_ref().map(|n| ("minInterval", n.min_interval)));
+            v.extend([("retention", p.retention), ("eventRetention", p.event_retention)]);
             v
         }
         Spec::IntentPolicy(p) => {
             vec![("remindAfter", p.remind_after), ("remindEvery", p.remind_every), ("escalateAfter", p.escalate_after)]
         }
-        Spec::WorkerPool(w) => vec![("leaseDuration", w.lease_duration), ("staleAfter", w.stale_after)],
+        Spec::WorkerPool(w) => {
+            vec![("leaseDuration", w.lease_duration), ("staleAfter", w.stale_after), ("retention", w.retention)]
+        }
         Spec::Function(f) => vec![("timeout", f.timeout)],
         Spec::Roster(_) | Spec::Ledger(_) | Spec::Schedule(_) => vec![],
     }

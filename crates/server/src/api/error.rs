@@ -48,6 +48,9 @@ impl ApiError {
     pub fn unprocessable(m: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::BadRequest, m)
     }
+    pub fn unavailable(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, m)
+    }
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m)
     }

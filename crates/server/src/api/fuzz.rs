@@ -67,15 +67,8 @@ fn serve() -> Served {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, admin) = rt.block_on(async {
-        let config = ServeConfig {
-            data_dir: dir.path().to_path_buf(),
-            store_url: None,
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            apply: None,
-            insecure_listen: false,
-            resync: std::time::Duration::from_secs(3600),
-            lease: std::time::Duration::from_secs(15),
-        };
+        let config =
+            ServeConfig { resync: std::time::Duration::from_secs(3600), ..ServeConfig::on(dir.path().to_path_buf()) };
         let app = App::start(&config).await.expect("start");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));

@@ -143,6 +143,9 @@ pub async fn step(
 pub struct PollQuery {
     #[serde(default)]
     cursor: i64,
+    /// The store identity the cursor belongs to (E5), as the last poll answered it.
+    #[serde(default)]
+    store: Option<String>,
     #[serde(default)]
     wait: Option<Dur>,
     #[serde(default)]
@@ -158,7 +161,7 @@ pub async fn poll(
     let machine = caller.require_machine()?;
     let wait = q.wait.map_or(Duration::ZERO, |d| d.to_std().min(MAX_WAIT));
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
-    Ok(Json(mailbox::poll(&app, machine, q.cursor, limit, wait).await?))
+    Ok(Json(mailbox::poll(&app, machine, (q.cursor, q.store.as_deref()), limit, wait).await?))
 }
 
 /// I1 on the server: stores an inbound message as an intent for the Roster owner; the same key

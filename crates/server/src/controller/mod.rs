@@ -8,6 +8,7 @@
 pub mod mail_sweep;
 mod notifier;
 pub mod pools;
+mod prune;
 pub mod queue;
 pub mod schedules;
 
@@ -40,12 +41,14 @@ pub enum Key {
     LedgerSync,
     /// L14/L15: store a fresh cross-project view.
     RebuildView,
+    /// E7: prune what retention lets go.
+    Prune,
 }
 
 impl Key {
     /// The keys the resync runs. The ledger roles run on their Schedule only: executing rows
     /// or pulling sources every few seconds is not what anyone scheduled.
-    pub const ALL: [Key; 4] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper];
+    pub const ALL: [Key; 5] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper, Key::Prune];
 
     /// C1: only the lease holder runs these; every replica rebuilds its own runtime.
     pub fn leader_only(self) -> bool {
@@ -63,6 +66,7 @@ impl Key {
             Key::AutoExecute => "auto-execute",
             Key::LedgerSync => "ledger-sync",
             Key::RebuildView => "rebuild-view",
+            Key::Prune => "prune",
         }
     }
 }
@@ -126,6 +130,7 @@ async fn run_key(app: &App, key: Key) -> Result<(), String> {
         Key::Notify => notifier::run(app, now).await,
         Key::Specs => crate::specs::sync(app, now).await.map_err(|e| e.to_string()),
         Key::JobReaper => crate::jobs::rescue_expired(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
+        Key::Prune => prune::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
         Key::ExecuteChecked | Key::AutoExecute => {
             let (trigger, role, default) = match key {
                 Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked, 1),

@@ -28,7 +28,7 @@ use crate::codec::{
 };
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
-    MailWrites, Result, SpecWrites, Store, StoreError,
+    MailWrites, Prune, Result, SpecWrites, Store, StoreError,
 };
 use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 
@@ -465,6 +465,11 @@ impl Store for PgStore {
         rows.iter().map(|r| codec::Columns::text(r, 0)).collect()
     }
 
+    async fn mail_last_seq(&self) -> Result<i64> {
+        let rows = self.conn().await?.query("SELECT coalesce(max(seq), 0)::bigint FROM mail", &[]).await?;
+        rows.first().map_or(Ok(0), |r| codec::Columns::int(r, 0))
+    }
+
     async fn kv_get(&self, key: &str) -> Result<Option<String>> {
         let rows = self.conn().await?.query("SELECT value FROM kv WHERE key = $1", &[&key]).await?;
         rows.first().map(|r| codec::Columns::text(r, 0)).transpose()
@@ -551,6 +556,53 @@ impl Store for PgStore {
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
         self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
+    }
+
+    async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
+        let limit = limit as i64;
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = async {
+            let n = match &what {
+                Prune::ClosedMail { before } => {
+                    // Mail writes are serialized (the seq order a cursor relies on); this one too.
+                    c.execute(MAIL_LOCK, &[]).await?;
+                    c.execute(
+                        "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE state IN ('done', 'failed', 'expired') \
+                         AND coalesce(done_at, expires_at) < $1 ORDER BY coalesce(done_at, expires_at) LIMIT $2)",
+                        &[&ms(*before), &limit],
+                    )
+                    .await?
+                }
+                Prune::FinishedJobs { queue, before } => {
+                    c.execute(
+                        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE ($1::text IS NULL OR queue = $1) \
+                         AND state IN ('succeeded', 'dead', 'cancelled') AND finished_at < $2 ORDER BY finished_at \
+                         LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                        &[queue, &ms(*before), &limit],
+                    )
+                    .await?
+                }
+                Prune::Events { before } => {
+                    c.execute(
+                        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE at < $1 ORDER BY at LIMIT $2)",
+                        &[&ms(*before), &limit],
+                    )
+                    .await?
+                }
+                Prune::SettledAlerts { before } => {
+                    c.execute(
+                        "DELETE FROM alerts WHERE ctid IN (SELECT ctid FROM alerts WHERE state IN ('resolved', 'notice') \
+                         AND notified = state AND updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                        &[&ms(*before), &limit],
+                    )
+                    .await?
+                }
+            };
+            Ok(n as usize)
+        }
+        .await;
+        c.finish(outcome).await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

@@ -204,6 +204,18 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE jobs ADD COLUMN enqueued_by TEXT;
     CREATE INDEX jobs_enqueued_by ON jobs(enqueued_by, seq) WHERE enqueued_by IS NOT NULL;
     "#,
+    // 3: the store's identity (E5), as SQLite's migration 6.
+    r#"
+    INSERT INTO kv (key, value) VALUES ('store/identity', replace(gen_random_uuid()::text, '-', ''))
+        ON CONFLICT (key) DO NOTHING;
+    "#,
+    // 4: retention's indexes (E7), as SQLite's migration 7.
+    r#"
+    CREATE INDEX mail_closed ON mail((coalesce(done_at, expires_at))) WHERE state IN ('done', 'failed', 'expired');
+    CREATE INDEX jobs_finished ON jobs(queue, finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
+    CREATE INDEX jobs_finished_at ON jobs(finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
+    CREATE INDEX events_at ON events(at);
+    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {

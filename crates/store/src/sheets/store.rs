@@ -32,7 +32,7 @@ use super::wire::{ValueRange, delete_rows};
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
-    MailWrites, Result, SpecWrites, SqliteStore, Store, StoreError,
+    MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
 };
 
 /// The tabs kept on the spreadsheet, in the order they are read.
@@ -483,6 +483,10 @@ impl Store for SheetsStore {
         self.inner.local.ledger_projects().await
     }
 
+    async fn mail_last_seq(&self) -> Result<i64> {
+        self.inner.local.mail_last_seq().await
+    }
+
     async fn kv_get(&self, key: &str) -> Result<Option<String>> {
         self.inner.local.kv_get(key).await
     }
@@ -513,6 +517,15 @@ impl Store for SheetsStore {
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
         self.inner.local.job_counts().await
+    }
+
+    async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
+        // The pruned rows leave the sheet in the next cycle, as its deletions (E7).
+        let n = self.inner.local.prune(what, limit).await?;
+        if n > 0 {
+            self.changed();
+        }
+        Ok(n)
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

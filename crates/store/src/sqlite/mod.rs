@@ -20,7 +20,7 @@ use crate::codec::{
 };
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    Result, SpecWrites, Store, StoreError,
+    Prune, Result, SpecWrites, Store, StoreError,
 };
 use pcmail_core::jobs::Job;
 use pcmail_core::lease::Lease;
@@ -542,6 +542,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn mail_last_seq(&self) -> Result<i64> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT coalesce(max(seq), 0) FROM mail")
+                .map_err(map_err)?
+                .query_row([], |r| r.get(0))
+                .map_err(map_err)
+        })
+        .await
+    }
+
     async fn kv_get(&self, key: &str) -> Result<Option<String>> {
         let key = key.to_string();
         self.read(move |conn| {
@@ -666,6 +676,43 @@ impl Store for SqliteStore {
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
         self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
+    }
+
+    async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
+        self.write(move |conn| {
+            let limit = limit as i64;
+            let (sql, args): (&str, Vec<rusqlite::types::Value>) = match what {
+                Prune::ClosedMail { before } => (
+                    "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE state IN ('done', 'failed', 'expired') \
+                     AND coalesce(done_at, expires_at) < ?1 ORDER BY coalesce(done_at, expires_at) LIMIT ?2)",
+                    vec![ms(before).into(), limit.into()],
+                ),
+                Prune::FinishedJobs { queue: Some(queue), before } => (
+                    "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE queue = ?1 \
+                     AND state IN ('succeeded', 'dead', 'cancelled') AND finished_at < ?2 ORDER BY finished_at LIMIT ?3)",
+                    vec![queue.into(), ms(before).into(), limit.into()],
+                ),
+                Prune::FinishedJobs { queue: None, before } => (
+                    "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE state IN ('succeeded', 'dead', 'cancelled') \
+                     AND finished_at < ?1 ORDER BY finished_at LIMIT ?2)",
+                    vec![ms(before).into(), limit.into()],
+                ),
+                Prune::Events { before } => (
+                    "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                    vec![ms(before).into(), limit.into()],
+                ),
+                Prune::SettledAlerts { before } => (
+                    "DELETE FROM alerts WHERE rowid IN (SELECT rowid FROM alerts WHERE state IN ('resolved', 'notice') \
+                     AND notified = state AND updated_at < ?1 LIMIT ?2)",
+                    vec![ms(before).into(), limit.into()],
+                ),
+            };
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            let n = tx.prepare_cached(sql).map_err(map_err)?.execute(rusqlite::params_from_iter(args)).map_err(map_err)?;
+            tx.commit().map_err(map_err)?;
+            Ok(n)
+        })
+        .await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

@@ -193,6 +193,18 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE jobs ADD COLUMN enqueued_by TEXT;
     CREATE INDEX jobs_enqueued_by ON jobs(enqueued_by, seq) WHERE enqueued_by IS NOT NULL;
     "#,
+    // 6: the store's identity (E5), drawn once with its schema: a PC whose cursor belongs to
+    // another store starts again from 0.
+    r#"
+    INSERT OR IGNORE INTO kv (key, value) VALUES ('store/identity', lower(hex(randomblob(16))));
+    "#,
+    // 7: retention (E7) finds what to prune through an index, however large the tabs.
+    r#"
+    CREATE INDEX mail_closed ON mail(coalesce(done_at, expires_at)) WHERE state IN ('done', 'failed', 'expired');
+    CREATE INDEX jobs_finished ON jobs(queue, finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
+    CREATE INDEX jobs_finished_at ON jobs(finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
+    CREATE INDEX events_at ON events(at);
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
