@@ -196,6 +196,26 @@ pub enum Command {
         #[command(subcommand)]
         command: IntentCommand,
     },
+    /// pcmail's own Telegram channel: this PC's bot, polled by `agent` (or `mcp`)
+    Telegram {
+        #[command(subcommand)]
+        command: TelegramCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TelegramCommand {
+    /// Save this PC's bot (its token, from BotFather) after checking it with Telegram
+    Login {
+        /// A file holding the bot token [default: PCMAIL_TELEGRAM_TOKEN]
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// The Bot API's address
+        #[arg(long, default_value = "https://api.telegram.org", env = "PCMAIL_TELEGRAM_API")]
+        api: String,
+    },
+    /// How this PC's bot is polled: offset, conflicts, drops (never the token)
+    Status,
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,7 +12,7 @@ use pcmail_core::agent::needs_reregister;
 use pcmail_core::duration::Dur;
 use pcmail_core::intent::{InboundMessage, intent_mail};
 
-use crate::args::AgentCommand;
+use crate::args::{AgentCommand, TelegramCommand};
 
 fn os(name: Option<&str>) -> Os {
     name.and_then(Os::from_cli).unwrap_or_else(Os::current)
@@ -28,7 +28,17 @@ pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> a
                 stop.send_replace(true);
             });
             tracing::info!(server = client.base(), "agent polling");
-            sync::run(client, &home(), wait.to_std(), std::time::Duration::from_secs(60), || {}, stopped).await?;
+            // I7: the bot's updates too, when this PC owns a Telegram bot.
+            let bot = tokio::spawn(pcmail_agent::telegram::run(
+                home(),
+                Some(client.clone()),
+                std::sync::Arc::default(),
+                stopped.clone(),
+            ));
+            let polled =
+                sync::run(client, &home(), wait.to_std(), std::time::Duration::from_secs(60), || {}, stopped).await;
+            bot.abort();
+            polled?;
             Ok(0)
         }
         Some(AgentCommand::Install { os: name, dir }) => {
@@ -137,11 +147,8 @@ pub async fn record_intent(
         text
     };
     let msg = InboundMessage { channel, chat, message, from, text };
-    for (field, value) in [("channel", &msg.channel), ("chat", &msg.chat), ("message", &msg.message)] {
-        if value.trim().is_empty() || value.contains(char::is_whitespace) {
-            anyhow::bail!("--{field} must be non-empty without spaces");
-        }
-    }
+    // The server's own checks, here first: a message the server would refuse is not recorded.
+    pcmail_core::api::Validate::validate(&msg).map_err(|e| anyhow::anyhow!("--{}: {}", e.field, e.message))?;
     let home = home();
     let mut cache = Cache::open(&home, HOOK_BUSY)?;
     let me = cache.state("machine")?.unwrap_or_else(|| "this-pc".into());
@@ -160,4 +167,33 @@ pub async fn record_intent(
         eprintln!("recorded locally; the server will be told later ({e})");
     }
     Ok(0)
+}
+
+/// `telegram login` and `status`: the bot's token is read from a file (or the environment),
+/// checked with Telegram, and kept in a 0600 file; it is never printed.
+pub async fn telegram(command: TelegramCommand) -> anyhow::Result<i32> {
+    use pcmail_agent::telegram::{self, Bot, BotConfig};
+    let home = home();
+    match command {
+        TelegramCommand::Login { token_file, api } => {
+            let token = match token_file {
+                Some(path) => std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+                None => std::env::var("PCMAIL_TELEGRAM_TOKEN")
+                    .context("pass --token-file FILE (or set PCMAIL_TELEGRAM_TOKEN)")?,
+            };
+            let config = BotConfig { token: token.trim().to_string(), api };
+            anyhow::ensure!(!config.token.is_empty(), "the bot token is empty");
+            let me = Bot::new(&config)?.get_me().await.context("checking the token with Telegram")?;
+            let path = telegram::save(&home, &config)?;
+            let name = me["username"].as_str().unwrap_or("?");
+            println!("bot @{name} saved to {} (0600); `pcmail-ctl agent` polls it", path.display());
+            Ok(0)
+        }
+        TelegramCommand::Status => {
+            for (what, value) in telegram::status(&home)? {
+                println!("{what}: {value}");
+            }
+            Ok(0)
+        }
+    }
 }

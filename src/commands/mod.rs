@@ -27,6 +27,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Mcp { wait, channels } => {
             agent::mcp(Client::resolve(conn.server, conn.token, conn.as_machine, &home()), wait, channels).await
         }
+        Command::Telegram { command } => agent::telegram(command).await,
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();
             agent::record_intent(client, channel, chat, message, from, text).await
@@ -66,6 +67,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 | Command::Login { .. }
                 | Command::Hook { .. }
                 | Command::Mcp { .. }
+                | Command::Telegram { .. }
                 | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }

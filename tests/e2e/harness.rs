@@ -63,6 +63,10 @@ impl Server {
 
     /// As [`Server::start_opts`], with what serve logs kept in [`Server::log`].
     pub fn start_logged(apply: Option<PathBuf>) -> Server {
+        Server::start_logged_opts(apply, &[])
+    }
+
+    pub fn start_logged_opts(apply: Option<PathBuf>, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
         let mut s = Server {
@@ -71,7 +75,7 @@ impl Server {
             child: None,
             apply,
             listen: "127.0.0.1:0".into(),
-            extra: Vec::new(),
+            extra: extra.iter().map(|e| e.to_string()).collect(),
             nofile: None,
         };
         s.spawn();

@@ -2,6 +2,7 @@
 //! CLI and over raw HTTP. One test binary (link time dominates on small machines), one module
 //! per area.
 
+mod botapi;
 mod console;
 mod deploy;
 mod endurance;
@@ -23,5 +24,6 @@ mod sheets;
 mod standin;
 use pcmail_store::sheets::auth as jwt;
 mod specs;
+mod telegram;
 mod trust;
 mod webhook;

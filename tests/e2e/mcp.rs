@@ -30,19 +30,19 @@ fn plugin_command(command: &str, args: &[&str]) -> Command {
     c
 }
 
-struct McpClient {
+pub(crate) struct McpClient {
     child: Child,
     stdin: ChildStdin,
     lines: Receiver<Value>,
     next_id: u64,
     /// Channel notifications received so far, in order.
-    pushes: Vec<(Instant, Value)>,
+    pub(crate) pushes: Vec<(Instant, Value)>,
 }
 
 impl McpClient {
     /// Starts `mcp` as the plugin's `.mcp.json` says, as the PC whose home is `home`, in a
     /// session started with Claude Code's channels flag or without, and initializes it.
-    fn start(home: &Path, session: &str, channels: bool) -> McpClient {
+    pub(crate) fn start(home: &Path, session: &str, channels: bool) -> McpClient {
         let config = read_json(&plugin_root().join(".mcp.json"));
         let server = &config["mcpServers"]["pcmail"];
         let args: Vec<&str> = server["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
@@ -91,7 +91,7 @@ impl McpClient {
 
     /// Takes whatever arrives within `wait`, keeping channel notifications; answers the
     /// response with `id` if it came.
-    fn pump(&mut self, wait: Duration, id: Option<u64>) -> Option<Value> {
+    pub(crate) fn pump(&mut self, wait: Duration, id: Option<u64>) -> Option<Value> {
         let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -115,20 +115,20 @@ impl McpClient {
     }
 
     /// Calls a tool; answers (text, is_error).
-    fn call(&mut self, tool: &str, arguments: Value) -> (String, bool) {
+    pub(crate) fn call(&mut self, tool: &str, arguments: Value) -> (String, bool) {
         let r = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
         let text = r["content"][0]["text"].as_str().unwrap_or_else(|| panic!("{tool}: no text: {r}")).to_string();
         (text, r["isError"] == true)
     }
 
     #[track_caller]
-    fn ok(&mut self, tool: &str, arguments: Value) -> String {
+    pub(crate) fn ok(&mut self, tool: &str, arguments: Value) -> String {
         let (text, error) = self.call(tool, arguments);
         assert!(!error, "{tool} failed: {text}");
         text
     }
 
-    fn running(&mut self) -> bool {
+    pub(crate) fn running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
     }
 }
@@ -170,7 +170,11 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
     let bytes = list.to_string().len();
     assert!(bytes < 2500, "tools/list is {bytes} bytes");
     let names: Vec<&str> = list["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["send", "inbox", "read", "reply", "ack", "fail", "status", "intents"]);
+    assert_eq!(
+        names,
+        ["send", "inbox", "read", "reply", "ack", "fail", "status", "intents", "telegram_reply", "telegram_react"]
+    );
+    println!("tools/list: {bytes} bytes");
 
     let sent = mcp.ok("send", json!({"to": "desk", "subject": "build", "body": "green?", "kind": "request"}));
     let request = mail_id(&sent);

@@ -368,6 +368,7 @@ fn t9_console_answers_carry_the_guard_headers_and_failed_sign_ins_are_logged_and
         "/ui/specs",
         "/ui/ledger/office/T-0404",
         "/ui/style.css",
+        "/ui/nosuch",
     ] {
         let headers = rt.block_on(async {
             client.get(format!("{}{page}", s.url)).header("cookie", &cookie).send().await.expect(page).headers().clone()

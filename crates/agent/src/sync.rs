@@ -114,6 +114,8 @@ async fn cycle_inner(client: &Client, home: &Path, wait: Duration) -> Result<Cyc
         (cursor, cache.state("store")?.unwrap_or_default())
     };
     let (cursor, store) = cursor;
+    // The server answers a long-poll within a minute at most (T5); a longer wait is many polls.
+    let wait = wait.min(Duration::from_secs(60));
     let long = client.with_timeout(wait + Duration::from_secs(30))?;
     // E5: the cursor says which store it belongs to; the server starts a foreign one from 0.
     // (Sent once known: a server older than identities answers none, and would refuse it.)

@@ -277,6 +277,28 @@ pub enum ErrorCode {
     Internal,
 }
 
+/// `POST /api/v1/intents/poller`: how a PC's own chat poller is (I9) — a conflict with another
+/// poller of the same bot (None: polling fine again), and messages dropped since the last report
+/// (chats outside `allowedChats`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PollerReport {
+    pub channel: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<String>,
+    #[serde(default)]
+    pub dropped: u64,
+}
+
+impl Validate for PollerReport {
+    fn validate(&self) -> Result<(), Invalid> {
+        name("channel", &self.channel)?;
+        opt(&self.conflict, |c| line("conflict", c, 1000))?;
+        bounds::count("dropped", self.dropped, 0, 1_000_000_000)?;
+        Ok(())
+    }
+}
+
 /// `POST /api/v1/jobs`: one job for the queue.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -310,6 +332,9 @@ impl Validate for EnqueueRequest {
         }
         opt(&self.unique_key, |k| {
             line("uniqueKey", k, 200)?;
+            if k.trim().is_empty() {
+                return Err(Invalid::new("uniqueKey", "uniqueKey must not be empty (leave it out for no key)"));
+            }
             if k.starts_with(crate::jobs::LEDGER_UNIQUE_PREFIX) {
                 let m = format!(
                     "uniqueKey {k:?} is reserved: keys starting {:?} belong to heavy ledger rows",

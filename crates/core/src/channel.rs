@@ -66,6 +66,22 @@ pub struct Push {
     pub meta: BTreeMap<&'static str, String>,
 }
 
+/// I8: an intent pushed into the session: its text, and where to answer it (`chat_id`,
+/// `message_id`) and who wrote it (`user`), as the Telegram plugin's events carry them.
+pub fn push_intent(m: &Mail) -> Push {
+    let key = m.external_key.as_deref().unwrap_or_default();
+    let (chat, message) = crate::intent::key_parts(key, &m.channel).unwrap_or(("", ""));
+    let user = m.from.split_once(':').map_or(m.from.as_str(), |(_, u)| u).to_string();
+    let content = if m.body.chars().count() > MAX_CONTENT { cut(&m.body, MAX_CONTENT) } else { m.body.clone() };
+    let meta = BTreeMap::from([
+        ("chat_id", chat.to_string()),
+        ("message_id", message.to_string()),
+        ("user", user),
+        ("source", m.channel.clone()),
+    ]);
+    Push { content, meta }
+}
+
 pub fn push(m: &Mail) -> Push {
     let text = if m.subject.is_empty() { m.body.clone() } else { format!("{}\n\n{}", m.subject, m.body) };
     let content = if text.chars().count() > MAX_CONTENT {
@@ -137,6 +153,22 @@ mod tests {
         assert_eq!(p.content, "ship?\n\nyes or no");
         let meta: Vec<(&str, &str)> = p.meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
         assert_eq!(meta, [("from", "desk"), ("id", "mail--00000001"), ("kind", "decision"), ("urgent", "true")]);
+    }
+
+    #[test]
+    fn i8_an_intent_is_pushed_with_where_to_answer_it() {
+        let msg = crate::intent::InboundMessage {
+            channel: "telegram".into(),
+            chat: "-100123".into(),
+            message: "2604".into(),
+            from: "@kim".into(),
+            text: "本番を止めて".into(),
+        };
+        let m = crate::intent::intent_mail(&msg, "desk", at(0), crate::duration::Dur::from_hours(1));
+        let p = push_intent(&m);
+        assert_eq!(p.content, "本番を止めて");
+        let meta: Vec<(&str, &str)> = p.meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(meta, [("chat_id", "-100123"), ("message_id", "2604"), ("source", "telegram"), ("user", "@kim")]);
     }
 
     #[test]

@@ -16,6 +16,12 @@ pub fn external_key(channel: &str, chat: &str, message: &str) -> String {
     format!("{channel}-{chat}-{message}")
 }
 
+/// The chat and message of an intent's key (`<channel>-<chat>-<message>`; a chat id may be
+/// negative, a message id never is).
+pub fn key_parts<'a>(key: &'a str, channel: &str) -> Option<(&'a str, &'a str)> {
+    key.strip_prefix(channel)?.strip_prefix('-')?.rsplit_once('-')
+}
+
 /// An intent's mail id follows from its key, so recording it twice, on the PC or on the
 /// server, is the same row.
 pub fn intent_id(key: &str) -> String {
@@ -38,12 +44,23 @@ impl crate::api::Validate for InboundMessage {
     fn validate(&self) -> Result<(), crate::api::Invalid> {
         use crate::api::{Invalid, line, name, text};
         name("channel", &self.channel)?;
-        for (field, value) in [("chat", &self.chat), ("message", &self.message)] {
+        // The key `<channel>-<chat>-<message>` must read back one way only: a chat may start
+        // with '-' (Telegram's group ids are negative) and holds no other; a message none.
+        let id = |field: &str, value: &str, signed: bool| {
             line(field, value, 64)?;
-            if value.is_empty() || value.contains(char::is_whitespace) {
-                return Err(Invalid::new(field, format!("intent {field} must be non-empty without spaces")));
+            let digits = if signed { value.strip_prefix('-').unwrap_or(value) } else { value };
+            if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                let shape = if signed {
+                    "letters, digits or '_', after an optional leading '-'"
+                } else {
+                    "letters, digits or '_'"
+                };
+                return Err(Invalid::new(field, format!("intent {field} {value:?} must be {shape}")));
             }
-        }
+            Ok(())
+        };
+        id("chat", &self.chat, true)?;
+        id("message", &self.message, false)?;
         line("from", &self.from, 200)?;
         text("text", &self.text)?;
         if self.text.len() > crate::mail::MAX_BODY_BYTES {
@@ -197,10 +214,7 @@ pub fn listing(intents: &[&Mail], policy: &IntentPolicySpec, now: Ts) -> String 
     );
     for m in intents {
         let key = m.external_key.as_deref().unwrap_or_default();
-        let (chat, message) = key
-            .strip_prefix(&format!("{}-", policy.channel))
-            .and_then(|rest| rest.rsplit_once('-'))
-            .unwrap_or(("?", "?"));
+        let (chat, message) = key_parts(key, &policy.channel).unwrap_or(("?", "?"));
         let waited = (now - m.created_at).num_minutes().max(0);
         out += &format!(
             "\n- chat_id={chat} reply_to={message} from {} ({waited} min ago): {}",
@@ -280,6 +294,17 @@ mod tests {
         assert_eq!(due_reminders(std::slice::from_ref(&m), &p, at(480)).len(), 1);
         m.state = MailState::Done;
         assert!(due_reminders(&[m], &p, at(10_000)).is_empty(), "answered");
+    }
+
+    #[test]
+    fn i1_a_key_reads_back_one_way_only() {
+        use crate::api::Validate;
+        assert_eq!(msg("-100123", "2604").validate(), Ok(()));
+        for (chat, message) in [("555-7", "1"), ("555", "7-1"), ("", "1"), ("1", ""), ("1 2", "3"), ("-", "3")] {
+            assert!(msg(chat, message).validate().is_err(), "{chat:?} {message:?}");
+        }
+        let key = external_key("telegram", "-100123", "2604");
+        assert_eq!(key_parts(&key, "telegram"), Some(("-100123", "2604")));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use pcmail_core::Ts;
-use pcmail_core::alert::arrival_notice;
-use pcmail_core::api::{Event, PollResponse, SendRequest, SendResponse};
+use pcmail_core::alert::{arrival_notice, poller_alert};
+use pcmail_core::api::{Event, PollResponse, PollerReport, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_record};
 use pcmail_core::mail::{
@@ -140,6 +140,12 @@ pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now:
             "only the IntentPolicy's recorders ({recorders}) may record intents; list this machine in its recorders"
         )));
     }
+    if msg.channel != rt.intent_policy.channel {
+        return Err(ApiError::unprocessable(format!(
+            "channel {:?} is not the IntentPolicy's ({:?})",
+            msg.channel, rt.intent_policy.channel
+        )));
+    }
     let recorder = caller.machine().unwrap_or("admin").to_string();
     let mail = intent_mail(&msg, &owner, now, rt.mail_policy.ttl);
     let id = mail.id.clone();
@@ -180,6 +186,37 @@ pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now:
         app.queue().add(crate::controller::Key::Notify);
     }
     Ok(SendResponse { id, created, conflict })
+}
+
+/// I9: a recorder's poller report. The channel must be the IntentPolicy's (so the metric's
+/// labels stay what the specs say); a conflict fires `channel-conflict` for that machine, a
+/// report without one resolves it; drops are counted in `pcmail_intents_dropped_total`.
+pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now: Ts) -> Result<(), ApiError> {
+    let rt = app.runtime();
+    let roster = rt.roster.as_ref().ok_or_else(|| ApiError::from_resolve(ResolveError::NoRoster))?;
+    let owner = resolve(Some(roster), &roster.owner).map_err(ApiError::from_resolve)?;
+    if !may_record(&caller.principal, &rt.intent_policy, &owner) {
+        return Err(ApiError::forbidden("only the IntentPolicy's recorders run a chat poller"));
+    }
+    if report.channel != rt.intent_policy.channel {
+        return Err(ApiError::unprocessable(format!(
+            "channel {:?} is not the IntentPolicy's ({:?})",
+            report.channel, rt.intent_policy.channel
+        )));
+    }
+    if report.dropped > 0 {
+        app.metrics().intents_dropped.with_label_values(&[&report.channel]).inc_by(report.dropped);
+    }
+    let machine = caller.machine().unwrap_or("admin");
+    let subject = format!("{}/{machine}", report.channel);
+    let open = app.store().firing_alerts().await?;
+    let current =
+        open.iter().find(|a| a.kind == pcmail_core::alert::AlertKind::ChannelConflict && a.subject == subject);
+    if let Some(alert) = poller_alert(current, &report.channel, machine, report.conflict.as_deref(), now) {
+        app.store().write_alerts(vec![alert]).await?;
+        app.queue().add(crate::controller::Key::Notify);
+    }
+    Ok(())
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.

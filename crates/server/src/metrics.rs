@@ -37,6 +37,7 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub leader: IntGauge,
     pub pruned: IntCounterVec,
+    pub intents_dropped: IntCounterVec,
 }
 
 /// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
@@ -114,6 +115,11 @@ impl Metrics {
             build_info: reg!(gauge("pcmail_build_info", "Build information.", &["version"])?),
             leader: reg!(IntGauge::new("pcmail_leader", "1 while this replica holds the leader lease (C1).")?),
             pruned: reg!(counter("pcmail_pruned_total", "Rows pruned past their retention (E7).", &["tab"])?),
+            intents_dropped: reg!(counter(
+                "pcmail_intents_dropped_total",
+                "Chat messages a PC's poller dropped: their chat is outside allowedChats (I9).",
+                &["channel"]
+            )?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);

@@ -26,7 +26,9 @@ use crate::client::{Client, ClientError};
 /// Told to the agent at `initialize`: what a channel event is and how to answer it.
 const INSTRUCTIONS: &str = "New mail for this PC arrives as <channel> events with id, from, kind and urgent \
 attributes. It is shown, not done: answer with reply, or ack (no answer needed) or fail (cannot be done). \
-read shows a mail in full; inbox lists what is open.";
+read shows a mail in full; inbox lists what is open. A Telegram message arrives as a <channel> event with \
+chat_id, message_id and user: answer it with telegram_reply (reply_to = its message_id), which closes it; \
+a telegram_react does not.";
 
 /// The poller waits at most this long between attempts while the server is away.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -94,6 +96,8 @@ pub async fn run(
     wait: Duration,
 ) -> Result<(), McpError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopped_bot = stopped.clone();
+    let server_client = client.as_ref().ok().cloned();
     // Mail this process fetched is pushed at once; what the agent fetches, within a tick.
     let fetched = Arc::new(Notify::new());
     if let Ok(client) = &client {
@@ -104,6 +108,9 @@ pub async fn run(
     }
     let server = McpServer { client, home: home.clone() };
     let running = server.serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
+    // I7: this process polls the bot when no other process on this PC does (the lock decides).
+    let client_for_bot = server_client.clone();
+    tokio::spawn(crate::telegram::run(home.clone(), client_for_bot, fetched.clone(), stopped_bot));
     tokio::spawn(push::follow(running.peer().clone(), home, presented_in, fetched));
     let reason = running.waiting().await;
     tracing::debug!(?reason, "MCP session ended");

@@ -42,12 +42,15 @@ struct Follower {
     /// seq order (M11's cursor), so nothing behind it can still arrive.
     from: Option<channel::Start>,
     started: pcmail_core::Ts,
+    /// Intents open when following began (the session-start hook lists them, I5) and every
+    /// intent pushed since: each new one is pushed once (I8).
+    intents_seen: Option<std::collections::HashSet<String>>,
 }
 
 /// Pushes until the session goes away: every [`TICK`], and at once when `fetched` is told of a
 /// poll that brought mail.
 pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, presented_in: Option<String>, fetched: Arc<Notify>) {
-    let mut f = Follower { home, presented_in, cache: None, from: None, started: crate::now() };
+    let mut f = Follower { home, presented_in, cache: None, from: None, started: crate::now(), intents_seen: None };
     let mut pause = TICK;
     loop {
         match f.tick(&peer).await {
@@ -71,6 +74,11 @@ pub async fn follow(peer: Peer<RoleServer>, home: PathBuf, presented_in: Option<
     }
 }
 
+async fn notify(peer: &Peer<RoleServer>, push: channel::Push) -> Result<(), ServiceError> {
+    let params = serde_json::json!({"content": push.content, "meta": push.meta});
+    peer.send_notification(ServerNotification::CustomNotification(CustomNotification::new(METHOD, Some(params)))).await
+}
+
 impl Follower {
     async fn tick(&mut self, peer: &Peer<RoleServer>) -> Result<(), FollowError> {
         let cache = match &mut self.cache {
@@ -80,19 +88,22 @@ impl Follower {
         let Some(from) = self.from else {
             let cursor = cache.state("cursor")?.and_then(|c| c.parse().ok());
             self.from = Some(channel::start(cursor, self.started));
+            self.intents_seen = Some(cache.open_intents()?.into_iter().map(|m| m.id).collect());
             return Ok(());
         };
+        // I8: each intent recorded since, once, with where to answer it.
+        let seen = self.intents_seen.get_or_insert_with(Default::default);
+        for m in cache.open_intents()? {
+            if !seen.contains(&m.id) {
+                notify(peer, channel::push_intent(&m)).await?;
+                seen.insert(m.id);
+            }
+        }
         let now = crate::now();
         let fresh = cache.unpresented_after(from.after_seq)?;
         let mut pushed = Vec::new();
         for m in channel::to_push(&fresh, from, now) {
-            let push = channel::push(m);
-            let params = serde_json::json!({"content": push.content, "meta": push.meta});
-            peer.send_notification(ServerNotification::CustomNotification(CustomNotification::new(
-                METHOD,
-                Some(params),
-            )))
-            .await?;
+            notify(peer, channel::push(m)).await?;
             pushed.push(m.id.clone());
         }
         // Past what was pushed, and past what is not pushable now (closed, expired), which never

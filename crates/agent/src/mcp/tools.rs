@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use pcmail_core::api::{ErrorCode, MailStatus, SendRequest};
 use pcmail_core::ids;
-use pcmail_core::intent::listing;
-use pcmail_core::mail::{Mail, MailKind, MailState};
+use pcmail_core::intent::{external_key, listing};
+use pcmail_core::mail::{Mail, MailKind, MailState, Step};
+use pcmail_core::present;
 use serde_json::{Map, Value, json};
 
 use crate::cache::{Cache, CacheError};
@@ -26,6 +27,7 @@ const SENDABLE: [MailKind; 4] = [MailKind::Note, MailKind::Request, MailKind::De
 /// because that is what an agent must not get wrong (a peek vs. a read).
 pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
     let id = json!({"type": "string"});
+    let chat = json!({"type": ["string", "integer"]});
     let object = |props: Value, required: &[&str]| {
         let mut schema = json!({"type": "object", "properties": props});
         if !required.is_empty() {
@@ -71,6 +73,22 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
             object(json!({"id": id, "wait_for": {"enum": ["seen", "done"]}, "timeout": {"type": "integer"}}), &["id"]),
         ),
         ("intents", "Chat messages (Telegram) still waiting for an explicit reply.", object(json!({}), &[])),
+        (
+            "telegram_reply",
+            "Reply on Telegram to one message; closes it.",
+            object(
+                json!({"chat_id": chat, "reply_to": chat, "text": {"type": "string"}}),
+                &["chat_id", "reply_to", "text"],
+            ),
+        ),
+        (
+            "telegram_react",
+            "React to a Telegram message: marks it seen, never answered.",
+            object(
+                json!({"chat_id": chat, "message_id": chat, "emoji": {"type": "string"}}),
+                &["chat_id", "message_id", "emoji"],
+            ),
+        ),
     ]
 }
 
@@ -140,6 +158,21 @@ impl Args<'_> {
         }
     }
 
+    /// A Telegram chat or message id: a number, as a string or not.
+    fn chat_id(&self, name: &str) -> Result<String, ToolError> {
+        let id = match self.0.get(name) {
+            Some(Value::Number(n)) => n.to_string(),
+            Some(Value::String(s)) => s.trim().to_string(),
+            None | Some(Value::Null) => return Err(ToolError(format!("`{name}` is required."))),
+            Some(_) => String::new(),
+        };
+        if id.parse::<i64>().is_ok() {
+            Ok(id)
+        } else {
+            Err(ToolError(format!("`{name}` must be a Telegram id (a whole number), not {id:?}.")))
+        }
+    }
+
     fn flag(&self, name: &str) -> Result<bool, ToolError> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(false),
@@ -172,8 +205,10 @@ pub async fn call(
         let names: Vec<&str> = tools.iter().map(|(n, ..)| *n).collect();
         return Err(ToolError(format!("There is no tool `{name}`; the tools are {}.", names.join(", "))));
     }
-    if name == "intents" {
-        return intents(home);
+    match name {
+        "intents" => return intents(home),
+        "telegram_reply" | "telegram_react" => return telegram(client.ok(), home, name, &args).await,
+        _ => {}
     }
     let client = client.map_err(|e| ToolError(e.to_string()))?;
     match name {
@@ -222,6 +257,49 @@ pub async fn call(
         }
         other => Err(ToolError(format!("internal: tool `{other}` is listed but not run"))),
     }
+}
+
+/// I8: answers a Telegram message through this PC's bot and moves exactly its intent: a reply
+/// Telegram accepted closes it, a reaction marks it seen; a refusal moves nothing and says why.
+async fn telegram(client: Option<&Client>, home: &Path, name: &str, args: &Args<'_>) -> Result<String, ToolError> {
+    let config = crate::telegram::load(home).map_err(|e| ToolError(e.to_string()))?.ok_or_else(|| {
+        ToolError("This PC has no Telegram bot; run `pcmail-ctl telegram login --token-file F`.".into())
+    })?;
+    let bot = crate::telegram::Bot::new(&config).map_err(|e| ToolError(e.to_string()))?;
+    let chat = args.chat_id("chat_id")?;
+    let (message, step) = if name == "telegram_reply" {
+        let (reply_to, text) = (args.chat_id("reply_to")?, args.str("text")?);
+        bot.reply(&chat, &reply_to, &text).await.map_err(|e| ToolError(format!("{e}; nothing was sent or closed.")))?;
+        (reply_to, Step::Done { result: Some(present::cut(&format!("answered on Telegram: {text}"), 2000)) })
+    } else {
+        let message = args.chat_id("message_id")?;
+        bot.react(&chat, &message, &args.str("emoji")?)
+            .await
+            .map_err(|e| ToolError(format!("{e}; nothing was marked.")))?;
+        (message, Step::See)
+    };
+    let key = external_key(pcmail_core::telegram::CHANNEL, &chat, &message);
+    let mut cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
+    let closed = match cache.intent_by_key(&key)? {
+        Some(intent) => {
+            let me = cache.state("machine")?.unwrap_or_else(|| "this-pc".into());
+            cache.step(&intent.id, step, &me, crate::now())?.map(|m| m.state)
+        }
+        None => None,
+    };
+    drop(cache);
+    // The server hears of it now, not at the poller's next cycle (which may be a minute away).
+    if let Some(client) = client
+        && closed.is_some()
+        && let Err(e) = crate::sync::flush(client, home).await
+    {
+        tracing::info!(error = %e, "the intent's move waits in the queue for the next poll");
+    }
+    let verb = if name == "telegram_reply" { "replied to" } else { "reacted to" };
+    Ok(match closed {
+        Some(state) => format!("{verb} chat {chat} message {message}; its intent is {state}"),
+        None => format!("{verb} chat {chat} message {message}; no pending intent had that key"),
+    })
 }
 
 /// I5's listing, from the local cache: intents are recorded on this PC first (I1).

@@ -30,16 +30,19 @@ pub enum AlertKind {
     IntentUnanswered,
     /// T4: one chat message recorded twice with different texts (one of them forged or garbled).
     IntentConflict,
+    /// I9: a PC's chat poller and another poller of the same bot take each other's updates.
+    ChannelConflict,
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 6] = [
+    pub const ALL: [AlertKind; 7] = [
         AlertKind::UnreadSla,
         AlertKind::Undelivered,
         AlertKind::ReceiverDown,
         AlertKind::Arrival,
         AlertKind::IntentUnanswered,
         AlertKind::IntentConflict,
+        AlertKind::ChannelConflict,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +53,7 @@ impl AlertKind {
             AlertKind::Arrival => "arrival",
             AlertKind::IntentUnanswered => "intent-unanswered",
             AlertKind::IntentConflict => "intent-conflict",
+            AlertKind::ChannelConflict => "channel-conflict",
         }
     }
 
@@ -62,6 +66,7 @@ impl AlertKind {
             AlertKind::Arrival => "PcmailArrival",
             AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
             AlertKind::IntentConflict => "PcmailIntentConflict",
+            AlertKind::ChannelConflict => "PcmailChannelConflict",
         }
     }
 }
@@ -272,6 +277,41 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
     AlertPlan { upsert, breaches }
 }
 
+/// I9: the alert row a poller report leads to, if any: firing while `machine`'s poller of
+/// `channel` conflicts with another, resolved once it polls fine again.
+pub fn poller_alert(
+    open: Option<&Alert>,
+    channel: &str,
+    machine: &str,
+    conflict: Option<&str>,
+    now: Ts,
+) -> Option<Alert> {
+    match (open.filter(|a| a.state == AlertState::Firing), conflict) {
+        (None, Some(why)) => Some(Alert {
+            kind: AlertKind::ChannelConflict,
+            subject: format!("{channel}/{machine}"),
+            state: AlertState::Firing,
+            summary: crate::present::cut(
+                &format!("{machine}'s {channel} poller is not the only one reading the bot: {why}"),
+                300,
+            ),
+            labels: BTreeMap::from([
+                ("machine".to_string(), machine.to_string()),
+                ("channel".to_string(), channel.to_string()),
+            ]),
+            firing_since: now,
+            resolved_at: None,
+            notified: None,
+            last_sent_at: None,
+            updated_at: now,
+        }),
+        (Some(firing), None) => {
+            Some(Alert { state: AlertState::Resolved, resolved_at: Some(now), updated_at: now, ..firing.clone() })
+        }
+        _ => None,
+    }
+}
+
 /// M10: decision and work requests and urgent mail notify the humans once per id on arrival.
 pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
     let notable = matches!(m.kind, MailKind::Decision | MailKind::Work) || m.urgent;
@@ -420,6 +460,22 @@ mod tests {
             assert_eq!(kind.as_str().parse::<AlertKind>(), Ok(kind));
             assert_eq!(serde_json::to_value(kind).ok(), Some(serde_json::Value::String(kind.as_str().into())));
         }
+    }
+
+    #[test]
+    fn i9_a_poller_conflict_fires_once_and_resolves_when_polling_is_fine_again() {
+        let fired =
+            poller_alert(None, "telegram", "desk", Some("Conflict: terminated by other getUpdates request"), at(5))
+                .expect("fires");
+        assert_eq!(
+            (fired.kind, fired.subject.as_str(), fired.state),
+            (AlertKind::ChannelConflict, "telegram/desk", AlertState::Firing)
+        );
+        assert!(fired.summary.contains("terminated by other getUpdates"));
+        assert_eq!(poller_alert(Some(&fired), "telegram", "desk", Some("again"), at(6)), None, "already firing");
+        let resolved = poller_alert(Some(&fired), "telegram", "desk", None, at(9)).expect("resolves");
+        assert_eq!((resolved.state, resolved.resolved_at), (AlertState::Resolved, Some(at(9))));
+        assert_eq!(poller_alert(None, "telegram", "desk", None, at(9)), None, "nothing to resolve");
     }
 
     #[test]

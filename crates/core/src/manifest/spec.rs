@@ -117,6 +117,10 @@ pub struct IntentPolicySpec {
     /// T4: the machines that may record intents; empty means the Roster owner alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recorders: Vec<String>,
+    /// I9: the chats whose messages pcmail's own Telegram poller records (others are dropped
+    /// and counted); empty means every chat the bot is in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_chats: Vec<i64>,
 }
 
 impl Default for IntentPolicySpec {
@@ -129,6 +133,7 @@ impl Default for IntentPolicySpec {
             remind_every: d_5m(),
             escalate_after: d_10m(),
             recorders: Vec::new(),
+            allowed_chats: Vec::new(),
         }
     }
 }

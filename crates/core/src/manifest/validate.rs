@@ -260,6 +260,17 @@ fn validate_spec(doc: &Document) -> Vec<ManifestError> {
     if let Spec::Roster(r) = &doc.spec {
         errors.extend(validate_roster(doc, r));
     }
+    // T6 for labels too: short, one line, no NUL or bidi override; keys without spaces.
+    for (key, value) in &doc.labels {
+        let bad_key = key.is_empty() || key.contains(char::is_whitespace) || text::check_line(key).is_err();
+        if bad_key || key.chars().count() > 63 || value.chars().count() > 63 || text::check_line(value).is_err() {
+            errors.push(doc.error_at(
+                "labels:",
+                0,
+                format!("label {key:?}: keys and values are one line of at most 63 characters, keys without spaces"),
+            ));
+        }
+    }
     errors
 }
 
@@ -418,6 +429,19 @@ mod tests {
         );
         assert!(errors[0].message.contains("metadata.name \"a.b\" is not a valid name"), "{errors:?}");
         assert_eq!(errors[0].line, 3);
+    }
+
+    #[test]
+    fn t6_labels_are_short_single_lines() {
+        for labels in ["{\"A B\": c}", "{a: \"b\\nc\"}", "{a: \"b\\u202e\"}"] {
+            let text = format!(
+                "apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: f, labels: {labels}}}\nspec: {{command: [x], mode: generate}}\n"
+            );
+            let errors = check(&text);
+            assert!(errors.iter().any(|e| e.message.contains("keys and values are one line")), "{labels}: {errors:?}");
+        }
+        let fine = "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: f, labels: {team: office}}\nspec: {command: [x], mode: generate}\n";
+        assert!(check(fine).is_empty());
     }
 
     #[test]

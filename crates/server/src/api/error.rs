@@ -94,6 +94,12 @@ impl From<pcmail_core::api::Invalid> for ApiError {
     }
 }
 
+impl From<pcmail_core::bounds::OutOfRange> for ApiError {
+    fn from(e: pcmail_core::bounds::OutOfRange) -> Self {
+        Self::unprocessable(e.to_string())
+    }
+}
+
 impl From<SendError> for ApiError {
     fn from(e: SendError) -> Self {
         let message = e.to_string();

@@ -52,7 +52,7 @@ pub async fn list(
         queue: q.queue,
         state: q.state,
         machine: caller.machine().map(String::from),
-        limit: q.limit.unwrap_or(100).min(1000),
+        limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
     };
     let jobs = app.store().list_jobs(query).await?;
     Ok(Json(jobs.into_iter().map(|j| redact(j, caller.actor())).collect()))

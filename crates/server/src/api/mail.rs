@@ -9,6 +9,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use pcmail_core::api::{MailStatus, PollResponse, SendRequest, SendResponse, StepRequest, WhoAmI};
+use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::is_mail_id;
 use pcmail_core::mail::{Mail, MailState, Step, can_view};
@@ -25,6 +26,18 @@ const MAX_LIMIT: usize = 500;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(v)| v).map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+}
+
+/// T5 for a query's wait: at most [`MAX_WAIT`] (a client repeats a longer wait).
+fn wait(field: &str, d: Option<Dur>) -> Result<Option<Duration>, ApiError> {
+    let max = Dur::from_millis(MAX_WAIT.as_millis() as u64);
+    d.map(|d| bounds::duration(field, d, Dur::default(), max).map(Dur::to_std)).transpose().map_err(ApiError::from)
+}
+
+/// T5 for a query's limit: 1 to [`MAX_LIMIT`], `default` when absent.
+fn limit(n: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(default) as u64;
+    Ok(bounds::count("limit", n, 1, MAX_LIMIT as u64)? as usize)
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
@@ -69,7 +82,7 @@ pub async fn list(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Vec<Mail>>, ApiError> {
     let q = query(q)?;
-    let mut filter = MailQuery { limit: q.limit.unwrap_or(100).min(MAX_LIMIT), ..Default::default() };
+    let mut filter = MailQuery { limit: limit(q.limit, 100)?, ..Default::default() };
     match q.mailbox.as_deref().unwrap_or("inbox") {
         "inbox" => filter.to = Some(caller.require_machine()?.to_string()),
         "sent" => filter.from = Some(caller.require_machine()?.to_string()),
@@ -107,7 +120,7 @@ pub async fn status(
     }
     let mail = match q.wait_for {
         Some(target) => {
-            let wait = q.timeout.map_or(MAX_WAIT, |d| d.to_std().min(MAX_WAIT));
+            let wait = wait("timeout", q.timeout)?.unwrap_or(MAX_WAIT);
             mailbox::wait_for(&app, &id, Some(target), wait).await?
         }
         None => mail,
@@ -159,8 +172,8 @@ pub async fn poll(
 ) -> Result<Json<PollResponse>, ApiError> {
     let q = query(q)?;
     let machine = caller.require_machine()?;
-    let wait = q.wait.map_or(Duration::ZERO, |d| d.to_std().min(MAX_WAIT));
-    let limit = q.limit.unwrap_or(100).clamp(1, MAX_LIMIT);
+    let wait = wait("wait", q.wait)?.unwrap_or(Duration::ZERO);
+    let limit = limit(q.limit, 100)?;
     Ok(Json(mailbox::poll(&app, machine, (q.cursor, q.store.as_deref()), limit, wait).await?))
 }
 
@@ -174,6 +187,16 @@ pub async fn record_intent(
     let response = detached(async move { mailbox::record_intent(&app, &caller, msg, crate::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
+}
+
+/// I9: how a PC's own chat poller is; a conflict raises `channel-conflict`, drops are counted.
+pub async fn poller_report(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(report): JsonBody<pcmail_core::api::PollerReport>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    detached(async move { mailbox::poller_report(&app, &caller, report, crate::now()).await }).await?;
+    Ok(Json(serde_json::json!({"ok": true})))
 }
 
 /// The IntentPolicy the PC's hooks follow (they cannot ask the server themselves).

@@ -54,6 +54,7 @@ routes!(ROUTES, api_routes:
     "/api/v1/mail/{id}/{step}" => post mail::step;
     "/api/v1/poll" => get mail::poll;
     "/api/v1/intents" => post mail::record_intent;
+    "/api/v1/intents/poller" => post mail::poller_report;
     "/api/v1/policy" => get mail::policy;
     "/api/v1/jobs" => post jobs::enqueue, get jobs::list;
     "/api/v1/jobs/claim" => post jobs::claim;

@@ -37,6 +37,8 @@ pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
         .route("/ui/alerts", get(alerts))
         .route("/ui/jobs", get(jobs))
         .route("/ui/specs", get(specs))
+        // Unknown console paths answer from here, with the console's headers (T9).
+        .route("/ui/{*rest}", get(not_found))
         .layer(Extension(sessions))
         .layer(axum::middleware::map_response(guard_headers))
 }
@@ -115,6 +117,12 @@ impl Ctx {
 fn failure(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
     let body = format!("<p class=\"error\">{}</p>", esc(message));
     (status, Html(page(ctx.lang, t(ctx.lang, "Error", "エラー"), Some(&ctx.csrf), &body))).into_response()
+}
+
+async fn not_found(headers: HeaderMap) -> Response {
+    let lang = language(&headers);
+    let body = format!("<p class=\"error\">{}</p>", t(lang, "No such page.", "そのページはありません。"));
+    (StatusCode::NOT_FOUND, Html(page(lang, "404", None, &body))).into_response()
 }
 
 async fn login_form(headers: HeaderMap) -> Html<String> {

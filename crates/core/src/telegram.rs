@@ -1,0 +1,251 @@
+//! Seed 003's Layer 1 by construction (I7–I9): pcmail reads the bot's updates itself, so every
+//! message is recorded before any session hears of it — no patched plugin to forget. This is
+//! the Bot API's wire format as pcmail reads it, and the rules: what an update becomes (an
+//! intent, a drop for a chat not allowed, or nothing), which offset confirms what was recorded,
+//! and how long to wait after each kind of failure.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::intent::InboundMessage;
+use crate::manifest::spec::IntentPolicySpec;
+
+/// The channel name pcmail's own poller records under.
+pub const CHANNEL: &str = "telegram";
+
+/// One entry of `getUpdates`' answer (only what pcmail reads; unknown fields are ignored, as
+/// the Bot API adds them over time).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Update {
+    pub update_id: i64,
+    #[serde(default)]
+    pub message: Option<Message>,
+    #[serde(default)]
+    pub edited_message: Option<Message>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Message {
+    pub message_id: i64,
+    pub chat: Chat,
+    #[serde(default)]
+    pub from: Option<User>,
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(default)]
+    pub caption: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Chat {
+    pub id: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct User {
+    pub id: i64,
+    #[serde(default)]
+    pub first_name: String,
+    #[serde(default)]
+    pub last_name: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+}
+
+/// Every Bot API answer: `ok` with a `result`, or an `error_code` and `description`, with
+/// `parameters.retry_after` on a 429.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Answer<T> {
+    pub ok: bool,
+    #[serde(default = "Option::default")]
+    pub result: Option<T>,
+    #[serde(default)]
+    pub error_code: Option<u16>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Parameters>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Parameters {
+    #[serde(default)]
+    pub retry_after: Option<u64>,
+}
+
+/// What one update is to pcmail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Intake {
+    /// A message to record as an intent (I1).
+    Record(InboundMessage),
+    /// A message from a chat `allowedChats` leaves out: not recorded, counted (I9).
+    Dropped { chat: i64 },
+    /// Not a new message (an edit, a reaction, a member change): nothing to answer.
+    Skip,
+}
+
+/// I7/I9: what `update` becomes. An edit is not a new message to answer: its original was
+/// recorded when it arrived.
+pub fn intake(update: &Update, policy: &IntentPolicySpec) -> Intake {
+    let Some(m) = &update.message else { return Intake::Skip };
+    if !policy.allowed_chats.is_empty() && !policy.allowed_chats.contains(&m.chat.id) {
+        return Intake::Dropped { chat: m.chat.id };
+    }
+    let text = m.text.clone().or_else(|| m.caption.clone()).unwrap_or_else(|| "[a message without text]".into());
+    Intake::Record(InboundMessage {
+        channel: CHANNEL.into(),
+        chat: m.chat.id.to_string(),
+        message: m.message_id.to_string(),
+        from: m.from.as_ref().map_or_else(|| format!("chat {}", m.chat.id), sender),
+        text: crate::text::sanitize(&text),
+    })
+}
+
+/// A sender as people read them: `@username`, else the name, else the id.
+fn sender(u: &User) -> String {
+    if let Some(name) = u.username.as_deref().filter(|n| !n.is_empty()) {
+        return format!("@{name}");
+    }
+    let full = format!("{} {}", u.first_name, u.last_name.as_deref().unwrap_or_default());
+    let full = full.trim();
+    if full.is_empty() { format!("user {}", u.id) } else { crate::text::sanitize(full).replace(['\n', '\r'], " ") }
+}
+
+/// I7: the offset that confirms `update` once it is recorded (or dropped, or skipped): Telegram
+/// forgets every update below the offset of the next `getUpdates`.
+pub fn confirm(update: &Update) -> i64 {
+    update.update_id.saturating_add(1)
+}
+
+/// Why a Bot API call failed, as the poller and the tools act on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BotError {
+    /// 409: another `getUpdates` reads this bot (a second agent, the official plugin).
+    #[error(
+        "another poller reads this bot's updates (409: {0}); stop the other one (a second pcmail agent or the official Telegram plugin): one poller per bot"
+    )]
+    Conflict(String),
+    /// 429: Telegram asks to wait this many seconds.
+    #[error("Telegram asks to wait {0} s (429)")]
+    RetryAfter(u64),
+    /// 401/404 on the bot's URL: the token is wrong or was revoked.
+    #[error("Telegram refused the bot token ({0}); run `pcmail-ctl telegram login` with the token BotFather gave")]
+    Unauthorized(String),
+    /// Any other refusal of this request (a reply to a message that is gone, a blocked bot).
+    #[error("Telegram refused it: {0}")]
+    Refused(String),
+    /// No answer, or a 5xx: Telegram or the network is away for now.
+    #[error("Telegram cannot be reached now: {0}")]
+    Unreachable(String),
+}
+
+/// What an HTTP answer from the Bot API means; None when it is a success.
+pub fn failure<T>(status: u16, answer: Option<&Answer<T>>) -> Option<BotError> {
+    let description =
+        answer.and_then(|a| a.description.clone()).unwrap_or_else(|| format!("HTTP {status} without a description"));
+    let code = answer.and_then(|a| a.error_code).unwrap_or(status);
+    if answer.is_some_and(|a| a.ok) && (200..300).contains(&status) {
+        return None;
+    }
+    Some(match code {
+        409 => BotError::Conflict(description),
+        429 => BotError::RetryAfter(answer.and_then(|a| a.parameters.as_ref()?.retry_after).unwrap_or(5)),
+        401 | 404 => BotError::Unauthorized(description),
+        c if c >= 500 || answer.is_none() => BotError::Unreachable(description),
+        _ => BotError::Refused(description),
+    })
+}
+
+/// I9: how long the poller waits after `error`, the `attempt`th in a row: Telegram's own
+/// `retry_after`; half a minute after a conflict (the other poller is told once, the log and an
+/// alert say it once, and nothing spins); doubling from one second up to a minute otherwise.
+pub fn wait_after(error: &BotError, attempt: u32) -> Duration {
+    match error {
+        BotError::RetryAfter(s) => Duration::from_secs((*s).clamp(1, 3600)),
+        BotError::Conflict(_) => Duration::from_secs(30),
+        BotError::Unauthorized(_) => Duration::from_secs(300),
+        BotError::Refused(_) | BotError::Unreachable(_) => {
+            Duration::from_secs(1u64 << attempt.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(json: &str) -> Update {
+        serde_json::from_str(json).expect("an update")
+    }
+
+    #[test]
+    fn i7_a_message_becomes_an_intent_keyed_by_its_chat_and_message() {
+        let u = update(
+            r#"{"update_id": 7, "message": {"message_id": 2604, "date": 1, "chat": {"id": -100123, "type": "group"},
+                "from": {"id": 5, "is_bot": false, "first_name": "Kim", "username": "kim"}, "text": "本番を止めて",
+                "entities": []}}"#,
+        );
+        let Intake::Record(msg) = intake(&u, &IntentPolicySpec::default()) else { panic!("recorded") };
+        assert_eq!(
+            (msg.channel.as_str(), msg.chat.as_str(), msg.message.as_str(), msg.from.as_str(), msg.text.as_str()),
+            ("telegram", "-100123", "2604", "@kim", "本番を止めて")
+        );
+        assert_eq!(confirm(&u), 8, "the offset confirms this update and no later one");
+    }
+
+    #[test]
+    fn i9_a_chat_outside_allowed_chats_is_dropped_and_edits_are_skipped() {
+        let policy = IntentPolicySpec { allowed_chats: vec![1], ..IntentPolicySpec::default() };
+        let from = |chat: i64| {
+            update(&format!(
+                r#"{{"update_id": 1, "message": {{"message_id": 1, "chat": {{"id": {chat}}}, "text": "x"}}}}"#
+            ))
+        };
+        assert!(matches!(intake(&from(1), &policy), Intake::Record(_)));
+        assert_eq!(intake(&from(2), &policy), Intake::Dropped { chat: 2 });
+        let edit = update(r#"{"update_id": 2, "edited_message": {"message_id": 1, "chat": {"id": 1}, "text": "y"}}"#);
+        assert_eq!(intake(&edit, &policy), Intake::Skip);
+    }
+
+    #[test]
+    fn i7_a_photo_keeps_its_caption_and_a_sender_without_username_its_name() {
+        let u = update(
+            r#"{"update_id": 3, "message": {"message_id": 9, "chat": {"id": 4}, "caption": "見積\u202e書",
+                "from": {"id": 5, "first_name": "Kim", "last_name": "Lee"}, "photo": [{"file_id": "x"}]}}"#,
+        );
+        let Intake::Record(msg) = intake(&u, &IntentPolicySpec::default()) else { panic!("recorded") };
+        assert_eq!((msg.from.as_str(), msg.text.as_str()), ("Kim Lee", "見積\u{FFFD}書"), "T6 holds for chat text too");
+        let bare = update(r#"{"update_id": 4, "message": {"message_id": 9, "chat": {"id": 4}}}"#);
+        let Intake::Record(msg) = intake(&bare, &IntentPolicySpec::default()) else { panic!("recorded") };
+        assert_eq!((msg.from.as_str(), msg.text.as_str()), ("chat 4", "[a message without text]"));
+    }
+
+    #[test]
+    fn i9_each_failure_is_named_and_waited_out_never_spun_on() {
+        let answer = |json: &str| serde_json::from_str::<Answer<serde_json::Value>>(json).expect("answer");
+        let conflict = answer(
+            r#"{"ok": false, "error_code": 409, "description": "Conflict: terminated by other getUpdates request"}"#,
+        );
+        assert!(matches!(failure(409, Some(&conflict)), Some(BotError::Conflict(d)) if d.contains("terminated")));
+        let slow = answer(
+            r#"{"ok": false, "error_code": 429, "description": "Too Many Requests", "parameters": {"retry_after": 17}}"#,
+        );
+        assert_eq!(failure(429, Some(&slow)), Some(BotError::RetryAfter(17)));
+        let gone = answer(
+            r#"{"ok": false, "error_code": 400, "description": "Bad Request: message to be replied not found"}"#,
+        );
+        assert!(matches!(failure(400, Some(&gone)), Some(BotError::Refused(_))));
+        assert!(matches!(failure::<()>(401, None), Some(BotError::Unauthorized(_))));
+        assert!(matches!(failure::<()>(502, None), Some(BotError::Unreachable(_))));
+        assert_eq!(failure(200, Some(&answer(r#"{"ok": true, "result": []}"#))), None);
+        assert_eq!(wait_after(&BotError::RetryAfter(17), 1), Duration::from_secs(17));
+        assert_eq!(wait_after(&BotError::Conflict(String::new()), 9), Duration::from_secs(30));
+        let down = BotError::Unreachable(String::new());
+        assert_eq!(
+            (wait_after(&down, 1), wait_after(&down, 3), wait_after(&down, 30)),
+            (Duration::from_secs(1), Duration::from_secs(4), Duration::from_secs(60))
+        );
+        assert!(BotError::Conflict("x".into()).to_string().contains("one poller per bot"));
+    }
+}
