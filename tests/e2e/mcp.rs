@@ -383,7 +383,7 @@ fn mcp_with_an_unusable_home_or_garbled_input_answers_clearly_and_keeps_running(
     mcp.stdin.write_all(b"not json at all\n\xff\xfe\n").expect("write");
     mcp.pump(Duration::from_secs(1), None);
     assert!(mcp.running(), "a broken cache or a garbled line never ends the session's server");
-    assert_eq!(mcp.request("tools/list", json!({}))["tools"].as_array().map(Vec::len), Some(8));
+    assert_eq!(mcp.request("tools/list", json!({}))["tools"].as_array().map(Vec::len), Some(10));
 }
 
 #[test]
