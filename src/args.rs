@@ -29,6 +29,10 @@ pub struct Connection {
     /// With the admin token: act as this machine
     #[arg(long = "as", global = true, env = "PCMAIL_AS")]
     pub as_machine: Option<String>,
+    /// A CA certificate (PEM) the server's TLS certificate chains to, trusted beside the
+    /// system's roots [default: the one `login --ca` saved]
+    #[arg(long, global = true, env = "PCMAIL_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
@@ -371,6 +375,12 @@ pub struct ServeArgs {
     /// Allow plain HTTP on a non-loopback address
     #[arg(long)]
     pub insecure_listen: bool,
+    /// Serve HTTPS with this certificate chain (PEM); reloaded when it changes on disk
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// How often every reconciler runs even when nothing asked for it
     #[arg(long, default_value = "10s")]
     pub resync: Dur,

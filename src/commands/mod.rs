@@ -11,7 +11,7 @@ mod specs;
 use anyhow::Context;
 use pcmail_core::api::{TokenRequest, TokenResponse, WhoAmI};
 
-use pcmail_agent::client::{Client, ClientConfig, config_path, home, write_private};
+use pcmail_agent::client::{Client, ClientConfig, config_path, home, read_ca, write_private};
 use pcmail_agent::mail::Action;
 
 use crate::args::{Cli, Command, IntentCommand, TokenCommand};
@@ -22,18 +22,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let conn = cli.conn;
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
-        Command::Login { server, token } => login(server, token).await,
+        Command::Login { server, token } => login(server, token, conn.ca.as_deref()).await,
         Command::Hook { event } => Ok(hook(&event)),
         Command::Mcp { wait, channels } => {
-            agent::mcp(Client::resolve(conn.server, conn.token, conn.as_machine, &home()), wait, channels).await
+            agent::mcp(
+                Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home()),
+                wait,
+                channels,
+            )
+            .await
         }
         Command::Telegram { command } => agent::telegram(command).await,
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
-            let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home()).ok();
+            let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home()).ok();
             agent::record_intent(client, channel, chat, message, from, text).await
         }
         command => {
-            let client = Client::resolve(conn.server, conn.token, conn.as_machine, &home())?;
+            let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home())?;
             match command {
                 Command::Apply { file, dry_run } => specs::apply(&client, &file, dry_run).await,
                 Command::Diff { file } => specs::diff(&client, &file).await,
@@ -77,10 +82,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 /// Checks the token against the server before saving it, so a typo is caught now.
-async fn login(server: String, token: String) -> anyhow::Result<i32> {
-    let client = Client::new(&server, &token, None, std::time::Duration::from_secs(30))?;
+async fn login(server: String, token: String, ca: Option<&std::path::Path>) -> anyhow::Result<i32> {
+    let ca = ca.map(read_ca).transpose()?;
+    let client = Client::new(&server, &token, None, ca.clone(), std::time::Duration::from_secs(30))?;
     let who: WhoAmI = client.get("/api/v1/whoami", &[]).await?;
-    let config = ClientConfig { server, token };
+    let config = ClientConfig { server, token, ca };
     let path = config_path(&home());
     write_private(&path, &serde_json::to_string_pretty(&config)?).context("saving the client config")?;
     let identity = who.machine.unwrap_or_else(|| "admin".into());

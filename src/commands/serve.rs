@@ -16,6 +16,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         listen: args.listen,
         apply: args.apply,
         insecure_listen: args.insecure_listen,
+        tls: args.tls_cert.zip(args.tls_key),
         resync: args.resync.to_std(),
         lease: args.lease.to_std(),
         max_connections: args.max_connections,

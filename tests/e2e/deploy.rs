@@ -63,13 +63,31 @@ fn deploy_kubernetes_two_replicas_with_probes_start_serve_on_postgres_as_written
     let data = dir.path().join("data");
     std::fs::create_dir(&data).expect("data dir");
     std::fs::write(data.join("admin.token"), "pcm_admin_from_the_secret\n").expect("token");
+    // O4: the manifests as the kubelet mounts a ConfigMap — a hidden timestamped folder, a
+    // `..data` link to it, and a link per file.
+    let configmap = dir.path().join("manifests");
+    let stamped = configmap.join("..2026_11_30_22_09_00.123456789");
+    std::fs::create_dir_all(&stamped).expect("configmap dir");
+    std::os::unix::fs::symlink(stamped.file_name().expect("name"), configmap.join("..data")).expect("..data");
+    let mut applied = 0;
+    for entry in std::fs::read_dir(examples()).expect("examples") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let name = path.file_name().expect("name").to_owned();
+            std::fs::copy(&path, stamped.join(&name)).expect("copy");
+            std::os::unix::fs::symlink(std::path::Path::new("..data").join(&name), configmap.join(&name))
+                .expect("link");
+            applied += 1;
+        }
+    }
+    assert!(applied >= 3);
     let args: Vec<String> = container["args"]
         .as_array()
         .expect("args")
         .iter()
         .map(|a| match a.as_str().expect("arg") {
             "/var/lib/pcmail" => data.display().to_string(),
-            "/etc/pcmail/manifests" => examples().display().to_string(),
+            "/etc/pcmail/manifests" => configmap.display().to_string(),
             "0.0.0.0:7420" => "0.0.0.0:0".to_string(),
             other => other.to_string(),
         })

@@ -20,6 +20,8 @@ pub struct Server {
     extra: Vec<String>,
     /// The open-file limit serve runs under (`ulimit -n`), when a test sets one.
     nofile: Option<u64>,
+    /// The CA the CLI trusts (`PCMAIL_CA`) for a server on HTTPS.
+    pub ca: Option<PathBuf>,
 }
 
 impl Server {
@@ -36,8 +38,16 @@ impl Server {
     pub fn start_opts(apply: Option<PathBuf>, listen: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra = extra.iter().map(|s| s.to_string()).collect();
-        let mut s =
-            Server { dir, url: String::new(), child: None, apply, listen: listen.to_string(), extra, nofile: None };
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply,
+            listen: listen.to_string(),
+            extra,
+            nofile: None,
+            ca: None,
+        };
         s.spawn();
         s
     }
@@ -56,6 +66,26 @@ impl Server {
             listen: "127.0.0.1:0".into(),
             extra,
             nofile: Some(nofile),
+            ca: None,
+        };
+        s.spawn();
+        s
+    }
+
+    /// A server on HTTPS at `listen` with this certificate and key; the CLI trusts `ca`.
+    pub fn start_tls(listen: &str, cert: &Path, key: &Path, ca: &Path) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let extra =
+            vec!["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()];
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply: Some(examples()),
+            listen: listen.into(),
+            extra,
+            nofile: None,
+            ca: Some(ca.to_path_buf()),
         };
         s.spawn();
         s
@@ -77,6 +107,7 @@ impl Server {
             listen: "127.0.0.1:0".into(),
             extra: extra.iter().map(|e| e.to_string()).collect(),
             nofile: None,
+            ca: None,
         };
         s.spawn();
         s
@@ -104,6 +135,7 @@ impl Server {
             listen,
             extra: first.extra.clone(),
             nofile: first.nofile,
+            ca: first.ca.clone(),
         };
         s.spawn();
         s
@@ -225,7 +257,12 @@ impl Server {
 
     pub fn ctl_stdin(&self, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let home = self.home_of(token);
-        let mut child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        match &self.ca {
+            Some(ca) => cmd.env("PCMAIL_CA", ca),
+            None => cmd.env_remove("PCMAIL_CA"),
+        };
+        let mut child = cmd
             .args(args)
             .env("PCMAIL_SERVER", &self.url)
             .env("PCMAIL_TOKEN", token)

@@ -14,6 +14,7 @@ mod load;
 mod mail;
 mod mcp;
 mod monitoring;
+mod operations;
 mod pcside;
 mod replicas;
 mod security;

@@ -22,11 +22,14 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()))
 }
 
-/// A command line of the plugin's, `${CLAUDE_PLUGIN_ROOT}` filled in, pointed at this build.
+/// A command line of the plugin's, `${CLAUDE_PLUGIN_ROOT}` filled in, pointed at this build
+/// (through the launcher's `PCMAIL_CTL`, and first on `PATH` for a bare `pcmail-ctl`).
 fn plugin_command(command: &str, args: &[&str]) -> Command {
     let program = command.replace("${CLAUDE_PLUGIN_ROOT}", &plugin_root().to_string_lossy());
+    let bin_dir = Path::new(BIN).parent().expect("bin dir");
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let mut c = Command::new(program);
-    c.args(args).env("PCMAIL_CTL", BIN).env("CLAUDE_PLUGIN_ROOT", plugin_root());
+    c.args(args).env("PCMAIL_CTL", BIN).env("CLAUDE_PLUGIN_ROOT", plugin_root()).env("PATH", path);
     c
 }
 
@@ -431,10 +434,30 @@ fn plugin_json_files_parse_and_name_only_commands_that_exist() {
     }
     assert_eq!(commands, 4, "one command per event");
 
+    // O5: the MCP server is the binary itself, found on PATH — Claude Code starts MCP servers
+    // without a shell, and on Windows resolves `pcmail-ctl` to `pcmail-ctl.exe` (PATHEXT).
     let mcp = read_json(&root.join(".mcp.json"));
     let server = &mcp["mcpServers"]["pcmail"];
-    assert_eq!(server["command"], "${CLAUDE_PLUGIN_ROOT}/bin/pcmail-ctl");
+    assert_eq!(server["command"], "pcmail-ctl");
     assert_eq!(server["args"], json!(["mcp"]));
-    let help = plugin_command("${CLAUDE_PLUGIN_ROOT}/bin/pcmail-ctl", &["mcp", "--help"]).output().expect("mcp --help");
+    let help = plugin_command("pcmail-ctl", &["mcp", "--help"]).output().expect("mcp --help");
     assert!(help.status.success() && stdout(&help).contains("MCP server"), "{}", stderr(&help));
+}
+
+#[test]
+fn o7_claude_plugin_validate_strict_passes_on_the_plugin_and_the_marketplace() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for path in [plugin_root(), repo.to_path_buf()] {
+        let out =
+            Command::new("claude").args(["plugin", "validate", "--strict"]).arg(&path).output().unwrap_or_else(|e| {
+                panic!("Claude Code's `claude` ({e}): run the tests with scripts/test, which installs it")
+            });
+        assert!(
+            out.status.success() && stdout(&out).contains("Validation passed"),
+            "{}: {}{}",
+            path.display(),
+            stdout(&out),
+            stderr(&out)
+        );
+    }
 }

@@ -94,7 +94,7 @@ pub fn undelivered(receiver: &Receiver, subject: &str) -> Vec<String> {
     receiver
         .alerts()
         .into_iter()
-        .filter(|(name, s, _)| name == "PcmailUndelivered" && s == subject)
+        .filter(|(name, s, _)| name == "PcmailMailUndelivered" && s == subject)
         .map(|(_, _, st)| st)
         .collect()
 }
@@ -141,6 +141,11 @@ fn m9_m10_undelivered_fires_once_resolves_once_across_sigkill_and_prometheus_see
     )
     .expect("dashboard json");
     assert_eq!(dashboard["templating"]["list"][0]["type"], "datasource");
+    // O6: Grafana's import dialog asks for the Prometheus data source.
+    assert_eq!(
+        (dashboard["__inputs"][0]["type"].as_str(), dashboard["__inputs"][0]["pluginId"].as_str()),
+        (Some("datasource"), Some("prometheus"))
+    );
     let exprs: Vec<String> = dashboard["panels"]
         .as_array()
         .expect("panels")

@@ -17,6 +17,12 @@ pub enum ClientError {
     NoToken,
     #[error("cannot reach the server at {base}: {message} (is `pcmail-ctl serve` running?)")]
     Unreachable { base: String, message: String },
+    #[error(
+        "the server at {base} presented a TLS certificate this PC does not trust ({message}); pass --ca FILE, set PCMAIL_CA, or run `pcmail-ctl login --ca FILE`"
+    )]
+    Untrusted { base: String, message: String },
+    #[error("CA certificate {path}: {message}")]
+    Ca { path: String, message: String },
     #[error("{message}")]
     Api { status: u16, code: Option<ErrorCode>, message: String, details: Vec<String> },
     #[error("unexpected answer from the server ({status}): {message}")]
@@ -56,6 +62,18 @@ impl ClientError {
 pub struct ClientConfig {
     pub server: String,
     pub token: String,
+    /// O1: the CA certificate(s), as PEM, that the server's TLS certificate chains to (beside
+    /// the system's roots): kept whole so the file `login --ca` read may move or go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+}
+
+/// Reads a CA file (`--ca`, `PCMAIL_CA`) as PEM text, naming the file on failure.
+pub fn read_ca(path: &Path) -> Result<String, ClientError> {
+    let ca = |message: String| ClientError::Ca { path: path.display().to_string(), message };
+    let pem = std::fs::read_to_string(path).map_err(|e| ca(e.to_string()))?;
+    reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| ca(format!("not PEM certificates: {e}")))?;
+    Ok(pem)
 }
 
 /// `$PCMAIL_HOME`, else `~/.pcmail`: the client config, the inbox cache and its queue.
@@ -89,6 +107,7 @@ pub struct Client {
     base: String,
     token: String,
     as_machine: Option<String>,
+    ca: Option<String>,
 }
 
 impl Client {
@@ -98,9 +117,14 @@ impl Client {
         server: Option<String>,
         token: Option<String>,
         as_machine: Option<String>,
+        ca: Option<&Path>,
         home: &Path,
     ) -> Result<Client, ClientError> {
         let config = load_config(home)?;
+        let ca = match ca {
+            Some(path) => Some(read_ca(path)?),
+            None => config.as_ref().and_then(|c| c.ca.clone()),
+        };
         let base =
             server.or_else(|| config.as_ref().map(|c| c.server.clone())).unwrap_or_else(|| DEFAULT_SERVER.into());
         let token = match (token, &config) {
@@ -110,16 +134,34 @@ impl Client {
                 .map(|t| t.trim().to_string())
                 .map_err(|_| ClientError::NoToken)?,
         };
-        Client::new(&base, &token, as_machine, Duration::from_secs(120))
+        Client::new(&base, &token, as_machine, ca, Duration::from_secs(120))
     }
 
-    pub fn new(base: &str, token: &str, as_machine: Option<String>, timeout: Duration) -> Result<Client, ClientError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(10).min(timeout))
-            .build()
-            .map_err(|e| ClientError::Unreachable { base: base.into(), message: e.to_string() })?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string(), as_machine })
+    /// `ca`: PEM certificates to trust beside the system's roots (O1).
+    pub fn new(
+        base: &str,
+        token: &str,
+        as_machine: Option<String>,
+        ca: Option<String>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        let mut builder =
+            reqwest::Client::builder().timeout(timeout).connect_timeout(Duration::from_secs(10).min(timeout));
+        if let Some(pem) = &ca {
+            let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+                .map_err(|e| ClientError::Ca { path: "(saved by login)".into(), message: e.to_string() })?;
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http =
+            builder.build().map_err(|e| ClientError::Unreachable { base: base.into(), message: e.to_string() })?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string(), as_machine, ca })
+    }
+
+    /// The CA this client trusts beside the system's roots, to save with a login.
+    pub fn ca(&self) -> Option<&str> {
+        self.ca.as_deref()
     }
 
     pub fn base(&self) -> &str {
@@ -128,7 +170,7 @@ impl Client {
 
     /// The same server and identity with another request timeout.
     pub fn with_timeout(&self, timeout: Duration) -> Result<Client, ClientError> {
-        Client::new(&self.base, &self.token, self.as_machine.clone(), timeout)
+        Client::new(&self.base, &self.token, self.as_machine.clone(), self.ca.clone(), timeout)
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, ClientError> {
@@ -136,8 +178,15 @@ impl Client {
         if let Some(m) = &self.as_machine {
             req = req.header("x-pcmail-as", m);
         }
-        let unreachable =
-            |e: reqwest::Error| ClientError::Unreachable { base: self.base.clone(), message: e.to_string() };
+        let unreachable = |e: reqwest::Error| {
+            // A certificate the PC does not trust is not an outage: say what to do about it.
+            let chain = format!("{e:?}");
+            if chain.contains("InvalidCertificate") || chain.contains("UnknownIssuer") {
+                let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                return ClientError::Untrusted { base: self.base.clone(), message: detail };
+            }
+            ClientError::Unreachable { base: self.base.clone(), message: e.to_string() }
+        };
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(unreachable)?;

@@ -72,6 +72,8 @@ impl Conn {
 struct Shared {
     router: Router,
     settings: Settings,
+    /// O1: HTTPS when set; the handshake counts against the header timeout.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     epoch: Instant,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
@@ -132,10 +134,17 @@ impl Shared {
 }
 
 /// Serves `router` on `listener` until `shutdown` turns true, then drains.
-pub async fn serve(listener: TcpListener, router: Router, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    settings: Settings,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let shared = Arc::new(Shared {
         router,
         settings,
+        tls,
         epoch: Instant::now(),
         conns: Mutex::default(),
         next_id: AtomicU64::new(0),
@@ -183,7 +192,7 @@ async fn connection(
     stream: TcpStream,
     addr: SocketAddr,
     slot: Option<(u64, Arc<Conn>)>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let overflow = slot.is_none();
     let (id, conn) = slot.unwrap_or_else(|| {
@@ -196,6 +205,35 @@ async fn connection(
             }),
         )
     });
+    match shared.tls.clone() {
+        None => exchange(&shared, stream, addr, &conn, overflow, shutdown).await,
+        Some(acceptor) => {
+            let limit = Duration::from_millis(shared.settings.timeouts.header_ms);
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => exchange(&shared, tls, addr, &conn, overflow, shutdown).await,
+                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%addr, "TLS handshake too slow"),
+            }
+        }
+    }
+    if overflow {
+        shared.overflow.fetch_sub(1, Ordering::Relaxed);
+    } else {
+        shared.forget(id);
+    }
+}
+
+/// The HTTP exchanges of one connection, whatever carries them (TCP, or TLS over it).
+async fn exchange<S>(
+    shared: &Arc<Shared>,
+    stream: S,
+    addr: SocketAddr,
+    conn: &Arc<Conn>,
+    overflow: bool,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = {
         let (shared, conn) = (shared.clone(), conn.clone());
         hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -214,6 +252,7 @@ async fn connection(
         })
     };
     let io = TokioIo::new(Watched { inner: stream, conn: conn.clone(), shared: shared.clone() });
+    let shared = shared.clone();
     let served = http1::Builder::new().keep_alive(!overflow).max_buf_size(MAX_BUF).serve_connection(io, service);
     tokio::pin!(served);
     let mut draining = false;
@@ -250,11 +289,6 @@ async fn connection(
             }
         }
     }
-    if overflow {
-        shared.overflow.fetch_sub(1, Ordering::Relaxed);
-    } else {
-        shared.forget(id);
-    }
 }
 
 fn busy() -> Response<axum::body::Body> {
@@ -266,15 +300,15 @@ fn busy() -> Response<axum::body::Body> {
     r
 }
 
-/// The socket, telling its connection when bytes arrive (an idle connection's next head
+/// The stream, telling its connection when bytes arrive (an idle connection's next head
 /// starts then).
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     conn: Arc<Conn>,
     shared: Arc<Shared>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
@@ -285,7 +319,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }

@@ -19,6 +19,7 @@ pub mod manifests;
 mod metrics;
 mod runtime;
 mod specs;
+mod tls;
 mod wakeups;
 
 use std::net::SocketAddr;
@@ -42,6 +43,8 @@ pub struct ServeConfig {
     pub apply: Option<PathBuf>,
     /// Accept plain HTTP on a non-loopback address (C2).
     pub insecure_listen: bool,
+    /// O1: serve HTTPS with this certificate chain and key (PEM), reloaded when they change.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// How often every reconciler runs even when nothing asked for it.
     pub resync: std::time::Duration,
     /// C1: the leader lease's duration; renewed three times within it.
@@ -63,6 +66,7 @@ impl ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             apply: None,
             insecure_listen: false,
+            tls: None,
             resync: std::time::Duration::from_secs(10),
             lease: std::time::Duration::from_secs(15),
             max_connections: 2048,
@@ -75,7 +79,7 @@ impl ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(
-        "refusing to listen on {0} without TLS: plain HTTP is allowed on loopback only; put a TLS proxy in front or pass --insecure-listen"
+        "refusing to listen on {0} without TLS: plain HTTP is allowed on loopback only; pass --tls-cert and --tls-key (or --insecure-listen behind a TLS proxy)"
     )]
     InsecureListen(SocketAddr),
     #[error("cannot listen on {addr}: {source}")]
@@ -84,6 +88,8 @@ pub enum ServeError {
     DataDir { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] pcmail_store::StoreError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("--apply {path}: {message}")]
     Apply { path: PathBuf, message: String },
     #[error("server failed: {0}")]
@@ -96,9 +102,13 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    if !config.listen.ip().is_loopback() && !config.insecure_listen {
+    if !config.listen.ip().is_loopback() && !config.insecure_listen && config.tls.is_none() {
         return Err(ServeError::InsecureListen(config.listen));
     }
+    let certificate = match &config.tls {
+        Some((cert, key)) => Some(tls::Certificate::load(cert, key)?),
+        None => None,
+    };
     let app = App::start(&config).await?;
     if let Some(path) = &config.apply {
         let files =
@@ -121,7 +131,8 @@ pub async fn serve(
     let local = listener.local_addr()?;
     app.set_listen_addr(local);
     // Tests and scripts read this line to find a port chosen with :0.
-    println!("pcmail-ctl serve listening on http://{local}");
+    let scheme = if certificate.is_some() { "https" } else { "http" };
+    println!("pcmail-ctl serve listening on {scheme}://{local}");
     tracing::info!(%local, data_dir = %config.data_dir.display(), connections = connections.limit, "serving");
 
     let controller = tokio::spawn(controller::run(app.clone()));
@@ -131,7 +142,11 @@ pub async fn serve(
         shutdown.await;
         stopping.begin_shutdown();
     });
-    conns::serve(listener, api::router(app.clone()), connections, app.watch_shutdown()).await;
+    let acceptor = certificate.map(|c| {
+        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2)));
+        c.acceptor()
+    });
+    conns::serve(listener, api::router(app.clone()), connections, acceptor, app.watch_shutdown()).await;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {

@@ -58,11 +58,14 @@ impl AlertKind {
     }
 
     /// The Alertmanager `alertname`, matching the Prometheus rules in manifests/prometheus.
+    /// The `alertname` pcmail posts: never one of the Prometheus rules' (`manifests/prometheus`),
+    /// whose alerts count machines where these name one mail, so Alertmanager never groups the
+    /// two sources as one alert (O6).
     pub fn alertname(self) -> &'static str {
         match self {
-            AlertKind::UnreadSla => "PcmailUnreadSla",
-            AlertKind::Undelivered => "PcmailUndelivered",
-            AlertKind::ReceiverDown => "PcmailReceiverDown",
+            AlertKind::UnreadSla => "PcmailMailUnread",
+            AlertKind::Undelivered => "PcmailMailUndelivered",
+            AlertKind::ReceiverDown => "PcmailMachineSilent",
             AlertKind::Arrival => "PcmailArrival",
             AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
             AlertKind::IntentConflict => "PcmailIntentConflict",
@@ -204,7 +207,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             firing.push((
                 AlertKind::Undelivered,
                 m.id.clone(),
-                format!("{} to {} not delivered for {age}: {}", m.id, m.to, m.subject),
+                format!("{} to {} not delivered for {age}: {}", m.id, m.to, title(m)),
                 labels,
             ));
         }
@@ -225,7 +228,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             firing.push((
                 AlertKind::UnreadSla,
                 m.id.clone(),
-                format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, m.subject),
+                format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, title(m)),
                 labels,
             ));
         }
@@ -312,6 +315,22 @@ pub fn poller_alert(
     }
 }
 
+/// What a summary calls a mail: its subject, else the start of its body (O6: never a dangling
+/// ": ").
+fn title(m: &Mail) -> String {
+    let subject = m.subject.trim();
+    if !subject.is_empty() {
+        return subject.to_string();
+    }
+    let first = m.body.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(no subject or body)");
+    crate::present::cut(first, 80)
+}
+
+/// O6: how loud an alert is — `critical` for urgent mail, `warning` for everything else.
+pub fn severity(a: &Alert) -> &'static str {
+    if a.labels.get("urgency").is_some_and(|u| u == "urgent") { "critical" } else { "warning" }
+}
+
 /// M10: decision and work requests and urgent mail notify the humans once per id on arrival.
 pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
     let notable = matches!(m.kind, MailKind::Decision | MailKind::Work) || m.urgent;
@@ -325,7 +344,7 @@ pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
             m.kind,
             m.from,
             m.to,
-            m.subject
+            title(m)
         ),
         labels: BTreeMap::from([
             ("to".to_string(), m.to.clone()),
@@ -476,6 +495,16 @@ mod tests {
         let resolved = poller_alert(Some(&fired), "telegram", "desk", None, at(9)).expect("resolves");
         assert_eq!((resolved.state, resolved.resolved_at), (AlertState::Resolved, Some(at(9))));
         assert_eq!(poller_alert(None, "telegram", "desk", None, at(9)), None, "nothing to resolve");
+    }
+
+    #[test]
+    fn o6_a_summary_names_a_mail_without_subject_by_its_body() {
+        let mut m = mail("mail--00000001", "pc1", "pc2");
+        (m.kind, m.subject, m.body) = (MailKind::Decision, String::new(), "\n  ship it?\nmore".into());
+        let notice = arrival_notice(&m, at(0)).expect("a notice");
+        assert!(notice.summary.ends_with(": ship it?"), "{}", notice.summary);
+        m.body.clear();
+        assert!(arrival_notice(&m, at(0)).expect("a notice").summary.ends_with("(no subject or body)"));
     }
 
     #[test]

@@ -11,16 +11,29 @@ use crate::manifest::spec::NotifyFormat;
 /// Alertmanager's "zero time", used as `endsAt` of a firing alert in webhook payloads.
 const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
 
-fn labels(a: &Alert) -> Value {
+fn labels(a: &Alert) -> serde_json::Map<String, Value> {
     let mut l = serde_json::Map::new();
     l.insert("alertname".into(), a.kind.alertname().into());
     l.insert("kind".into(), a.kind.as_str().into());
     l.insert("subject".into(), a.subject.clone().into());
     l.insert("source".into(), "pcmail".into());
+    l.insert("severity".into(), super::severity(a).into());
     for (k, v) in &a.labels {
         l.insert(k.clone(), v.clone().into());
     }
-    Value::Object(l)
+    l
+}
+
+fn annotations(a: &Alert) -> serde_json::Map<String, Value> {
+    [("summary".to_string(), Value::from(a.summary.clone()))].into_iter().collect()
+}
+
+/// O6: what every one of `maps` holds alike (Alertmanager's `commonLabels` and
+/// `commonAnnotations`).
+fn common(maps: &[serde_json::Map<String, Value>]) -> Value {
+    let Some((first, rest)) = maps.split_first() else { return json!({}) };
+    let shared = first.iter().filter(|(k, v)| rest.iter().all(|m| m.get(*k) == Some(v)));
+    Value::Object(shared.map(|(k, v)| (k.clone(), v.clone())).collect())
 }
 
 fn status(a: &Alert) -> &'static str {
@@ -42,13 +55,15 @@ pub fn webhook_body(format: NotifyFormat, alerts: &[Alert], external_url: &str) 
     match format {
         NotifyFormat::Alertmanager | NotifyFormat::AlertmanagerApi => {
             let any_firing = alerts.iter().any(|a| a.state != AlertState::Resolved);
+            let all_labels: Vec<_> = alerts.iter().map(labels).collect();
+            let all_annotations: Vec<_> = alerts.iter().map(annotations).collect();
             let items: Vec<Value> = alerts
                 .iter()
                 .map(|a| {
                     json!({
                         "status": status(a),
                         "labels": labels(a),
-                        "annotations": {"summary": a.summary},
+                        "annotations": annotations(a),
                         "startsAt": a.firing_since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                         "endsAt": ends_at(a),
                         "generatorURL": external_url,
@@ -63,8 +78,8 @@ pub fn webhook_body(format: NotifyFormat, alerts: &[Alert], external_url: &str) 
                 "status": if any_firing { "firing" } else { "resolved" },
                 "receiver": "pcmail",
                 "groupLabels": {"source": "pcmail"},
-                "commonLabels": {"source": "pcmail"},
-                "commonAnnotations": {},
+                "commonLabels": common(&all_labels),
+                "commonAnnotations": common(&all_annotations),
                 "externalURL": external_url,
                 "alerts": items,
             })
@@ -88,7 +103,7 @@ pub fn alertmanager_api_body(alerts: &[Alert], external_url: &str, now: Ts, hold
                 };
                 json!({
                     "labels": labels(a),
-                    "annotations": {"summary": a.summary},
+                    "annotations": annotations(a),
                     "startsAt": fmt(a.firing_since),
                     "endsAt": fmt(ends),
                     "generatorURL": external_url,
@@ -146,14 +161,43 @@ mod tests {
         let a = &body["alerts"][0];
         assert_eq!(
             (a["status"].as_str(), a["labels"]["alertname"].as_str()),
-            (Some("firing"), Some("PcmailUndelivered"))
+            (Some("firing"), Some("PcmailMailUndelivered"))
         );
+        assert_eq!(a["labels"]["severity"], "warning");
         assert_eq!(a["labels"]["to"], "pc2");
         assert_eq!(a["endsAt"], ZERO_TIME);
         let resolved = webhook_body(NotifyFormat::Alertmanager, &[alert(AlertState::Resolved)], "http://pcmail");
         assert_eq!(resolved["status"], "resolved");
         assert_eq!(resolved["alerts"][0]["endsAt"], "1970-01-01T00:01:00.000Z");
         assert_eq!(resolved["alerts"][0]["fingerprint"], a["fingerprint"], "same alert, same fingerprint");
+    }
+
+    #[test]
+    fn o6_common_labels_are_what_every_alert_of_the_post_shares_and_urgent_is_critical() {
+        let one = webhook_body(NotifyFormat::Alertmanager, &[alert(AlertState::Firing)], "");
+        assert_eq!(one["commonLabels"], one["alerts"][0]["labels"], "a one-alert post shares all its labels");
+        assert_eq!(one["commonAnnotations"], one["alerts"][0]["annotations"]);
+        let mut urgent = alert(AlertState::Firing);
+        urgent.subject = "mail--00000002".into();
+        urgent.summary = "another".into();
+        urgent.labels.insert("urgency".into(), "urgent".into());
+        let two = webhook_body(NotifyFormat::Alertmanager, &[alert(AlertState::Firing), urgent], "");
+        assert_eq!(two["alerts"][1]["labels"]["severity"], "critical");
+        assert_eq!(
+            two["commonLabels"],
+            json!({"alertname": "PcmailMailUndelivered", "kind": "undelivered", "source": "pcmail", "to": "pc2"})
+        );
+        assert_eq!(two["commonAnnotations"], json!({}));
+    }
+
+    #[test]
+    fn o6_pcmail_alertnames_are_never_the_prometheus_rules_ones() {
+        let rules = include_str!("../../../../manifests/prometheus/pcmail-rules.yaml");
+        let names: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("- alert:")).map(str::trim).collect();
+        assert!(names.len() >= 5, "{names:?}");
+        for kind in super::super::AlertKind::ALL {
+            assert!(!names.contains(&kind.alertname()), "{} is also a Prometheus rule", kind.alertname());
+        }
     }
 
     #[test]
