@@ -200,11 +200,55 @@ pub enum Command {
         #[command(subcommand)]
         command: IntentCommand,
     },
+    /// Copy the whole store, as one snapshot taken while it serves, into a new SQLite file
+    Backup {
+        file: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Bring a backup back into an empty store (a new data dir, or --store URL)
+    Restore {
+        file: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Whole stores: move one to another adapter, or compare two
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// pcmail's own Telegram channel: this PC's bot, polled by `agent` (or `mcp`)
     Telegram {
         #[command(subcommand)]
         command: TelegramCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Copy every tab into an empty store (SQLite → PostgreSQL as a team grows)
+    Copy {
+        #[command(flatten)]
+        ends: StorePair,
+    },
+    /// Compare two stores tab by tab (rows and checksum); exit 0 if equal, 1 if they differ
+    Verify {
+        #[command(flatten)]
+        ends: StorePair,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct StorePair {
+    /// The store read (sqlite:PATH, postgres://…, sheets://…)
+    #[arg(long)]
+    pub from: String,
+    /// The other store
+    #[arg(long)]
+    pub to: String,
+    /// Where a sheets:// store keeps its working copy
+    #[arg(long, default_value = "./pcmail-data")]
+    pub data_dir: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -358,8 +402,9 @@ pub enum IntentCommand {
     },
 }
 
+/// Which store: `serve`'s, and what `backup` and `restore` read or fill.
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub struct StoreArgs {
     #[arg(long, default_value = "./pcmail-data")]
     pub data_dir: PathBuf,
     /// sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=KEY.json
@@ -367,6 +412,18 @@ pub struct ServeArgs {
     // Its value may hold a password: `--help` never prints it.
     #[arg(long, env = "PCMAIL_STORE", hide_env_values = true)]
     pub store: Option<String>,
+}
+
+impl StoreArgs {
+    pub fn url(&self) -> String {
+        self.store.clone().unwrap_or_else(|| pcmail_store::default_url(&self.data_dir))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
     /// Apply the manifests in this file or directory at start

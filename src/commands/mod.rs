@@ -7,6 +7,7 @@ mod ledger;
 mod mail;
 mod serve;
 mod specs;
+mod store;
 
 use anyhow::Context;
 use pcmail_core::api::{TokenRequest, TokenResponse, WhoAmI};
@@ -33,6 +34,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await
         }
         Command::Telegram { command } => agent::telegram(command).await,
+        Command::Backup { file, store } => store::backup(file, store).await,
+        Command::Restore { file, store } => store::restore(file, store).await,
+        Command::Store { command } => store::run(command).await,
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home()).ok();
             agent::record_intent(client, channel, chat, message, from, text).await
@@ -73,6 +77,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 | Command::Hook { .. }
                 | Command::Mcp { .. }
                 | Command::Telegram { .. }
+                | Command::Backup { .. }
+                | Command::Restore { .. }
+                | Command::Store { .. }
                 | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }

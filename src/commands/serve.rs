@@ -11,8 +11,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .with_writer(std::io::stderr)
         .init();
     let config = ServeConfig {
-        data_dir: args.data_dir,
-        store_url: args.store,
+        data_dir: args.store.data_dir,
+        store_url: args.store.store,
         listen: args.listen,
         apply: args.apply,
         insecure_listen: args.insecure_listen,

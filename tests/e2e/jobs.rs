@@ -5,7 +5,7 @@ use crate::harness::*;
 
 /// A queue `q` whose pool runs no worker in-process: these tests claim by hand or with the
 /// external `worker`.
-fn setup() -> (Server, tempfile::TempDir) {
+pub fn setup() -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("job.sh");
     std::fs::write(

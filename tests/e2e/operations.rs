@@ -151,3 +151,213 @@ fn o1_serve_over_https_logins_with_ca_refuses_an_untrusting_client_and_serves_a_
     let old = client(&s.url, &desk, stranger.path(), Some(&ca_a), &["inbox"]);
     assert!(!old.status.success() && stderr(&old).contains("does not trust"), "the old certificate is gone");
 }
+
+/// Runs `pcmail-ctl` with no server or token: the store verbs need neither.
+fn offline(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).env_remove("PCMAIL_STORE").output().expect("pcmail-ctl")
+}
+
+#[test]
+fn o2_a_backup_taken_under_load_restores_every_acknowledged_mail_and_tokens_keep_working() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    // The roster, and a queue `q` of a Function `work` that only external workers take.
+    let (s, dir) = crate::jobs::setup();
+    let tokens = [s.token("desk"), s.token("laptop")];
+    let builder = s.token("builder");
+    let admin = s.admin_token();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Every send the server acknowledged, with the moment the sender learnt it.
+    let acked: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let senders: Vec<_> = (0..8)
+        .map(|n| {
+            let (url, token, home) = (s.url.clone(), tokens[n % 2].clone(), s.home_of(&tokens[n % 2]));
+            let (stop, acked) = (stop.clone(), acked.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let out = client(&url, &token, &home, None, &["send", "--to", "builder", "--body", "load"]);
+                    if out.status.success() {
+                        acked.lock().expect("acked").push((stdout(&out).trim().to_string(), Instant::now()));
+                    }
+                }
+            })
+        })
+        .collect();
+    let enqueuer = {
+        let (url, admin, home, stop) = (s.url.clone(), admin.clone(), dir.path().join("enqueuer"), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                client(&url, &admin, &home, None, &["jobs", "enqueue", "--queue", "q", "--function", "work"]);
+            }
+        })
+    };
+    let mut workers: Vec<_> = (0..4)
+        .map(|n| {
+            Command::new(BIN)
+                .args(["worker", "--queue", "q", "--lease", "10s"])
+                .env("PCMAIL_SERVER", &s.url)
+                .env("PCMAIL_TOKEN", &admin)
+                .env("PCMAIL_HOME", dir.path().join(format!("worker-{n}")))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("worker")
+        })
+        .collect();
+    eventually(30, "load to build up", || (acked.lock().expect("acked").len() >= 100).then_some(()));
+
+    let backup = dir.path().join("backup.db");
+    let data = s.dir.path().join("data").display().to_string();
+    let moment = Instant::now();
+    let out = offline(&["backup", &backup.display().to_string(), "--data-dir", &data]);
+    assert!(out.status.success(), "backup under load: {}", stderr(&out));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for t in senders {
+        t.join().expect("sender");
+    }
+    enqueuer.join().expect("enqueuer");
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let again = offline(&["backup", &backup.display().to_string(), "--data-dir", &data]);
+    assert!(!again.status.success() && stderr(&again).contains("never overwrites"), "{}", stderr(&again));
+    assert!(!dir.path().join("backup.db.partial").exists() && !dir.path().join("backup.db-wal").exists());
+
+    let restored = dir.path().join("restored");
+    let out = offline(&["restore", &backup.display().to_string(), "--data-dir", &restored.display().to_string()]);
+    assert!(out.status.success(), "restore: {}", stderr(&out));
+    let store = format!("sqlite:{}", restored.join("pcmail.db").display());
+    let out = offline(&["store", "verify", "--from", &format!("sqlite:{}", backup.display()), "--to", &store]);
+    assert!(out.status.success(), "store verify after restore:\n{}{}", stdout(&out), stderr(&out));
+    let again = offline(&["restore", &backup.display().to_string(), "--data-dir", &restored.display().to_string()]);
+    assert!(!again.status.success() && stderr(&again).contains("already holds data"), "{}", stderr(&again));
+
+    let before: Vec<String> =
+        acked.lock().expect("acked").iter().filter(|(_, at)| *at < moment).map(|(id, _)| id.clone()).collect();
+    let db = rusqlite::Connection::open(restored.join("pcmail.db")).expect("restored db");
+    let kept: std::collections::HashSet<String> = db
+        .prepare("SELECT id FROM mail")
+        .expect("select")
+        .query_map([], |r| r.get(0))
+        .expect("ids")
+        .collect::<Result<_, _>>()
+        .expect("ids");
+    let jobs: i64 = db.query_row("SELECT count(*) FROM jobs", [], |r| r.get(0)).expect("jobs");
+    let lost: Vec<&String> = before.iter().filter(|id| !kept.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} mails acknowledged before the backup are missing: {lost:?}",
+        lost.len(),
+        before.len()
+    );
+    assert!(jobs > 0, "the jobs under way are in the backup");
+
+    // The restored store serves: machine tokens issued before the backup still work.
+    drop(s);
+    let r = Server::start_opts(None, "127.0.0.1:0", &["--store", &store]);
+    let inbox = json(r.ctl(&builder, &["inbox", "-o", "json"]));
+    assert!(inbox.as_array().is_some_and(|a| !a.is_empty()), "builder's mail: {inbox}");
+    let first = &before[0];
+    let status = json(r.ctl(&builder, &["status", first, "-o", "json"]));
+    assert_eq!(status["mail"]["id"], first.as_str(), "{status}");
+    ok(r.ctl(&tokens[0], &["send", "--to", "builder", "--body", "after the restore"]));
+}
+
+/// What a supervisor and the machines see, read through the API: the same after a move.
+fn what_everyone_sees(s: &Server, desk: &str, laptop: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    // Specs as applied; their status is what the server running them observes now.
+    for kind in ["roster", "mailpolicy", "ledger", "function", "workerpool"] {
+        let mut objects = json(s.admin(&["get", kind, "-o", "json"]));
+        for object in objects.as_array_mut().into_iter().flatten() {
+            object.as_object_mut().map(|o| o.remove("status"));
+        }
+        seen.push(objects.to_string());
+    }
+    for args in [&["ledger", "list", "-o", "json"][..], &["jobs", "list", "-o", "json"], &["alerts", "-o", "json"]] {
+        seen.push(ok(s.admin(args)));
+    }
+    seen.push(ok(s.ctl(desk, &["inbox", "--all", "--sent", "-o", "json"])));
+    seen.push(ok(s.ctl(laptop, &["inbox", "--all", "-o", "json"])));
+    seen
+}
+
+#[test]
+fn o3_store_copy_moves_a_sqlite_store_to_postgresql_whose_server_serves_the_same_with_old_tokens() {
+    let pg = PgScratch::new();
+    let setup = crate::ledger::setup_with("30m", &["--resync", "300ms"]);
+    let s = &setup.s;
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let policy = setup._dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: default}\nspec: {undeliveredAfter: 1s}\n",
+    )
+    .expect("policy");
+    ok(s.admin(&["apply", "-f", &policy.display().to_string()]));
+    // Mail in every state a move must keep, a ledger row, a job run to its end, an alert.
+    let read = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "読んで", "--body", "b"]));
+    ok(s.ctl(&desk, &["send", "--to", "builder", "--urgent", "--body", "never polled"]));
+    ok(s.ctl(&laptop, &["poll"]));
+    ok(s.ctl(&laptop, &["reply", &read, "--body", "done"]));
+    crate::ledger::push(s, "csv", "見積書を送る", "draft");
+    let job = ok(s.admin(&["jobs", "enqueue", "--queue", "heavy", "--function", "render"]));
+    eventually(20, "the job to finish and the undelivered alert to fire", || {
+        let jobs = ok(s.admin(&["jobs", "list", "-o", "json"]));
+        let alerts = ok(s.admin(&["alerts", "-o", "json"]));
+        (jobs.contains(&job) && jobs.contains("succeeded") && alerts.contains("builder")).then_some(())
+    });
+    let before = what_everyone_sees(s, &desk, &laptop);
+    let data = s.dir.path().join("data");
+    let (mut s, dir) = (setup.s, setup._dir);
+    s.terminate();
+
+    let sqlite = format!("sqlite:{}", data.join("pcmail.db").display());
+    let out = offline(&["store", "copy", "--from", &sqlite, "--to", &pg.url]);
+    assert!(out.status.success(), "store copy: {}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("mail 3") && said.contains("specs") && !said.contains(&pg.url), "{said}");
+    let verify = offline(&["store", "verify", "--from", &sqlite, "--to", &pg.url]);
+    assert!(verify.status.success(), "store verify:\n{}{}", stdout(&verify), stderr(&verify));
+    assert!(stdout(&verify).lines().skip(1).all(|l| l.ends_with("equal")), "{}", stdout(&verify));
+    let refused = offline(&["store", "copy", "--from", &sqlite, "--to", &pg.url]);
+    assert!(!refused.status.success() && stderr(&refused).contains("already holds data"), "{}", stderr(&refused));
+    let mail_rows = pg.query("SELECT count(*) FROM mail");
+    assert_eq!(mail_rows, [["3"]], "the refused copy wrote nothing");
+
+    let p = Server::start_opts(None, "127.0.0.1:0", &["--store", &pg.url]);
+    let after = what_everyone_sees(&p, &desk, &laptop);
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(a, b, "the same after the move");
+    }
+    ok(p.ctl(&laptop, &["send", "--to", "desk", "--body", "on PostgreSQL now"]));
+    let verify = offline(&["store", "verify", "--from", &sqlite, "--to", &pg.url]);
+    assert_eq!(verify.status.code(), Some(1), "a store that moved on differs: {}", stdout(&verify));
+    assert!(stderr(&verify).contains("mail"), "{}", stderr(&verify));
+    drop(dir);
+}
+
+#[test]
+fn o2_o3_bad_backups_and_urls_are_named_and_nothing_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = dir.path().join("restored").display().to_string();
+    let missing = offline(&["restore", &dir.path().join("nope.db").display().to_string(), "--data-dir", &target]);
+    assert!(!missing.status.success() && stderr(&missing).contains("no backup at"), "{}", stderr(&missing));
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, b"not a database, just bytes\n".repeat(200)).expect("garbage");
+    let out = offline(&["restore", &garbage.display().to_string(), "--data-dir", &target]);
+    assert!(!out.status.success() && stderr(&out).contains("not a database"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&garbage).expect("kept"), b"not a database, just bytes\n".repeat(200), "left as it was");
+    assert!(!dir.path().join("restored/pcmail.db").exists());
+    let out = offline(&["store", "copy", "--from", "mysql://x", "--to", "sqlite:/tmp/x.db"]);
+    assert!(!out.status.success() && stderr(&out).contains("expected sqlite:PATH"), "{}", stderr(&out));
+    let out = offline(&["store", "verify", "--from", "postgres://u:secret@127.0.0.1:1/x", "--to", "sqlite:/tmp/x.db"]);
+    assert!(!out.status.success() && !stderr(&out).contains("secret"), "{}", stderr(&out));
+    let out = offline(&["backup", &dir.path().join("b.db").display().to_string(), "--store", "sqlite:"]);
+    assert!(!out.status.success() && stderr(&out).contains("needs a file path"), "{}", stderr(&out));
+    assert!(!dir.path().join("b.db").exists() && !dir.path().join("b.db.partial").exists());
+}

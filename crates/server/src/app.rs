@@ -64,10 +64,7 @@ impl App {
         let dir = &config.data_dir;
         pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
         let admin_token_hash = auth::ensure_admin_token(dir)?;
-        let url = match &config.store_url {
-            Some(u) => u.clone(),
-            None => format!("sqlite:{}", dir.join("pcmail.db").display()),
-        };
+        let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
         let store = pcmail_store::open(&url, dir).await?;
         let identity = store.kv_get(pcmail_store::IDENTITY_KEY).await?.ok_or_else(|| {
             pcmail_store::StoreError::Schema("the store has no identity (E5); was it changed outside pcmail?".into())

@@ -9,6 +9,9 @@ use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
+use tokio::sync::mpsc;
+
+use crate::transfer::Batch;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, PgStore, Prune, Result, SheetsStore, SpecWrites, SqliteStore, Store,
@@ -150,6 +153,22 @@ impl Store for AnyStore {
 
     async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
         forward!(self, s => s.prune(what, limit).await)
+    }
+
+    async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
+        forward!(self, s => s.export_tabs(out).await)
+    }
+
+    async fn import_rows(&self, batch: Batch) -> Result<()> {
+        forward!(self, s => s.import_rows(batch).await)
+    }
+
+    async fn import_finished(&self) -> Result<()> {
+        forward!(self, s => s.import_finished().await)
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        forward!(self, s => s.is_empty().await)
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

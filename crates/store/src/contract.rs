@@ -632,6 +632,150 @@ pub async fn j1_concurrent_claims_never_hand_one_job_to_two_workers(store: &(imp
 }
 
 /// What an adapter checks after each contract check when it has nothing to add.
+/// A row in every tab a copy moves: specs, tokens, machines, kv, leases, mail (with events and
+/// an alert), the ledger, jobs.
+async fn fill_every_tab(store: &impl Store) {
+    use pcmail_core::lease::{CONTROLLER, plan_acquire};
+    store
+        .write_specs(SpecWrites { upsert: vec![record(Kind::MailPolicy, "default", 1)], ..Default::default() })
+        .await
+        .expect("specs");
+    store.put_token("pc2", "hash-pc2", at(1)).await.expect("token");
+    store.kv_set("telegram/offset", "42").await.expect("kv");
+    let minute = chrono::TimeDelta::seconds(60);
+    store
+        .lease_transaction(CONTROLLER, move |l, now| plan_acquire(l.as_ref(), CONTROLLER, "old-server", now, minute))
+        .await
+        .expect("lease");
+    let mut seen = mail(2, "pc3");
+    seen.state = MailState::Seen;
+    seen.seen_at = Some(at(3));
+    seen.external_key = Some("telegram-1-2".into());
+    let event = Event {
+        at: at(3),
+        object: "mail/mail--00000002".into(),
+        reason: "Seen".into(),
+        message: "new → seen".into(),
+        actor: "pc3".into(),
+    };
+    let notice =
+        Alert { kind: AlertKind::Arrival, state: AlertState::Notice, ..alert("mail--00000001", AlertState::Notice, 1) };
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            let writes = MailWrites {
+                insert: vec![mail(1, "pc2"), seen, mail(3, "pc2")],
+                events: vec![event],
+                alerts: vec![notice],
+                heartbeat: Some(("pc2".into(), at(4))),
+                ..Default::default()
+            };
+            (writes, ())
+        })
+        .await
+        .expect("mail");
+    merge(store, &["a", "b"]).await;
+    let mut rows = store.ledger_rows(Some("p")).await.expect("rows");
+    rows[1].run_requested = true;
+    let replace = vec![rows[1].clone()];
+    store
+        .ledger_transaction("p", LedgerSelect::All, move |_| (LedgerWrites { replace, ..Default::default() }, ()))
+        .await
+        .expect("ledger");
+    let jobs = vec![job(1, 0, 0), Job { state: JobState::Succeeded, finished_at: Some(at(9)), ..job(2, 5, 0) }];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
+}
+
+/// A scratch SQLite store, the other end of a copy.
+async fn sqlite_scratch() -> (tempfile::TempDir, crate::SqliteStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = crate::SqliteStore::open(dir.path().join("other.db")).await.expect("open");
+    (dir, store)
+}
+
+/// What a store holds, read through the Store API: the copy must answer the same.
+async fn everything(store: &impl Store) -> String {
+    let mut specs = store.list_specs().await.expect("specs");
+    specs.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+    let mail = store.list_mail(MailQuery { limit: 100, ..Default::default() }).await.expect("mail");
+    let events = store.events_for("mail/mail--00000002").await.expect("events");
+    let ledger = store.ledger_rows(None).await.expect("ledger");
+    let mut jobs = store.list_jobs(JobQuery { limit: 100, ..Default::default() }).await.expect("jobs");
+    jobs.sort_by(|a, b| a.id.cmp(&b.id));
+    let alerts = store.list_alerts(100).await.expect("alerts");
+    let token = store.machine_for_token("hash-pc2").await.expect("token");
+    let kv = store.kv_get("telegram/offset").await.expect("kv");
+    let polls = store.last_polls().await.expect("polls");
+    let mut counts = store.mail_counts().await.expect("counts");
+    counts.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    format!("{specs:?}\n{mail:?}\n{events:?}\n{ledger:?}\n{jobs:?}\n{alerts:?}\n{token:?} {kv:?} {polls:?}\n{counts:?}")
+}
+
+/// O2 (backup): a store exports every tab, and a copy of it answers every read the same.
+pub async fn o2_a_backup_holds_every_tab_as_it_was(store: &(impl Store + Clone)) {
+    fill_every_tab(store).await;
+    let (_dir, backup) = sqlite_scratch().await;
+    let moved = crate::transfer::copy(store, &backup).await.expect("backup");
+    let count = |tab: &str| moved.iter().find(|(t, _)| *t == tab).map(|m| m.1);
+    assert_eq!(
+        (count("mail"), count("ledger"), count("jobs"), count("tokens"), count("leases")),
+        (Some(3), Some(2), Some(2), Some(1), Some(1))
+    );
+    assert_eq!(everything(&backup).await, everything(store).await);
+    let identity = |s: &crate::SqliteStore| {
+        let s = s.clone();
+        async move { s.kv_get(crate::IDENTITY_KEY).await.expect("kv") }
+    };
+    assert_ne!(
+        identity(&backup).await,
+        store.kv_get(crate::IDENTITY_KEY).await.expect("kv"),
+        "E5: a copy is another store"
+    );
+}
+
+/// O2 (restore): rows come back with their sequence numbers, and new rows number after them.
+pub async fn o2_a_restore_brings_rows_back_and_numbers_new_rows_after_them(store: &(impl Store + Clone)) {
+    let (_dir, backup) = sqlite_scratch().await;
+    fill_every_tab(&backup).await;
+    crate::transfer::copy(&backup, store).await.expect("restore");
+    assert_eq!(everything(store).await, everything(&backup).await);
+    let last = store.mail_last_seq().await.expect("last");
+    assert_eq!(last, backup.mail_last_seq().await.expect("last"));
+    insert(store, vec![mail(4, "pc2")]).await;
+    let new = store.get_mail("mail--00000004").await.expect("get").expect("present");
+    assert!(new.seq > last, "a new mail numbers after the restored ones: {} ≤ {last}", new.seq);
+    let job5 = job(5, 0, 0);
+    store
+        .jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![job5], ()))
+        .await
+        .expect("a new job after the restored ones");
+    assert_eq!(store.list_jobs(JobQuery { limit: 10, ..Default::default() }).await.expect("jobs").len(), 3);
+}
+
+/// O3: a target holding data is refused before anything is written to it.
+pub async fn o3_a_copy_refuses_a_target_that_holds_data(store: &(impl Store + Clone)) {
+    insert(store, vec![mail(7, "pc2")]).await;
+    let before = everything(store).await;
+    let (_dir, source) = sqlite_scratch().await;
+    fill_every_tab(&source).await;
+    let err = crate::transfer::copy(&source, store).await.expect_err("must refuse");
+    assert!(matches!(err, crate::StoreError::NotEmpty), "{err}");
+    assert_eq!(everything(store).await, before, "nothing was written");
+}
+
+/// O3 (`store verify`): equal stores agree on every tab; a changed row names its tab.
+pub async fn o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs(store: &(impl Store + Clone)) {
+    fill_every_tab(store).await;
+    let (_dir, copy) = sqlite_scratch().await;
+    crate::transfer::copy(store, &copy).await.expect("copy");
+    let (ours, theirs) =
+        (crate::transfer::digest(store).await.expect("digest"), crate::transfer::digest(&copy).await.expect("digest"));
+    assert_eq!(crate::transfer::differences(&ours, &theirs), Vec::<&str>::new());
+    assert_eq!(ours.iter().find(|d| d.tab == "mail").map(|d| d.rows), Some(3));
+    copy.put_token("pc2", "hash-new", at(5)).await.expect("reissue");
+    let theirs = crate::transfer::digest(&copy).await.expect("digest");
+    assert_eq!(crate::transfer::differences(&ours, &theirs), ["tokens"]);
+}
+
 pub async fn nothing_more<G, S>(_guard: &G, _store: &S) {}
 
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
@@ -665,7 +809,11 @@ macro_rules! contract_tests {
             j2_j3_a_rescued_lease_can_no_longer_write,
             j6_a_unique_key_held_by_a_live_job_is_found,
             j1_concurrent_claims_never_hand_one_job_to_two_workers,
-            c1_exactly_one_replica_holds_the_lease
+            c1_exactly_one_replica_holds_the_lease,
+            o2_a_backup_holds_every_tab_as_it_was,
+            o2_a_restore_brings_rows_back_and_numbers_new_rows_after_them,
+            o3_a_copy_refuses_a_target_that_holds_data,
+            o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs
         );
     };
     (@each $make:ident, $after:path; $($check:ident),*) => {

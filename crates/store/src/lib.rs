@@ -12,6 +12,7 @@ pub mod postgres;
 pub mod private;
 pub mod sheets;
 pub mod sqlite;
+pub mod transfer;
 
 use std::future::Future;
 
@@ -23,11 +24,13 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
+use tokio::sync::mpsc;
 
 pub use any::AnyStore;
 pub use postgres::PgStore;
 pub use sheets::SheetsStore;
 pub use sqlite::SqliteStore;
+pub use transfer::{Batch, Cell};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -44,6 +47,9 @@ pub enum StoreError {
     BadUrl { url: String, reason: String },
     #[error("store error: {0}")]
     Backend(String),
+    /// O3: a copy's target already holds data; nothing was written to it.
+    #[error("the target store already holds data; copy into an empty one (nothing was written)")]
+    NotEmpty,
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -312,6 +318,20 @@ pub trait Store: Send + Sync + 'static {
         F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
         R: Send + 'static;
 
+    /// O2/O3: every row of every tab in [`transfer::TABS`], from one consistent snapshot taken
+    /// while the store keeps serving, in batches of at most [`transfer::BATCH`] rows. Stops
+    /// early, without error, when `out` is closed.
+    fn export_tabs(&self, out: mpsc::Sender<Batch>) -> impl Future<Output = Result<()>> + Send;
+    /// Rows of one tab as they are, sequence numbers included, into a store
+    /// [`transfer::copy`] found empty; all of the batch or none of it.
+    fn import_rows(&self, batch: Batch) -> impl Future<Output = Result<()>> + Send;
+    /// After the last batch: sequences moved past the imported rows, the copy made durable.
+    fn import_finished(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+    /// Whether the store holds no row a copy could collide with (its own identity aside).
+    fn is_empty(&self) -> impl Future<Output = Result<bool>> + Send;
+
     /// Changes other processes commit, when the store can announce them (PostgreSQL's
     /// LISTEN/NOTIFY). `None`: this process is the only writer, and announces its own changes.
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
@@ -345,6 +365,36 @@ pub enum Change {
 /// in one process, so the process clock is the store's clock.
 pub(crate) fn store_clock() -> Ts {
     chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
+}
+
+/// The URL without its password, for error messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The store `serve` keeps when given no URL: the embedded default in its data dir.
+pub fn default_url(data_dir: &std::path::Path) -> String {
+    format!("sqlite:{}", data_dir.join("pcmail.db").display())
+}
+
+/// Opens a store to copy or compare it while a server may be serving it. A spreadsheet is read
+/// from the server's working copy when there is one, which holds every acknowledged write and
+/// keeps a second process from syncing the same sheet.
+pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
+    if url.starts_with("sheets://") {
+        let copy = sheets::working_copy(url, data_dir)?;
+        if copy.exists() {
+            return SqliteStore::open(copy).await.map(AnyStore::Sqlite);
+        }
+    }
+    open(url, data_dir).await
 }
 
 /// Opens the store a URL names: `sqlite:PATH`, `postgres://…` (`postgresql://` too) or

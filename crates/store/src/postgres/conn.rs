@@ -10,7 +10,7 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use crate::codec::{Columns, Value};
-use crate::{Result, StoreError};
+use crate::{Cell, Result, StoreError};
 
 pub type Param<'a> = &'a (dyn ToSql + Sync);
 
@@ -139,8 +139,13 @@ impl Conn {
     }
 
     pub async fn begin(&mut self) -> Result<()> {
+        self.begin_as("BEGIN").await
+    }
+
+    /// A transaction started with its own options (`BEGIN ISOLATION LEVEL …`).
+    pub async fn begin_as(&mut self, begin: &str) -> Result<()> {
         self.in_transaction = true;
-        self.batch("BEGIN").await
+        self.batch(begin).await
     }
 
     /// Commits when `outcome` is Ok, rolls back otherwise, and answers `outcome`.
@@ -202,6 +207,40 @@ impl ToSql for Value<'_> {
     }
 
     to_sql_checked!();
+}
+
+/// Cells go to the type the target column has: a 0/1 from SQLite into a boolean column.
+impl ToSql for Cell {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Cell::Null => Ok(IsNull::Yes),
+            Cell::Text(v) => v.as_str().to_sql(ty, out),
+            Cell::Int(v) if *ty == Type::BOOL => (*v != 0).to_sql(ty, out),
+            Cell::Int(v) => v.to_sql(ty, out),
+            Cell::Bool(v) if *ty == Type::INT8 => i64::from(*v).to_sql(ty, out),
+            Cell::Bool(v) => v.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <Value<'_> as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
+
+/// One value of an exported row, by the column's type; pcmail keeps only these three.
+pub fn cell(row: &Row, i: usize, tab: &str) -> Result<Cell> {
+    let ty = row.columns().get(i).map(|c| c.type_().clone());
+    let got = match ty {
+        Some(Type::BOOL) => row.try_get::<_, Option<bool>>(i).map(|v| v.map(Cell::Bool)),
+        Some(Type::INT8) => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int)),
+        Some(Type::TEXT) => row.try_get::<_, Option<String>>(i).map(|v| v.map(Cell::Text)),
+        other => {
+            return Err(StoreError::Corrupt(format!("{tab} column {i} is a {other:?}, not text, bigint or boolean")));
+        }
+    };
+    got.map(|v| v.unwrap_or(Cell::Null)).map_err(|e| StoreError::Corrupt(format!("{tab} column {i}: {e}")))
 }
 
 /// One column of many rows, bound as one array parameter: a write of N rows is one statement

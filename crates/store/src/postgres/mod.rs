@@ -20,12 +20,13 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, Value, from_ms, json, ms,
 };
+use crate::transfer::{self, Batch, Cell};
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, Store, StoreError,
@@ -59,9 +60,10 @@ impl Drop for Inner {
 impl PgStore {
     /// Connects, migrates (once, whichever replica comes first) and starts listening.
     pub async fn open(url: &str) -> Result<PgStore> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::BadUrl { url: redact(url), reason: format!("not a PostgreSQL URL: {e}") })?;
+        let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::BadUrl {
+            url: crate::redact_url(url),
+            reason: format!("not a PostgreSQL URL: {e}"),
+        })?;
         let pool = Pool::new(config.clone());
         schema::migrate(&mut *pool.get().await?).await?;
         let changes = broadcast::channel(4096).0;
@@ -71,18 +73,6 @@ impl PgStore {
 
     async fn conn(&self) -> Result<conn::Pooled<'_>> {
         self.inner.pool.get().await
-    }
-}
-
-/// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
     }
 }
 
@@ -115,6 +105,34 @@ async fn select_mail(c: &mut Conn, select: &MailSelect) -> Result<Vec<Mail>> {
         }
     };
     c.decode(&sql, &[&ms(t), &(limit as i64)], codec::mail).await
+}
+
+/// Columns PostgreSQL numbers itself; a copy writes the source's numbers and then moves each
+/// sequence past them.
+const IDENTITY_COLUMNS: &[(&str, &str)] = &[("mail", "seq"), ("events", "id"), ("jobs", "seq")];
+
+/// Every tab, page by page, inside the snapshot the caller began.
+async fn export(c: &mut Conn, out: &mpsc::Sender<Batch>) -> Result<()> {
+    for (tab, order) in transfer::TABS {
+        let sql = format!("{} LIMIT {} OFFSET $1", transfer::select_sql(tab, order), transfer::BATCH);
+        let mut offset = 0i64;
+        loop {
+            let page = c.query(&sql, &[&offset]).await?;
+            let rows = page
+                .iter()
+                .map(|row| (0..row.len()).map(|i| conn::cell(row, i, tab)).collect::<Result<Vec<Cell>>>())
+                .collect::<Result<Vec<_>>>()?;
+            let last = rows.len() < transfer::BATCH;
+            offset += rows.len() as i64;
+            if !rows.is_empty() && out.send(Batch { tab, rows }).await.is_err() {
+                return Ok(());
+            }
+            if last {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rows loaded by id, in the order the ids were asked for (as SQLite's one-by-one loads give).
@@ -605,6 +623,49 @@ impl Store for PgStore {
         c.finish(outcome).await
     }
 
+    async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
+        let mut c = self.conn().await?;
+        // One snapshot for every tab, while other transactions go on writing.
+        c.begin_as("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
+        let outcome = export(&mut c, &out).await;
+        c.finish(outcome).await
+    }
+
+    async fn import_rows(&self, batch: Batch) -> Result<()> {
+        let between =
+            if IDENTITY_COLUMNS.iter().any(|(t, _)| *t == batch.tab) { "OVERRIDING SYSTEM VALUE " } else { "" };
+        let sql = transfer::insert_sql(batch.tab, |i| format!("${i}"), between);
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let mut outcome = Ok(());
+        for row in &batch.rows {
+            let params: Vec<Param<'_>> = row.iter().map(|v| v as Param<'_>).collect();
+            outcome = c.execute(&sql, &params).await.map(drop);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        c.finish(outcome).await
+    }
+
+    async fn import_finished(&self) -> Result<()> {
+        let mut c = self.conn().await?;
+        for (tab, column) in IDENTITY_COLUMNS {
+            let sql = format!(
+                "SELECT setval(pg_get_serial_sequence('{tab}', '{column}'), \
+                 (SELECT coalesce(max({column}), 0) + 1 FROM {tab}), false)"
+            );
+            c.query(&sql, &[]).await?;
+        }
+        Ok(())
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        let rows = self.conn().await?.query(&transfer::any_rows_sql(), &[]).await?;
+        let any: bool = rows.first().map(|r| r.try_get(0)).transpose().map_err(conn::map_err)?.unwrap_or(false);
+        Ok(!any)
+    }
+
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
         self.alerts("state = 'firing'", "kind, subject", i64::MAX).await
     }
@@ -800,7 +861,7 @@ pub(crate) mod tests {
 
     #[test]
     fn bad_urls_are_named_without_their_password() {
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        assert_eq!(crate::redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(crate::redact_url("postgres://h/db"), "postgres://h/db");
     }
 }

@@ -7,7 +7,7 @@ pub mod render;
 mod store;
 pub mod wire;
 
-pub use store::SheetsStore;
+pub use store::{SheetsStore, working_copy};
 
 #[cfg(test)]
 use auth as jwt;

@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::mpsc;
+
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
@@ -30,6 +32,7 @@ use super::client::{Client, SheetsConfig};
 use super::render::{FieldRow, fields, names};
 use super::wire::{ValueRange, delete_rows};
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
+use crate::transfer::Batch;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
@@ -40,6 +43,15 @@ const TABS: [&Tab; 4] = [&LEDGER, &MAIL, &JOBS, &ALERTS];
 /// How often a cycle runs with nothing written, to take in people's edits.
 const IDLE_CYCLE: std::time::Duration = std::time::Duration::from_secs(5);
 const ALL: usize = i64::MAX as usize;
+
+/// Where the working copy of the spreadsheet a `sheets://` URL names lives in `data_dir`.
+pub fn working_copy(url: &str, data_dir: &Path) -> Result<std::path::PathBuf> {
+    SheetsConfig::from_url(url).map(|c| working_copy_of(&c, data_dir))
+}
+
+fn working_copy_of(config: &SheetsConfig, data_dir: &Path) -> std::path::PathBuf {
+    data_dir.join(format!("sheets-{}.db", config.spreadsheet_id))
+}
 
 #[derive(Clone)]
 pub struct SheetsStore {
@@ -72,7 +84,7 @@ impl SheetsStore {
     pub async fn open(url: &str, data_dir: &Path) -> Result<SheetsStore> {
         let config = SheetsConfig::from_url(url)?;
         let lang = config.headers;
-        let path = data_dir.join(format!("sheets-{}.db", config.spreadsheet_id));
+        let path = working_copy_of(&config, data_dir);
         let fresh = !path.exists();
         let local = SqliteStore::open(&path).await?;
         let client = Client::new(config)?;
@@ -526,6 +538,25 @@ impl Store for SheetsStore {
             self.changed();
         }
         Ok(n)
+    }
+
+    async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
+        // The working copy holds every acknowledged write, whether or not it reached the sheet.
+        self.inner.local.export_tabs(out).await
+    }
+
+    async fn import_rows(&self, batch: Batch) -> Result<()> {
+        self.inner.local.import_rows(batch).await
+    }
+
+    async fn import_finished(&self) -> Result<()> {
+        self.inner.local.import_finished().await?;
+        // The copy is done once the spreadsheet shows it, not when the process may exit first.
+        self.sync_now().await
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        self.inner.local.is_empty().await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

@@ -13,11 +13,13 @@ use pcmail_core::api::Event;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::mpsc;
 
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, from_ms, json, ms,
 };
+use crate::transfer::{self, Batch, Cell};
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
     Prune, Result, SpecWrites, Store, StoreError,
@@ -37,8 +39,10 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    // Dropped before the writer: the last connection to close checkpoints the write-ahead log
+    // into the file and removes it only if it may write, so a closed store is one whole file.
     readers: Mutex<Vec<Connection>>,
+    writer: Mutex<Connection>,
 }
 
 pub fn map_err(e: rusqlite::Error) -> StoreError {
@@ -115,6 +119,11 @@ impl SqliteStore {
         .await
         .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
     }
+}
+
+/// Sends the rows gathered so far; false once the export's reader has gone.
+fn hand_over(out: &mpsc::Sender<Batch>, tab: &'static str, rows: &mut Vec<Vec<Cell>>) -> bool {
+    out.blocking_send(Batch { tab, rows: std::mem::take(rows) }).is_ok()
 }
 
 fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
@@ -711,6 +720,57 @@ impl Store for SqliteStore {
             let n = tx.prepare_cached(sql).map_err(map_err)?.execute(rusqlite::params_from_iter(args)).map_err(map_err)?;
             tx.commit().map_err(map_err)?;
             Ok(n)
+        })
+        .await
+    }
+
+    async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
+        self.read(move |conn| {
+            // One read transaction: every tab from the same WAL snapshot while writers go on.
+            let tx = conn.unchecked_transaction().map_err(map_err)?;
+            for (tab, order) in transfer::TABS {
+                let names = transfer::columns(tab);
+                let mut stmt = tx.prepare(&transfer::select_sql(tab, order)).map_err(map_err)?;
+                let mut found = stmt.query([]).map_err(map_err)?;
+                let mut batch = Vec::new();
+                while let Some(row) = found.next().map_err(map_err)? {
+                    let cells = names
+                        .iter()
+                        .enumerate()
+                        .map(|(i, name)| rows::cell(row.get_ref(i).map_err(map_err)?, tab, name));
+                    batch.push(cells.collect::<Result<Vec<Cell>>>()?);
+                    if batch.len() == transfer::BATCH && !hand_over(&out, tab, &mut batch) {
+                        return Ok(());
+                    }
+                }
+                if !batch.is_empty() && !hand_over(&out, tab, &mut batch) {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn import_rows(&self, batch: Batch) -> Result<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            {
+                let sql = transfer::insert_sql(batch.tab, |i| format!("?{i}"), "");
+                let mut insert = tx.prepare(&sql).map_err(map_err)?;
+                for row in &batch.rows {
+                    insert.execute(rusqlite::params_from_iter(row)).map_err(map_err)?;
+                }
+            }
+            tx.commit().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        self.read(|conn| {
+            let any: bool = conn.query_row(&transfer::any_rows_sql(), [], |r| r.get(0)).map_err(map_err)?;
+            Ok(!any)
         })
         .await
     }

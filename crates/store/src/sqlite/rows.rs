@@ -3,7 +3,7 @@
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use crate::codec::{Columns, Value};
-use crate::{Result, StoreError};
+use crate::{Cell, Result, StoreError};
 
 impl Columns for rusqlite::Row<'_> {
     fn text(&self, i: usize) -> Result<String> {
@@ -39,6 +39,31 @@ impl rusqlite::ToSql for Value<'_> {
             Value::Bool(b) => ToSqlOutput::Owned(rusqlite::types::Value::Integer(i64::from(b))),
             Value::Text(None) | Value::Int(None) => ToSqlOutput::Owned(rusqlite::types::Value::Null),
         })
+    }
+}
+
+impl rusqlite::ToSql for Cell {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Cell::Null => ToSqlOutput::Owned(rusqlite::types::Value::Null),
+            Cell::Int(i) => ToSqlOutput::Owned(rusqlite::types::Value::Integer(*i)),
+            Cell::Bool(b) => ToSqlOutput::Owned(rusqlite::types::Value::Integer(i64::from(*b))),
+            Cell::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+        })
+    }
+}
+
+/// One value of an exported row; pcmail never stores reals or blobs.
+pub fn cell(value: ValueRef<'_>, tab: &str, column: &str) -> Result<Cell> {
+    match value {
+        ValueRef::Null => Ok(Cell::Null),
+        ValueRef::Integer(i) => Ok(Cell::Int(i)),
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .map(|t| Cell::Text(t.to_string()))
+            .map_err(|_| StoreError::Corrupt(format!("{tab}.{column} holds text that is not UTF-8"))),
+        ValueRef::Real(_) | ValueRef::Blob(_) => {
+            Err(StoreError::Corrupt(format!("{tab}.{column} holds a {:?}, not text or an integer", value.data_type())))
+        }
     }
 }
 
