@@ -180,7 +180,8 @@ async fn call(
 async fn get_updates(shared: &Arc<Shared>, body: &Value) -> axum::response::Response {
     let offset = body["offset"].as_i64();
     let timeout = Duration::from_secs(body["timeout"].as_u64().unwrap_or(0).min(50));
-    {
+    // Which request this is, taken with the increment: two arriving at once are told apart.
+    let me = {
         let mut s = shared.inner.lock().expect("lock");
         if let Some(o) = offset {
             s.confirmed = s.confirmed.max(o);
@@ -201,8 +202,8 @@ async fn get_updates(shared: &Arc<Shared>, body: &Value) -> axum::response::Resp
             }
         }
         s.generation += 1;
-    }
-    let me = shared.inner.lock().expect("lock").generation;
+        s.generation
+    };
     shared.arrived.notify_waiters();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

@@ -257,10 +257,22 @@ fn i9_a_second_poller_gets_409_said_and_alerted_once_a_foreign_chat_is_dropped_a
     let mut desk_agent = agent(&desk_home);
     std::thread::sleep(Duration::from_millis(500));
     let mut laptop_agent = agent(&laptop_home);
-    let alert = eventually(20, "a channel-conflict alert", || {
+    let logs = || {
+        let read = |h: &PathBuf| std::fs::read_to_string(h.join("agent.log")).unwrap_or_default();
+        format!("desk:\n{}\nlaptop:\n{}", read(&desk_home), read(&laptop_home))
+    };
+    let started = std::time::Instant::now();
+    let alert = loop {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        alerts.as_array()?.iter().find(|a| a["kind"] == "channel-conflict" && a["state"] == "firing").cloned()
-    });
+        let found = alerts
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["kind"] == "channel-conflict" && a["state"] == "firing").cloned());
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no channel-conflict alert: {alerts}\n{}", logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(alert["summary"].as_str().is_some_and(|t| t.contains("not the only one reading the bot")), "{alert}");
     std::thread::sleep(Duration::from_secs(3));
     assert!(
@@ -268,11 +280,7 @@ fn i9_a_second_poller_gets_409_said_and_alerted_once_a_foreign_chat_is_dropped_a
         "no crash"
     );
     assert!(api.conflicts() <= 3, "waited out, not spun on: {} conflicts", api.conflicts());
-    let logs = format!(
-        "{}{}",
-        std::fs::read_to_string(desk_home.join("agent.log")).unwrap_or_default(),
-        std::fs::read_to_string(laptop_home.join("agent.log")).unwrap_or_default()
-    );
+    let logs = logs();
     assert!(logs.contains("another poller reads this bot's updates"), "a clear error: {logs}");
 
     api.message(-100, "kim", "allowed");

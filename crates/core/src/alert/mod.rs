@@ -57,7 +57,16 @@ impl AlertKind {
         }
     }
 
-    /// The Alertmanager `alertname`, matching the Prometheus rules in manifests/prometheus.
+    /// Whether the mail sweep owns this kind: fires it from the mail and polls it reads, and
+    /// resolves it when they no longer say so. The others are raised and resolved where their
+    /// cause is seen (a poller's report, a second recording, an arrival).
+    pub fn swept(self) -> bool {
+        matches!(
+            self,
+            AlertKind::UnreadSla | AlertKind::Undelivered | AlertKind::ReceiverDown | AlertKind::IntentUnanswered
+        )
+    }
+
     /// The `alertname` pcmail posts: never one of the Prometheus rules' (`manifests/prometheus`),
     /// whose alerts count machines where these name one mail, so Alertmanager never groups the
     /// two sources as one alert (O6).
@@ -246,7 +255,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
     let open: BTreeMap<(AlertKind, &str), &Alert> = inputs
         .open
         .iter()
-        .filter(|a| a.state == AlertState::Firing)
+        .filter(|a| a.state == AlertState::Firing && a.kind.swept())
         .map(|a| ((a.kind, a.subject.as_str()), a))
         .collect();
     let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
@@ -403,6 +412,18 @@ mod tests {
         assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), "urgent".into())), Some(&1));
         assert!(plan(std::slice::from_ref(&normal), &[], at(6 * H - 1)).upsert.is_empty());
         assert_eq!(plan(&[normal], &[], at(6 * H)).upsert.len(), 1);
+    }
+
+    #[test]
+    fn i9_the_sweep_never_resolves_an_alert_it_does_not_raise() {
+        let conflict =
+            poller_alert(None, "telegram", "desk", Some("Conflict: terminated by other getUpdates request"), at(5))
+                .expect("fires");
+        let m = mail("mail--00000001", "pc1", "pc2");
+        let p = plan(std::slice::from_ref(&m), std::slice::from_ref(&conflict), at(30 * 60));
+        assert_eq!(p.upsert.iter().map(|a| a.kind).collect::<Vec<_>>(), [AlertKind::Undelivered]);
+        assert!(plan(&[], &[conflict], at(H)).upsert.is_empty(), "the poller's report resolves it, not the sweep");
+        assert!(AlertKind::ALL.iter().filter(|k| k.swept()).count() == 4);
     }
 
     #[test]
