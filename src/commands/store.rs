@@ -5,97 +5,118 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use pcmail_store::transfer::{self, Moved};
-use pcmail_store::{AnyStore, SqliteStore, StoreError};
+use pcmail_store::{AnyStore, SqliteStore, Store, StoreError, redact_url};
 
 use crate::args::{StoreArgs, StoreCommand, StorePair};
 
 pub async fn backup(file: PathBuf, source: StoreArgs) -> anyhow::Result<i32> {
-    if file.exists() {
+    // A name taken by anything, a dangling link included, is never written through.
+    if file.symlink_metadata().is_ok() {
         bail!("{} already exists; a backup never overwrites a file (name a new one)", file.display());
     }
     let from = pcmail_store::open_to_read(&source.url(), &source.data_dir).await.context("opening the store")?;
-    // Written beside its final name and renamed when whole: a FILE that exists is a whole backup.
+    // Written beside its final name, held by a lock while it is, and linked to that name when
+    // whole: a FILE that exists is a whole backup.
     let partial = with_suffix(&file, ".partial");
-    remove_leftover(&partial)?;
-    create_private(&partial)?;
-    let to = SqliteStore::open(&partial).await.with_context(|| format!("creating {}", partial.display()))?;
-    let moved = transfer::copy(&from, &to).await;
-    // Every connection closed: the file holds everything, with no write-ahead log beside it.
-    drop(to);
-    let whole = moved.and_then(|m| match with_suffix(&partial, "-wal").exists() {
-        false => Ok(m),
-        true => Err(StoreError::Backend("the copy's write-ahead log was not folded into it".into())),
+    let held =
+        pcmail_store::private::open_private(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    // Unix locks are advisory; Windows would lock SQLite itself out of the file.
+    #[cfg(unix)]
+    if held.try_lock().is_err() {
+        bail!("another backup into {} is running", file.display());
+    }
+    let outcome = write_backup(&from, &partial, &held).await;
+    let linked = outcome.and_then(|moved| {
+        // A hard link fails if the name was taken meanwhile, where a rename would replace it.
+        std::fs::hard_link(&partial, &file).with_context(|| format!("naming the backup {}", file.display()))?;
+        Ok(moved)
     });
-    let moved = match whole {
-        Ok(m) => m,
-        Err(e) => {
-            remove_leftover(&partial)?;
-            return Err(e).context("backup failed; no file was written");
-        }
-    };
-    std::fs::rename(&partial, &file).with_context(|| format!("naming the backup {}", file.display()))?;
+    remove_partial(&partial)?;
+    drop(held);
+    let moved = linked.context("backup failed; no backup file was written")?;
     report("backed up", &moved, &file.display().to_string());
     Ok(0)
 }
 
-pub async fn restore(file: PathBuf, target: StoreArgs) -> anyhow::Result<i32> {
-    if !file.is_file() {
-        bail!("no backup at {}", file.display());
+async fn write_backup(from: &AnyStore, partial: &Path, held: &std::fs::File) -> anyhow::Result<Moved> {
+    // Whatever an earlier, stopped backup left under this name goes.
+    for companion in ["-wal", "-shm", "-journal"] {
+        remove_if_there(&with_suffix(partial, companion))?;
     }
+    held.set_len(0).with_context(|| format!("emptying {}", partial.display()))?;
+    let to = SqliteStore::open(partial).await.with_context(|| format!("creating {}", partial.display()))?;
+    let moved = transfer::copy(from, &to).await?;
+    to.seal().await.context("closing the backup")?;
+    if with_suffix(partial, "-wal").exists() {
+        bail!("the backup's write-ahead log was not folded into it");
+    }
+    Ok(moved)
+}
+
+pub async fn restore(file: PathBuf, target: StoreArgs) -> anyhow::Result<i32> {
+    let from =
+        SqliteStore::open_read_only(&file).await.with_context(|| format!("reading the backup {}", file.display()))?;
     if target.store.is_none() {
         pcmail_store::private::make_private(&target.data_dir)
             .with_context(|| format!("making the data dir {}", target.data_dir.display()))?;
     }
-    let from = SqliteStore::open(&file).await.with_context(|| format!("opening the backup {}", file.display()))?;
-    let to = pcmail_store::open(&target.url(), &target.data_dir).await.context("opening the target store")?;
-    let moved = copy(&from, &to).await?;
-    report("restored", &moved, &pcmail_store::redact_url(&target.url()));
+    let url = target.url();
+    let to = pcmail_store::open(&url, &target.data_dir).await.context("opening the target store")?;
+    let moved = copy(&from, &to, &url).await?;
+    report("restored", &moved, &redact_url(&url));
     Ok(0)
 }
 
 pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
     match command {
         StoreCommand::Copy { ends } => {
-            let (from, to) = open_pair(&ends, false).await?;
-            let moved = copy(&from, &to).await?;
-            report("copied", &moved, &pcmail_store::redact_url(&ends.to));
+            let from = pcmail_store::open_to_read(&ends.from, &ends.data_dir).await.context("opening --from")?;
+            let to = pcmail_store::open(&ends.to, &ends.data_dir).await.context("opening --to")?;
+            let moved = copy(&from, &to, &ends.to).await?;
+            report("copied", &moved, &redact_url(&ends.to));
             Ok(0)
         }
-        StoreCommand::Verify { ends } => {
-            let (from, to) = open_pair(&ends, true).await?;
-            let ours = transfer::digest(&from).await.context("reading --from")?;
-            let theirs = transfer::digest(&to).await.context("reading --to")?;
-            println!("{:<16} {:>10} {:>10}  CHECKSUMS", "TAB", "FROM", "TO");
-            for (a, b) in ours.iter().zip(&theirs) {
-                let same = if a == b { "equal" } else { "DIFFER" };
-                println!("{:<16} {:>10} {:>10}  {same}", a.tab, a.rows, b.rows);
+        // Like `diff`: 0 the same, 1 different, more than 1 when they could not be compared.
+        StoreCommand::Verify { ends } => match verify(&ends).await {
+            Ok(equal) => Ok(if equal { 0 } else { 1 }),
+            Err(e) => {
+                crate::exit::print(&e);
+                Ok(crate::exit::exit_code(&e).max(2))
             }
-            let differ = transfer::differences(&ours, &theirs);
-            if differ.is_empty() {
-                eprintln!("the stores hold the same rows in every tab");
-                Ok(0)
-            } else {
-                eprintln!("the stores differ in: {}", differ.join(", "));
-                Ok(1)
-            }
-        }
+        },
     }
 }
 
-async fn open_pair(ends: &StorePair, both_read: bool) -> anyhow::Result<(AnyStore, AnyStore)> {
+async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
     let from = pcmail_store::open_to_read(&ends.from, &ends.data_dir).await.context("opening --from")?;
-    let to = if both_read {
-        pcmail_store::open_to_read(&ends.to, &ends.data_dir).await
+    let to = pcmail_store::open_to_read(&ends.to, &ends.data_dir).await.context("opening --to")?;
+    let ours = transfer::digest(&from).await.context("reading --from")?;
+    let theirs = transfer::digest(&to).await.context("reading --to")?;
+    println!("{:<16} {:>10} {:>10}  CHECKSUMS", "TAB", "FROM", "TO");
+    for (a, b) in ours.iter().zip(&theirs) {
+        let same = if a == b { "equal" } else { "DIFFER" };
+        println!("{:<16} {:>10} {:>10}  {same}", a.tab, a.rows, b.rows);
+    }
+    let differ = transfer::differences(&ours, &theirs);
+    if differ.is_empty() {
+        eprintln!("the stores hold the same rows in every tab");
     } else {
-        pcmail_store::open(&ends.to, &ends.data_dir).await
-    };
-    Ok((from, to.context("opening --to")?))
+        eprintln!("the stores differ in: {}", differ.join(", "));
+    }
+    Ok(differ.is_empty())
 }
 
-async fn copy(from: &(impl pcmail_store::Store + Clone), to: &impl pcmail_store::Store) -> anyhow::Result<Moved> {
+async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str) -> anyhow::Result<Moved> {
     match transfer::copy(from, to).await {
-        Err(StoreError::NotEmpty) => bail!("{}", StoreError::NotEmpty),
-        other => other.context("the copy stopped; the target holds part of the rows: empty it before trying again"),
+        Ok(moved) => Ok(moved),
+        Err(e @ StoreError::NotEmpty(_)) => Err(e.into()),
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "the copy stopped; {} holds part of the rows and is marked unfinished (serve refuses it): \
+                 empty it and copy again",
+                redact_url(url)
+            )
+        }),
     }
 }
 
@@ -110,25 +131,18 @@ fn with_suffix(file: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// A `.partial` file (and its SQLite companions) left by a backup that did not finish.
-fn remove_leftover(partial: &Path) -> anyhow::Result<()> {
+fn remove_partial(partial: &Path) -> anyhow::Result<()> {
     for companion in ["", "-wal", "-shm", "-journal"] {
-        let path = with_suffix(partial, companion);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("removing the unfinished {}", path.display()));
-            }
-            _ => {}
-        }
+        remove_if_there(&with_suffix(partial, companion))?;
     }
     Ok(())
 }
 
-/// The backup holds every token hash and all mail: only its owner may read it (T8).
-fn create_private(path: &Path) -> anyhow::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path).map(drop).with_context(|| format!("creating {}", path.display()))
+fn remove_if_there(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing the unfinished {}", path.display()))
+        }
+        _ => Ok(()),
+    }
 }

@@ -66,6 +66,7 @@ impl App {
         let admin_token_hash = auth::ensure_admin_token(dir)?;
         let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
         let store = pcmail_store::open(&url, dir).await?;
+        pcmail_store::transfer::check_finished(&store).await?;
         let identity = store.kv_get(pcmail_store::IDENTITY_KEY).await?.ok_or_else(|| {
             pcmail_store::StoreError::Schema("the store has no identity (E5); was it changed outside pcmail?".into())
         })?;

@@ -167,8 +167,8 @@ impl Store for AnyStore {
         forward!(self, s => s.import_finished().await)
     }
 
-    async fn is_empty(&self) -> Result<bool> {
-        forward!(self, s => s.is_empty().await)
+    async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {
+        forward!(self, s => s.occupied_tabs().await)
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

@@ -715,6 +715,7 @@ pub async fn o2_a_backup_holds_every_tab_as_it_was(store: &(impl Store + Clone))
     fill_every_tab(store).await;
     let (_dir, backup) = sqlite_scratch().await;
     let moved = crate::transfer::copy(store, &backup).await.expect("backup");
+    crate::transfer::check_finished(&backup).await.expect("a finished copy serves");
     let count = |tab: &str| moved.iter().find(|(t, _)| *t == tab).map(|m| m.1);
     assert_eq!(
         (count("mail"), count("ledger"), count("jobs"), count("tokens"), count("leases")),
@@ -758,8 +759,25 @@ pub async fn o3_a_copy_refuses_a_target_that_holds_data(store: &(impl Store + Cl
     let (_dir, source) = sqlite_scratch().await;
     fill_every_tab(&source).await;
     let err = crate::transfer::copy(&source, store).await.expect_err("must refuse");
-    assert!(matches!(err, crate::StoreError::NotEmpty), "{err}");
+    assert!(matches!(&err, crate::StoreError::NotEmpty(tabs) if tabs == "mail"), "{err}");
     assert_eq!(everything(store).await, before, "nothing was written");
+}
+
+/// O3: a copy stopped midway (here by a row its source cannot export) leaves its target marked,
+/// so that `serve` refuses it and a second copy is refused with the tabs it holds named.
+pub async fn o3_a_copy_that_stops_midway_leaves_its_target_marked_unfinished(store: &(impl Store + Clone)) {
+    let (dir, source) = sqlite_scratch().await;
+    fill_every_tab(&source).await;
+    drop(source);
+    let raw = rusqlite::Connection::open(dir.path().join("other.db")).expect("raw");
+    raw.execute("UPDATE jobs SET priority = 1.5", []).expect("a value pcmail never writes");
+    drop(raw);
+    let source = crate::SqliteStore::open_read_only(dir.path().join("other.db")).await.expect("open");
+    let err = crate::transfer::copy(&source, store).await.expect_err("the export stops at jobs");
+    assert!(err.to_string().contains("jobs.priority"), "{err}");
+    assert!(matches!(crate::transfer::check_finished(store).await, Err(crate::StoreError::UnfinishedCopy)));
+    let again = crate::transfer::copy(&source, store).await.expect_err("refused");
+    assert!(again.to_string().contains("specs, tokens, machines, kv, leases, mail"), "{again}");
 }
 
 /// O3 (`store verify`): equal stores agree on every tab; a changed row names its tab.
@@ -813,6 +831,7 @@ macro_rules! contract_tests {
             o2_a_backup_holds_every_tab_as_it_was,
             o2_a_restore_brings_rows_back_and_numbers_new_rows_after_them,
             o3_a_copy_refuses_a_target_that_holds_data,
+            o3_a_copy_that_stops_midway_leaves_its_target_marked_unfinished,
             o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs
         );
     };

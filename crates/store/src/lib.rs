@@ -47,9 +47,15 @@ pub enum StoreError {
     BadUrl { url: String, reason: String },
     #[error("store error: {0}")]
     Backend(String),
-    /// O3: a copy's target already holds data; nothing was written to it.
-    #[error("the target store already holds data; copy into an empty one (nothing was written)")]
-    NotEmpty,
+    /// O3: a copy's target already holds rows in these tabs; nothing was written to it.
+    #[error("the target store already holds data ({0}); copy into an empty store (nothing was written)")]
+    NotEmpty(String),
+    /// O3: a copy into this store stopped before its end; serving it would serve part of it.
+    #[error(
+        "this store holds a copy that did not finish (a restore or store copy was stopped): \
+         empty it (delete the SQLite file, or drop and create the database) and copy again"
+    )]
+    UnfinishedCopy,
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -329,8 +335,9 @@ pub trait Store: Send + Sync + 'static {
     fn import_finished(&self) -> impl Future<Output = Result<()>> + Send {
         std::future::ready(Ok(()))
     }
-    /// Whether the store holds no row a copy could collide with (its own identity aside).
-    fn is_empty(&self) -> impl Future<Output = Result<bool>> + Send;
+    /// The tabs holding rows a copy could collide with (the store's own `store/` and `sheets/`
+    /// keys aside), as [`transfer::occupied`] names them from [`transfer::occupied_sql`].
+    fn occupied_tabs(&self) -> impl Future<Output = Result<Vec<&'static str>>> + Send;
 
     /// Changes other processes commit, when the store can announce them (PostgreSQL's
     /// LISTEN/NOTIFY). `None`: this process is the only writer, and announces its own changes.
@@ -367,16 +374,23 @@ pub(crate) fn store_clock() -> Ts {
     chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 3)
 }
 
-/// The URL without its password, for error messages.
+/// The URL without its password (in the user info or a `password=` parameter), for messages.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
+    let mut out = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme && url[scheme + 3..at].contains(':') => {
+            let user = url[scheme + 3..at].split(':').next().unwrap_or("");
             format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
         }
         _ => url.to_string(),
+    };
+    let mut from = 0;
+    while let Some(found) = out[from..].find("password=") {
+        let start = from + found + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
+        from = start;
     }
+    out
 }
 
 /// The store `serve` keeps when given no URL: the embedded default in its data dir.
@@ -388,10 +402,13 @@ pub fn default_url(data_dir: &std::path::Path) -> String {
 /// from the server's working copy when there is one, which holds every acknowledged write and
 /// keeps a second process from syncing the same sheet.
 pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
+    if let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+        return SqliteStore::open_read_only(path).await.map(AnyStore::Sqlite);
+    }
     if url.starts_with("sheets://") {
         let copy = sheets::working_copy(url, data_dir)?;
         if copy.exists() {
-            return SqliteStore::open(copy).await.map(AnyStore::Sqlite);
+            return SqliteStore::open_read_only(copy).await.map(AnyStore::Sqlite);
         }
     }
     open(url, data_dir).await
@@ -413,5 +430,5 @@ pub async fn open(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
         return SheetsStore::open(url, data_dir).await.map(AnyStore::Sheets);
     }
     let reason = "expected sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=PATH";
-    Err(StoreError::BadUrl { url: url.into(), reason: reason.into() })
+    Err(StoreError::BadUrl { url: redact_url(url), reason: reason.into() })
 }

@@ -53,6 +53,16 @@ pub fn make_private(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Opens `path` for writing, creating it readable by its owner only if it is missing (a store
+/// file made outside a private data dir: a backup, a copy's target).
+pub fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
 /// The umask this process had before [`make_private`], for the programs it runs (a Function
 /// writing a report keeps its user's usual permissions); None if it was never changed.
 pub fn inherited_umask() -> Option<u32> {

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::codec::REQUIRED;
-use crate::{IDENTITY_KEY, Result, Store, StoreError};
+use crate::{Result, Store, StoreError};
 
 /// One value of a row, whatever the adapter keeps it as (a boolean is 0/1 in SQLite).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,25 +64,47 @@ pub fn insert_sql(tab: &str, placeholder: impl Fn(usize) -> String, between: &st
     format!("INSERT INTO {tab} ({}) {between}VALUES ({})", quoted(columns), values.join(", "))
 }
 
-/// Whether a store holds any row a copy could collide with, as one query (the `kv` tab is left
-/// out: every store holds its own identity from birth).
-pub fn any_rows_sql() -> String {
-    let any: Vec<String> =
-        TABS.iter().filter(|(t, _)| *t != "kv").map(|(t, _)| format!("EXISTS (SELECT 1 FROM {t})")).collect();
-    format!("SELECT {}", any.join(" OR "))
+/// One row of flags, one per tab of [`TABS`] in order: whether it holds any row a copy could
+/// collide with (in `kv`, the keys a store keeps about itself do not count).
+pub fn occupied_sql() -> String {
+    let any: Vec<String> = TABS
+        .iter()
+        .map(|(t, _)| match *t {
+            "kv" => "EXISTS (SELECT 1 FROM kv WHERE key NOT LIKE 'store/%' AND key NOT LIKE 'sheets/%')".to_string(),
+            t => format!("EXISTS (SELECT 1 FROM {t})"),
+        })
+        .collect();
+    format!("SELECT {}", any.join(", "))
+}
+
+/// The tabs whose flag in [`occupied_sql`]'s row is set.
+pub fn occupied(flags: &[bool]) -> Vec<&'static str> {
+    TABS.iter().zip(flags).filter(|(_, held)| **held).map(|((t, _), _)| *t).collect()
 }
 
 fn quoted(columns: &[&str]) -> String {
     columns.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ")
 }
 
-/// Rows that belong to a store rather than to its data stay behind: its identity (E5: PCs see
-/// a moved or restored store as another one and merge from 0, so no mail is skipped) and the
-/// sheets adapter's bookkeeping of what the spreadsheet held.
+/// Rows that belong to a store rather than to its data stay behind: its `store/` keys (its
+/// identity — E5: PCs see a moved or restored store as another one and merge from 0, so no
+/// mail is skipped — and the mark of a copy into it) and the sheets adapter's bookkeeping.
 fn portable(tab: &str, row: &[Cell]) -> bool {
     match (tab, row.first()) {
-        ("kv", Some(Cell::Text(key))) => key != IDENTITY_KEY && !key.starts_with("sheets/"),
+        ("kv", Some(Cell::Text(key))) => !key.starts_with("store/") && !key.starts_with("sheets/"),
         _ => true,
+    }
+}
+
+/// Where a copy marks its target: `unfinished` from before its first row until after its
+/// last, then `finished`. `serve` refuses a store marked unfinished.
+pub const COPY_KEY: &str = "store/copy";
+
+/// Refuses a store a copy into which stopped before its end.
+pub async fn check_finished(store: &impl Store) -> Result<()> {
+    match store.kv_get(COPY_KEY).await?.as_deref() {
+        Some("unfinished") => Err(StoreError::UnfinishedCopy),
+        _ => Ok(()),
     }
 }
 
@@ -111,9 +133,11 @@ pub type Moved = Vec<(&'static str, u64)>;
 /// Copies every row of `from` into `to`, which must hold no data yet (nothing stored is ever
 /// overwritten). `from` is read as one snapshot while it keeps serving.
 pub async fn copy(from: &(impl Store + Clone), to: &impl Store) -> Result<Moved> {
-    if !to.is_empty().await? {
-        return Err(StoreError::NotEmpty);
+    let held = to.occupied_tabs().await?;
+    if !held.is_empty() {
+        return Err(StoreError::NotEmpty(held.join(", ")));
     }
+    to.kv_set(COPY_KEY, "unfinished").await?;
     let mut moved: Moved = TABS.iter().map(|(t, _)| (*t, 0)).collect();
     each_batch(from, async |batch: Batch| {
         if let Some(m) = moved.iter_mut().find(|(t, _)| *t == batch.tab) {
@@ -123,6 +147,7 @@ pub async fn copy(from: &(impl Store + Clone), to: &impl Store) -> Result<Moved>
     })
     .await?;
     to.import_finished().await?;
+    to.kv_set(COPY_KEY, "finished").await?;
     Ok(moved)
 }
 
@@ -197,16 +222,20 @@ mod tests {
             "INSERT INTO tokens (\"machine\", \"hash\", \"created_at\") OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)"
         );
         assert!(select_sql("mail", "seq").contains("\"from\", \"to\""));
-        assert!(!any_rows_sql().contains("FROM kv"));
+        let flags = occupied_sql();
+        assert_eq!(flags.matches("EXISTS").count(), TABS.len());
+        assert!(flags.contains("key NOT LIKE 'store/%'"));
+        assert_eq!(occupied(&[true, false, false, true]), ["specs", "kv"]);
     }
 
     #[test]
     fn e5_a_copy_leaves_the_identity_and_sheet_bookkeeping_behind() {
         let kv = |k: &str| vec![Cell::Text(k.into()), Cell::Text("v".into())];
-        assert!(!portable("kv", &kv(IDENTITY_KEY)));
+        assert!(!portable("kv", &kv(crate::IDENTITY_KEY)));
+        assert!(!portable("kv", &kv(COPY_KEY)));
         assert!(!portable("kv", &kv("sheets/base/ledger")));
         assert!(portable("kv", &kv("telegram/offset")));
-        assert!(portable("mail", &[Cell::Text(IDENTITY_KEY.into())]));
+        assert!(portable("mail", &[Cell::Text(crate::IDENTITY_KEY.into())]));
     }
 
     #[test]

@@ -660,10 +660,15 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn is_empty(&self) -> Result<bool> {
-        let rows = self.conn().await?.query(&transfer::any_rows_sql(), &[]).await?;
-        let any: bool = rows.first().map(|r| r.try_get(0)).transpose().map_err(conn::map_err)?.unwrap_or(false);
-        Ok(!any)
+    async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {
+        let rows = self.conn().await?.query(&transfer::occupied_sql(), &[]).await?;
+        let flags = match rows.first() {
+            Some(row) => {
+                (0..row.len()).map(|i| row.try_get(i)).collect::<Result<Vec<bool>, _>>().map_err(conn::map_err)?
+            }
+            None => Vec::new(),
+        };
+        Ok(transfer::occupied(&flags))
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
@@ -863,5 +868,10 @@ pub(crate) mod tests {
     fn bad_urls_are_named_without_their_password() {
         assert_eq!(crate::redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(crate::redact_url("postgres://h/db"), "postgres://h/db");
+        assert_eq!(crate::redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            crate::redact_url("postgres://h/db?user=u&password=secret&sslmode=require&password=again"),
+            "postgres://h/db?user=u&password=***&sslmode=require&password=***"
+        );
     }
 }

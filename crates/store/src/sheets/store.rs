@@ -555,8 +555,8 @@ impl Store for SheetsStore {
         self.sync_now().await
     }
 
-    async fn is_empty(&self) -> Result<bool> {
-        self.inner.local.is_empty().await
+    async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {
+        self.inner.local.occupied_tabs().await
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {

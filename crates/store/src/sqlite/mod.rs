@@ -72,18 +72,45 @@ fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) and migrates the database at `path`.
+    /// Opens (creating if needed, readable by its owner only) and migrates the database at `path`.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore> {
         let path = path.as_ref().to_path_buf();
         tokio::task::spawn_blocking(move || {
+            crate::private::open_private(&path)
+                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", path.display())))?;
             let mut writer = open_connection(&path, true)?;
             schema::migrate(&mut writer)?;
-            Ok(SqliteStore {
-                inner: Arc::new(Inner { path, writer: Mutex::new(writer), readers: Mutex::new(Vec::new()) }),
-            })
+            Ok(SqliteStore::over(path, writer))
         })
         .await
         .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))?
+    }
+
+    /// O2/O3: opens an existing store only to read it (a backup, the source of a copy): never
+    /// creates, migrates or writes the file, and refuses one that is not a current pcmail store.
+    pub async fn open_read_only(path: impl AsRef<Path>) -> Result<SqliteStore> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            if !path.is_file() {
+                return Err(StoreError::Unavailable(format!("there is no store at {}", path.display())));
+            }
+            let reader = open_connection(&path, false)?;
+            schema::check_current(&reader).map_err(|e| StoreError::Schema(format!("{}: {e}", path.display())))?;
+            Ok(SqliteStore::over(path, reader))
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))?
+    }
+
+    fn over(path: PathBuf, writer: Connection) -> SqliteStore {
+        SqliteStore { inner: Arc::new(Inner { path, readers: Mutex::new(Vec::new()), writer: Mutex::new(writer) }) }
+    }
+
+    /// O2: leaves the file whole and readable where nothing may be written (a backup kept on
+    /// read-only media): the write-ahead log folded in, the rollback journal mode back.
+    pub async fn seal(self) -> Result<()> {
+        self.inner.readers.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.write(|conn| conn.pragma_update(None, "journal_mode", "DELETE").map_err(map_err)).await
     }
 
     async fn write<R: Send + 'static>(
@@ -767,10 +794,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn is_empty(&self) -> Result<bool> {
+    async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {
         self.read(|conn| {
-            let any: bool = conn.query_row(&transfer::any_rows_sql(), [], |r| r.get(0)).map_err(map_err)?;
-            Ok(!any)
+            let flags: Vec<bool> = conn
+                .query_row(&transfer::occupied_sql(), [], |r| (0..transfer::TABS.len()).map(|i| r.get(i)).collect())
+                .map_err(map_err)?;
+            Ok(transfer::occupied(&flags))
         })
         .await
     }

@@ -237,6 +237,28 @@ pub fn migrate_with(conn: &mut Connection, migrations: &[&str], required: &[(&st
     verify(conn, required)
 }
 
+/// A store opened only to be read must be of this build's schema: older ones are migrated by
+/// opening them for writing (`serve`), never behind a reader's back.
+pub fn check_current(conn: &Connection) -> Result<()> {
+    let version: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
+    let current = MIGRATIONS.len();
+    if version == 0 {
+        return Err(StoreError::Schema("not a pcmail store (it has no pcmail schema)".into()));
+    }
+    if version < current {
+        return Err(StoreError::Schema(format!(
+            "made by an older pcmail (schema {version}, this build's is {current}); run `pcmail-ctl serve` on it \
+             (or on a copy of it) once to migrate it, then try again"
+        )));
+    }
+    if version > current {
+        return Err(StoreError::Schema(format!(
+            "schema version {version} is newer than this build knows ({current}); upgrade pcmail-ctl"
+        )));
+    }
+    verify(conn, REQUIRED)
+}
+
 pub fn verify(conn: &Connection, required: &[(&str, &[&str])]) -> Result<()> {
     for (table, columns) in required {
         let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).map_err(super::map_err)?;
