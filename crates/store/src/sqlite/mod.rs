@@ -77,7 +77,7 @@ impl SqliteStore {
         let path = path.as_ref().to_path_buf();
         tokio::task::spawn_blocking(move || {
             crate::private::open_private(&path)
-                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", path.display())))?;
+                .map_err(|e| StoreError::Unavailable(format!("cannot open {} for writing: {e}", path.display())))?;
             let mut writer = open_connection(&path, true)?;
             schema::migrate(&mut writer)?;
             Ok(SqliteStore::over(path, writer))
