@@ -124,7 +124,18 @@ impl Cache {
         let wrap = |source| CacheError::Store { path: path.clone(), source };
         let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
         conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| wrap(map_err(e)))?;
+        // Turning a fresh file to WAL takes it whole, and SQLite answers "locked" at once, without
+        // its busy handler, while another process (a hook, the poller) opens it too: waited here.
+        let started = std::time::Instant::now();
+        while let Err(e) = conn.pragma_update(None, "journal_mode", "WAL") {
+            let locked = e
+                .sqlite_error_code()
+                .is_some_and(|c| matches!(c, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked));
+            if !locked || started.elapsed() >= busy {
+                return Err(wrap(map_err(e)));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // NORMAL: WAL commits survive a killed process; what a power loss could undo here (a
         // presented mark, a cursor) is redone from the server. Intents are written with FULL.
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| wrap(map_err(e)))?;
