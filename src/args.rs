@@ -350,12 +350,17 @@ pub enum LedgerCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
-    /// Queue a job; prints its id (a live job holding --unique-key is answered instead)
+    /// Queue a job, or every job of a JSON-lines file; prints each id in order (a live job
+    /// holding a job's unique key is answered instead)
     Enqueue {
-        #[arg(long)]
-        queue: String,
-        #[arg(long)]
-        function: String,
+        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        queue: Option<String>,
+        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        function: Option<String>,
+        /// One job per line, as the API's enqueue body (`{"queue": …, "function": …}`); `-`
+        /// reads stdin. Sent in requests of up to 1000 jobs, each one transaction
+        #[arg(short = 'f', long)]
+        file: Option<String>,
         /// JSON given to the function on stdin
         #[arg(long)]
         payload: Option<String>,

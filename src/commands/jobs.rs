@@ -1,7 +1,9 @@
 //! `jobs …` and `worker` (J7): the job queue from the command line, and an external worker
 //! that claims, runs, heartbeats and completes over the API.
 
+use anyhow::Context;
 use pcmail_agent::client::{Client, ClientError};
+use pcmail_core::api::Validate;
 use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
@@ -13,13 +15,23 @@ use crate::output::{self, cut};
 
 pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
     match command {
-        JobsCommand::Enqueue { queue, function, payload, priority, unique_key, run_after, max_attempts } => {
+        JobsCommand::Enqueue { file: Some(file), .. } => enqueue_file(client, &file).await?,
+        JobsCommand::Enqueue {
+            queue,
+            function,
+            payload,
+            priority,
+            unique_key,
+            run_after,
+            max_attempts,
+            file: None,
+        } => {
             let payload: Option<Value> = payload
                 .map(|p| serde_json::from_str(&p).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}")))
                 .transpose()?;
             let body = EnqueueRequest {
-                queue,
-                function,
+                queue: queue.unwrap_or_default(),
+                function: function.unwrap_or_default(),
                 payload,
                 priority,
                 unique_key,
@@ -63,6 +75,58 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Requests stay well under the server's body limit whatever the payloads.
+const BULK_BYTES: usize = 192 * 1024;
+
+/// `jobs enqueue -f`: every line is checked before the first request, so a bad line (named by
+/// its number) sends nothing; then the jobs go in requests of at most MAX_ENQUEUE jobs.
+async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
+    let bytes = if file == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).context("reading jobs from stdin")?;
+        bytes
+    } else {
+        std::fs::read(file).with_context(|| format!("reading {file}"))?
+    };
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{file} is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))?;
+    let mut requests: Vec<(EnqueueRequest, usize)> = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let job: EnqueueRequest =
+            serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{file}:{}: not a job: {e}", n + 1))?;
+        job.validate().map_err(|e| anyhow::anyhow!("{file}:{}: {e}", n + 1))?;
+        requests.push((job, line.len()));
+    }
+    let (mut created, mut answered) = (0, 0);
+    let mut rest = requests.as_slice();
+    while !rest.is_empty() {
+        let mut size = 0;
+        let take = rest
+            .iter()
+            .take(pcmail_core::bounds::MAX_ENQUEUE as usize)
+            .take_while(|(_, len)| {
+                size += len + 1;
+                size <= BULK_BYTES
+            })
+            .count()
+            .max(1);
+        let (batch, later) = rest.split_at(take);
+        rest = later;
+        let body: Vec<&EnqueueRequest> = batch.iter().map(|(r, _)| r).collect();
+        let answers: Vec<EnqueueResponse> = client.post("/api/v1/jobs", &body).await?;
+        for a in answers {
+            if a.created {
+                created += 1
+            } else {
+                answered += 1
+            }
+            println!("{}", a.job.id);
+        }
+    }
+    eprintln!("{created} job(s) enqueued, {answered} answered by a live job holding the same unique key");
+    Ok(())
 }
 
 /// J7: claim one job at a time, heartbeat while it runs, report its end. E3: the server going

@@ -71,6 +71,96 @@ fn j6_j7_unique_keys_and_an_external_worker_running_jobs_over_the_api() {
     assert_ne!(fresh, b, "a finished job no longer holds its key");
 }
 
+/// Rows of the jobs table as (id, unique key), read from the server's SQLite file.
+fn stored_jobs(s: &Server) -> Vec<(String, Option<String>)> {
+    let db = s.dir.path().join("data/pcmail.db");
+    let db = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("db");
+    let mut stmt = db.prepare("SELECT id, unique_key FROM jobs ORDER BY seq").expect("query");
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("rows").map(|r| r.expect("row")).collect()
+}
+
+#[test]
+fn p10_j6_bulk_enqueue_of_1000_answers_live_holders_and_inserts_the_rest_once() {
+    let (s, _dir) = setup();
+    let held = ok(s.admin(&["jobs", "enqueue", "--queue", "q", "--function", "work", "--unique-key", "k-0"]));
+    // Keys k-0..k-299 twice each (k-0 already held), then 400 jobs with no key.
+    let key = |i: usize| (i < 600).then(|| format!("k-{}", i % 300));
+    let body: Vec<serde_json::Value> = (0..1000)
+        .map(|i| match key(i) {
+            Some(k) => serde_json::json!({"queue": "q", "function": "work", "payload": {"n": i}, "uniqueKey": k}),
+            None => serde_json::json!({"queue": "q", "function": "work", "payload": {"n": i}}),
+        })
+        .collect();
+    let (status, answers) = post(&s, "/api/v1/jobs", serde_json::Value::Array(body));
+    assert_eq!(status, 200, "{answers}");
+    let answers = answers.as_array().expect("a list answers a list");
+    assert_eq!(answers.len(), 1000, "one answer per job, in order");
+    let id = |i: usize| answers[i]["job"]["id"].as_str().expect("id").to_string();
+    let created = |i: usize| answers[i]["created"].as_bool().expect("created");
+    assert_eq!((id(0), created(0)), (held.clone(), false), "the live holder of k-0 answers");
+    assert_eq!((id(300), created(300)), (held.clone(), false));
+    for i in 1..300 {
+        assert!(created(i), "the first job with k-{i} is inserted");
+        assert_eq!((id(i + 300), created(i + 300)), (id(i), false), "the second with k-{i} gets the first");
+    }
+    assert!((600..1000).all(created));
+    let stored = stored_jobs(&s);
+    assert_eq!(stored.len(), 1 + 299 + 400, "every job inserted once");
+    let mut keys: Vec<&String> = stored.iter().filter_map(|(_, k)| k.as_ref()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), 300, "one live job per key");
+    for i in (0..1000).step_by(97) {
+        assert_eq!(answers[i]["job"]["uniqueKey"].as_str().map(String::from), key(i), "answer {i} is job {i}'s");
+    }
+}
+
+#[test]
+fn p10_t5_a_bulk_request_with_one_invalid_job_changes_nothing_and_names_its_index() {
+    let (s, _dir) = setup();
+    let good = serde_json::json!({"queue": "q", "function": "work"});
+    let before = stored_jobs(&s).len();
+    let mut body = vec![good.clone(); 5];
+    body[3] = serde_json::json!({"queue": "nowhere", "function": "work"});
+    let (status, answer) = post(&s, "/api/v1/jobs", serde_json::Value::Array(body.clone()));
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("jobs[3]") && message.contains("nowhere"), "{message}");
+    body[3] = serde_json::json!({"queue": "q", "function": "work", "maxAttempts": 0});
+    let (status, answer) = post(&s, "/api/v1/jobs", serde_json::Value::Array(body));
+    assert_eq!(status, 422, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("jobs[3].maxAttempts"), "{answer}");
+    let (status, answer) = post(&s, "/api/v1/jobs", serde_json::Value::Array(vec![good; 1001]));
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(stored_jobs(&s).len(), before, "nothing was written");
+}
+
+#[test]
+fn p10_jobs_enqueue_reads_json_lines_from_a_file_or_stdin_and_a_bad_line_sends_nothing() {
+    let (s, dir) = setup();
+    let lines =
+        (0..2500).map(|i| format!("{{\"queue\": \"q\", \"function\": \"work\", \"payload\": {{\"n\": {i}}}}}\n"));
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, lines.collect::<String>() + "\n").expect("jsonl");
+    let out = s.admin(&["jobs", "enqueue", "-f", &file.display().to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids: Vec<String> = stdout(&out).lines().map(String::from).collect();
+    assert_eq!(ids.len(), 2500, "one id per line, across three requests");
+    assert_eq!(stored_jobs(&s).iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(), ids, "in the file's order");
+    let piped = b"{\"queue\": \"q\", \"function\": \"work\", \"uniqueKey\": \"u\"}\n{\"queue\": \"q\", \"function\": \"work\", \"uniqueKey\": \"u\"}\n";
+    let out = s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(piped));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let ids: Vec<&str> = printed.lines().collect();
+    assert_eq!((ids.len(), ids[0] == ids[1]), (2, true), "the second line is answered by the first");
+    assert!(stderr(&out).contains("1 job(s) enqueued, 1 answered"), "{}", stderr(&out));
+    let bad = b"{\"queue\": \"q\", \"function\": \"work\"}\n{\"queue\": \"q\", \"functoin\": \"work\"}\n";
+    let out = s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(bad));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("-:2: not a job") && stderr(&out).contains("functoin"), "{}", stderr(&out));
+    assert_eq!(stored_jobs(&s).len(), 2501, "a bad line sends nothing");
+}
+
 #[test]
 fn j2_j3_a_worker_whose_lease_was_rescued_can_neither_heartbeat_nor_complete() {
     let (s, _dir) = setup();

@@ -351,6 +351,65 @@ impl Validate for EnqueueRequest {
     }
 }
 
+/// `POST /api/v1/jobs`'s body: one job, or a list enqueued in one transaction (P10), each
+/// job's unique key honoured as if it came alone, in order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum EnqueueBody {
+    One(EnqueueRequest),
+    Many(Vec<EnqueueRequest>),
+}
+
+impl EnqueueBody {
+    pub fn into_jobs(self) -> Vec<EnqueueRequest> {
+        match self {
+            EnqueueBody::One(r) => vec![r],
+            EnqueueBody::Many(list) => list,
+        }
+    }
+}
+
+/// By hand rather than `untagged`: an object or a list is told apart by its first token, and
+/// a wrong field inside either keeps the error that names it.
+impl<'de> Deserialize<'de> for EnqueueBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = EnqueueBody;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a job object or a list of job objects")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<EnqueueBody, A::Error> {
+                EnqueueRequest::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(EnqueueBody::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<EnqueueBody, A::Error> {
+                Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq)).map(EnqueueBody::Many)
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+impl Validate for EnqueueBody {
+    fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            EnqueueBody::One(r) => r.validate(),
+            EnqueueBody::Many(list) => {
+                bounds::count("jobs", list.len() as u64, 1, bounds::MAX_ENQUEUE)?;
+                list.iter().enumerate().try_for_each(|(i, r)| r.validate().map_err(|e| e.within("jobs", i)))
+            }
+        }
+    }
+}
+
+/// The answer to an [`EnqueueBody`], in its shape: one answer, or one per job in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnqueueAnswer {
+    One(EnqueueResponse),
+    Many(Vec<EnqueueResponse>),
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnqueueResponse {
@@ -461,6 +520,29 @@ mod tests {
             ..Default::default()
         };
         assert!(send.validate().expect_err("ttl").message.starts_with("ttl 366d is out of range"));
+    }
+
+    #[test]
+    fn p10_an_enqueue_body_is_one_job_or_a_list_and_a_bad_job_names_its_index() {
+        let one: EnqueueBody = serde_json::from_str(r#"{"queue": "q", "function": "f"}"#).expect("one");
+        assert!(matches!(&one, EnqueueBody::One(r) if r.queue == "q"));
+        let many: EnqueueBody =
+            serde_json::from_str(r#"[{"queue": "q", "function": "f"}, {"queue": "r", "function": "f"}]"#)
+                .expect("many");
+        assert_eq!(many.clone().into_jobs().len(), 2);
+        assert_eq!(many.validate(), Ok(()));
+        let bad: EnqueueBody =
+            serde_json::from_str(r#"[{"queue": "q", "function": "f"}, {"queue": "Q Q", "function": "f"}]"#)
+                .expect("parses");
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("jobs[1].queue".into()));
+        let typo = serde_json::from_str::<EnqueueBody>(r#"[{"queue": "q", "functoin": "f"}]"#).expect_err("typo");
+        assert!(typo.to_string().contains("functoin"), "{typo}");
+        assert!(serde_json::from_str::<EnqueueBody>("3").is_err());
+        let empty: EnqueueBody = serde_json::from_str("[]").expect("parses");
+        assert_eq!(empty.validate().map_err(|e| e.field), Err("jobs".into()));
+        let ok = EnqueueRequest { queue: "q".into(), function: "f".into(), ..Default::default() };
+        let too_many = EnqueueBody::Many(vec![ok; bounds::MAX_ENQUEUE as usize + 1]);
+        assert!(too_many.validate().is_err());
     }
 
     #[test]

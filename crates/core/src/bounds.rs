@@ -8,6 +8,9 @@ use crate::duration::Dur;
 
 /// A claim takes at most this many jobs.
 pub const MAX_CLAIM: u64 = 100;
+/// One enqueue request brings at most this many jobs (P10's bulk size); a longer list is
+/// sent as several requests, each its own transaction.
+pub const MAX_ENQUEUE: u64 = 1000;
 /// A job's attempts, and a WorkerPool's `maxAttempts`.
 pub const MAX_ATTEMPTS: u64 = 100;
 /// A mail's `ttl`, and how far ahead a job's `runAfter` may be.

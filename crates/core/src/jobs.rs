@@ -308,6 +308,29 @@ pub fn plan_claim(job: &Job, owner: &str, token: &str, lease: Dur, now: Ts) -> J
     }
 }
 
+/// J6 for a batch, in order: a job whose unique key a live job holds (one already stored, or
+/// an earlier job of the same batch) is answered with that holder and not written; the rest
+/// are written. Answers `(writes, [(job, created)])`, the answers in the batch's order.
+pub fn plan_enqueue(live: Vec<Job>, incoming: Vec<Job>) -> (Vec<Job>, Vec<(Job, bool)>) {
+    let mut holders: std::collections::HashMap<String, Job> =
+        live.into_iter().filter_map(|j| Some((j.unique_key.clone()?, j))).collect();
+    let mut writes = Vec::with_capacity(incoming.len());
+    let mut answers = Vec::with_capacity(incoming.len());
+    for job in incoming {
+        match job.unique_key.as_ref().and_then(|k| holders.get(k)) {
+            Some(holder) => answers.push((holder.clone(), false)),
+            None => {
+                if let Some(k) = &job.unique_key {
+                    holders.insert(k.clone(), job.clone());
+                }
+                writes.push(job.clone());
+                answers.push((job, true));
+            }
+        }
+    }
+    (writes, answers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +338,36 @@ mod tests {
 
     pub fn job() -> Job {
         Job::new("job-1".into(), "default".into(), "f".into(), "{}".into(), at(0))
+    }
+
+    #[test]
+    fn j6_a_batch_answers_live_holders_and_its_own_earlier_jobs_and_writes_the_rest_once() {
+        let keyed = |id: &str, key: Option<&str>| Job {
+            unique_key: key.map(String::from),
+            ..Job::new(id.into(), "q".into(), "f".into(), "{}".into(), at(0))
+        };
+        let stored = keyed("job-old", Some("nightly"));
+        let batch = vec![
+            keyed("job-a", Some("nightly")),
+            keyed("job-b", Some("daily")),
+            keyed("job-c", None),
+            keyed("job-d", Some("daily")),
+            keyed("job-e", None),
+        ];
+        let (writes, answers) = plan_enqueue(vec![stored], batch);
+        let ids = |jobs: Vec<&Job>| jobs.into_iter().map(|j| j.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(writes.iter().collect()), ["job-b", "job-c", "job-e"]);
+        let answered: Vec<(String, bool)> = answers.iter().map(|(j, c)| (j.id.clone(), *c)).collect();
+        assert_eq!(
+            answered,
+            [
+                ("job-old".into(), false),
+                ("job-b".into(), true),
+                ("job-c".into(), true),
+                ("job-b".into(), false),
+                ("job-e".into(), true)
+            ]
+        );
     }
 
     #[test]

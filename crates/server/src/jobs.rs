@@ -7,8 +7,8 @@ use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
-    Actor, ClaimRefusal, Job, JobState, LeaseError, check_lease, claim_terms, declared, lease_owner, plan_failure,
-    plan_rescue,
+    Actor, ClaimRefusal, Job, JobState, LeaseError, check_lease, claim_terms, declared, lease_owner, plan_enqueue,
+    plan_failure, plan_rescue,
 };
 use pcmail_core::text::sanitize;
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
@@ -38,54 +38,62 @@ pub enum Origin {
 }
 
 pub async fn enqueue(app: &App, req: EnqueueRequest, origin: Origin, now: Ts) -> Result<EnqueueResponse, ApiError> {
+    let mut answers = enqueue_many(app, vec![req], origin, now).await?;
+    answers.pop().ok_or_else(|| ApiError::internal("an enqueue of one job answered nothing"))
+}
+
+/// Enqueues `requests` in one transaction (P10), each unique key honoured in order (J6); the
+/// answers come in the requests' order. One job the runtime refuses refuses the whole list,
+/// naming its index, and nothing is written.
+pub async fn enqueue_many(
+    app: &App,
+    requests: Vec<EnqueueRequest>,
+    origin: Origin,
+    now: Ts,
+) -> Result<Vec<EnqueueResponse>, ApiError> {
     let rt = app.runtime();
-    if !declared(&rt.pools, &req.queue) {
-        return Err(ApiError::unprocessable(format!(
-            "queue {:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it",
-            req.queue
-        )));
-    }
-    if !rt.functions.iter().any(|(n, _)| *n == req.function) {
-        return Err(ApiError::unprocessable(format!(
-            "function {:?} is not defined; apply a Function of that name",
-            req.function
-        )));
-    }
-    let max_attempts = req.max_attempts.unwrap_or_else(|| {
-        rt.pools.iter().find(|(_, p)| p.queues.contains(&req.queue)).map_or(3, |(_, p)| p.max_attempts)
-    });
-    let run_after = now
-        .checked_add_signed(req.run_after.unwrap_or_default().to_chrono())
-        .ok_or_else(|| ApiError::unprocessable("runAfter is too far away"))?;
-    let payload = req.payload.map_or_else(|| "null".into(), |p| p.to_string());
     let (enqueued_by, ledger_ref) = match origin {
         Origin::Caller(machine) => (machine, None),
         Origin::Ledger(reference) => (None, Some(reference)),
     };
-    let job = Job {
-        priority: req.priority,
-        max_attempts: max_attempts.max(1),
-        run_after,
-        unique_key: req.unique_key.clone(),
-        ledger_ref,
-        enqueued_by,
-        ..Job::new(format!("job-{}", random_hex(6)?), req.queue, req.function, payload, now)
-    };
-    let select = match &req.unique_key {
-        Some(k) => JobSelect::LiveUnique(k.clone()),
-        None => JobSelect::Ids(vec![]),
-    };
-    let response = app
-        .store()
-        .jobs_transaction(select, move |live| match live.into_iter().next() {
-            Some(existing) => (vec![], EnqueueResponse { job: existing, created: false }),
-            None => (vec![job.clone()], EnqueueResponse { job, created: true }),
-        })
-        .await?;
-    if response.created {
+    let many = requests.len() > 1;
+    let mut jobs = Vec::with_capacity(requests.len());
+    for (i, req) in requests.into_iter().enumerate() {
+        let refused =
+            |message: String| ApiError::unprocessable(if many { format!("jobs[{i}]: {message}") } else { message });
+        if !declared(&rt.pools, &req.queue) {
+            return Err(refused(format!(
+                "queue {:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it",
+                req.queue
+            )));
+        }
+        if !rt.functions.iter().any(|(n, _)| *n == req.function) {
+            return Err(refused(format!("function {:?} is not defined; apply a Function of that name", req.function)));
+        }
+        let max_attempts = req.max_attempts.unwrap_or_else(|| {
+            rt.pools.iter().find(|(_, p)| p.queues.contains(&req.queue)).map_or(3, |(_, p)| p.max_attempts)
+        });
+        let run_after = now
+            .checked_add_signed(req.run_after.unwrap_or_default().to_chrono())
+            .ok_or_else(|| refused("runAfter is too far away".into()))?;
+        let payload = req.payload.map_or_else(|| "null".into(), |p| p.to_string());
+        jobs.push(Job {
+            priority: req.priority,
+            max_attempts: max_attempts.max(1),
+            run_after,
+            unique_key: req.unique_key,
+            ledger_ref: ledger_ref.clone(),
+            enqueued_by: enqueued_by.clone(),
+            ..Job::new(format!("job-{}", random_hex(6)?), req.queue, req.function, payload, now)
+        });
+    }
+    let keys: Vec<String> = jobs.iter().filter_map(|j| j.unique_key.clone()).collect();
+    let select = if keys.is_empty() { JobSelect::Ids(vec![]) } else { JobSelect::LiveUnique(keys) };
+    let answers = app.store().jobs_transaction(select, move |live| plan_enqueue(live, jobs)).await?;
+    if answers.iter().any(|(_, created)| *created) {
         app.ring_job_bell();
     }
-    Ok(response)
+    Ok(answers.into_iter().map(|(job, created)| EnqueueResponse { job, created }).collect())
 }
 
 /// J1/T2/T5: up to `limit` due jobs of `queue`, leased to `worker` of `actor` for `lease`. A

@@ -560,8 +560,10 @@ pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
     let mut j = job(1, 0, 0);
     j.unique_key = Some("nightly".into());
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
-    let live =
-        store.jobs_transaction(JobSelect::LiveUnique("nightly".into()), |found| (vec![], found)).await.expect("find");
+    let live = store
+        .jobs_transaction(JobSelect::LiveUnique(vec!["nightly".into(), "other".into()]), |found| (vec![], found))
+        .await
+        .expect("find");
     assert_eq!(live.len(), 1);
     let mut dup = job(2, 0, 0);
     dup.unique_key = Some("nightly".into());

@@ -168,8 +168,8 @@ pub struct LedgerWrites {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobSelect {
     Ids(Vec<String>),
-    /// J6: the live job (queued, running or failed) holding this unique key, if any.
-    LiveUnique(String),
+    /// J6: the live jobs (queued, running or failed) holding any of these unique keys.
+    LiveUnique(Vec<String>),
     /// J3: running jobs whose lease expired at or before `now`.
     ExpiredLeases {
         now: Ts,

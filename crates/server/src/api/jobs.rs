@@ -5,7 +5,7 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
+use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueAnswer, EnqueueBody, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::{Job, redact};
 use pcmail_store::{JobQuery, Store};
@@ -16,15 +16,23 @@ use crate::App;
 use crate::auth::Caller;
 use crate::jobs::{self, Origin, Report};
 
+/// One job or a list (P10): the answer has the body's shape.
 pub async fn enqueue(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
-    JsonBody(req): JsonBody<EnqueueRequest>,
-) -> Result<Json<EnqueueResponse>, ApiError> {
+    JsonBody(body): JsonBody<EnqueueBody>,
+) -> Result<Json<EnqueueAnswer>, ApiError> {
     let origin = Origin::Caller(caller.machine().map(String::from));
-    let answer = detached(async move { jobs::enqueue(&app, req, origin, crate::now()).await }).await?;
+    let one = matches!(body, EnqueueBody::One(_));
+    let answers =
+        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), origin, crate::now()).await }).await?;
     // J6 may answer another machine's job: as that machine's, never its details (T2).
-    Ok(Json(EnqueueResponse { job: redact(answer.job, caller.actor()), ..answer }))
+    let mut answers: Vec<EnqueueResponse> =
+        answers.into_iter().map(|a| EnqueueResponse { job: redact(a.job, caller.actor()), ..a }).collect();
+    Ok(Json(match answers.pop() {
+        Some(only) if one => EnqueueAnswer::One(only),
+        last => EnqueueAnswer::Many(answers.into_iter().chain(last).collect()),
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -36,7 +36,8 @@ use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 /// Advisory lock keys: one namespace per tab, `hashtext` of the name inside it.
 const MAIL_LOCK: &str = "SELECT pg_advisory_xact_lock(1, 0)";
 const LEDGER_LOCK: &str = "SELECT pg_advisory_xact_lock(2, hashtext($1))";
-const UNIQUE_JOB_LOCK: &str = "SELECT pg_advisory_xact_lock(3, hashtext($1))";
+const UNIQUE_JOB_LOCKS: &str = "SELECT pg_advisory_xact_lock(3, hashtext(k)) \
+     FROM (SELECT DISTINCT k FROM unnest($1::text[]) AS k ORDER BY k) AS keys";
 const LEASE_LOCK: &str = "SELECT pg_advisory_xact_lock(4, hashtext($1))";
 const SPECS_LOCK: &str = "SELECT pg_advisory_xact_lock(5, 0)";
 
@@ -271,12 +272,14 @@ async fn select_jobs(c: &mut Conn, select: &JobSelect) -> Result<Vec<Job>> {
             let found = c.decode(&sql, &[ids], codec::job).await?;
             Ok(in_order(found, ids, |j| &j.id))
         }
-        JobSelect::LiveUnique(key) => {
-            c.execute(UNIQUE_JOB_LOCK, &[key]).await?;
+        JobSelect::LiveUnique(keys) => {
+            // One lock per key, taken in one order in one round trip, so two batches sharing
+            // keys cannot deadlock.
+            c.execute(UNIQUE_JOB_LOCKS, &[keys]).await?;
             let sql = format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = $1 AND state IN ('queued', 'running', 'failed') FOR UPDATE"
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ANY($1) AND state IN ('queued', 'running', 'failed') FOR UPDATE"
             );
-            c.decode(&sql, &[key], codec::job).await
+            c.decode(&sql, &[keys], codec::job).await
         }
         JobSelect::ExpiredLeases { now, limit } => {
             let sql = format!(

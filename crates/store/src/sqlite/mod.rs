@@ -321,12 +321,18 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
             }
             Ok(out)
         }
-        JobSelect::LiveUnique(key) => collect(
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ?1 AND state IN ('queued', 'running', 'failed')"
-            ),
-            &[key],
-        ),
+        JobSelect::LiveUnique(keys) => {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ?1 AND state IN ('queued', 'running', 'failed')"
+                ))
+                .map_err(map_err)?;
+            let mut out = Vec::new();
+            for key in keys {
+                out.extend(rows::collect(&mut stmt, [key], codec::job)?);
+            }
+            Ok(out)
+        }
         JobSelect::ExpiredLeases { now, limit } => collect(
             &format!(
                 "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
