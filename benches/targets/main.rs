@@ -1,4 +1,4 @@
-//! DESIGN §11's targets P1–P7 in one run, printed as one table: figure, target, ratio.
+//! DESIGN §11's targets P1–P12 in one run, printed as one table: figure, target, ratio.
 //! Benchmarks print; they assert nothing (speed is never a test's assertion). P8 (Sheets API
 //! calls per pass) is a count, held by the sheets adapter's tests. `MCP` is issue 11's push
 //! latency (send → channel notification), beside them.
@@ -13,6 +13,7 @@ mod jobs;
 mod merge;
 mod pcside;
 mod push;
+mod queue;
 mod reconcile;
 mod rss;
 mod table;
@@ -48,6 +49,12 @@ async fn main() {
     }
     if wants(&["MCP"]) {
         rows.extend(push::run().await);
+    }
+    if wants(&["P9"]) {
+        rows.extend(queue::p9().await);
+    }
+    if wants(&["P10"]) {
+        rows.extend(queue::p10().await);
     }
     if wants(&["P11"]) {
         rows.extend(endurance::p11().await);

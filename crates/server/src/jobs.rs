@@ -146,54 +146,91 @@ pub async fn report(
     report: Report,
     now: Ts,
 ) -> Result<Job, ApiError> {
-    let (token, jitter) = (token.to_string(), jitter());
-    let failed = matches!(report, Report::Fail { .. });
+    let mut outcomes = report_many(app, vec![(id.to_string(), token.to_string(), report)], actor, now).await?;
+    outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("a report of one job answered nothing")))
+}
+
+/// [`report`] for many jobs of one actor in one transaction (the pools' grouped completions):
+/// each report is checked and answered on its own, in order.
+pub async fn report_many(
+    app: &App,
+    reports: Vec<(String, String, Report)>,
+    actor: Actor<'_>,
+    now: Ts,
+) -> Result<Vec<Result<Job, ApiError>>, ApiError> {
+    let jitter = jitter();
     let rt = app.runtime();
     let reporter = match actor {
         Actor::Machine(m) => Reporter::Machine(m.to_string()),
         Actor::Pool => Reporter::Pool,
         Actor::Admin => Reporter::Admin,
     };
-    let job = app
+    let ids = reports.iter().map(|(id, _, _)| id.clone()).collect();
+    let outcomes = app
         .store()
-        .jobs_transaction(JobSelect::Ids(vec![id.to_string()]), move |mut found| {
-            let Some(job) = found.pop() else { return (vec![], Err(ApiError::not_found("job not found"))) };
-            let actor = reporter.actor();
-            if let Err(e) = check_lease(&job, &token, actor) {
-                let refusal = match e {
-                    LeaseError::NotHolder(_) => ApiError::forbidden(e.to_string()),
-                    _ => ApiError::conflict(e.to_string()),
-                };
-                return (vec![], Err(refusal));
-            }
-            let next = match report {
-                Report::Heartbeat { lease } => {
-                    if actor != Actor::Pool {
-                        let max = claim_terms(&rt.pools, &job.queue, actor).unwrap_or(bounds::MIN_LEASE);
-                        if let Err(e) = bounds::duration("lease", lease, bounds::MIN_LEASE, max) {
-                            return (vec![], Err(ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)"))));
-                        }
+        .jobs_transaction(JobSelect::Ids(ids), move |found| {
+            let mut current: std::collections::HashMap<String, Job> =
+                found.into_iter().map(|j| (j.id.clone(), j)).collect();
+            let mut writes: Vec<Job> = Vec::new();
+            let outcomes: Vec<Result<Job, ApiError>> = reports
+                .into_iter()
+                .map(|(id, token, report)| {
+                    let job = current.remove(&id).ok_or_else(|| ApiError::not_found("job not found"))?;
+                    let next = apply_report(&job, &token, reporter.actor(), report, &rt.pools, now, jitter);
+                    let kept = next.as_ref().map_or(job, Clone::clone);
+                    current.insert(id, kept);
+                    if let Ok(next) = &next {
+                        writes.retain(|w| w.id != next.id);
+                        writes.push(next.clone());
                     }
-                    Job { heartbeat_at: Some(now), lease_expires_at: Some(now + lease.to_chrono()), ..job }
-                }
-                Report::Complete { result } => Job {
-                    state: JobState::Succeeded,
-                    result: Some(sanitize(&result).chars().take(20_000).collect()),
-                    finished_at: Some(now),
-                    lease_token: None,
-                    lease_expires_at: None,
-                    ..job
-                },
-                Report::Fail { error } => plan_failure(&job, &sanitize(&error), now, jitter),
-            };
-            (vec![next.clone()], Ok(next))
+                    next
+                })
+                .collect();
+            (writes, outcomes)
         })
-        .await??;
-    if failed {
-        app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
+        .await?;
+    for job in outcomes.iter().flatten() {
+        if job.state != JobState::Running && job.state != JobState::Succeeded {
+            app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
+        }
+        crate::ledger::job_ended(app, job, now).await?;
     }
-    crate::ledger::job_ended(app, &job, now).await?;
-    Ok(job)
+    Ok(outcomes)
+}
+
+/// One report against the job as stored: the lease check (J2/T1), then its move.
+fn apply_report(
+    job: &Job,
+    token: &str,
+    actor: Actor<'_>,
+    report: Report,
+    pools: &[(String, pcmail_core::manifest::spec::WorkerPoolSpec)],
+    now: Ts,
+    jitter: f64,
+) -> Result<Job, ApiError> {
+    check_lease(job, token, actor).map_err(|e| match e {
+        LeaseError::NotHolder(_) => ApiError::forbidden(e.to_string()),
+        _ => ApiError::conflict(e.to_string()),
+    })?;
+    Ok(match report {
+        Report::Heartbeat { lease } => {
+            if actor != Actor::Pool {
+                let max = claim_terms(pools, &job.queue, actor).unwrap_or(bounds::MIN_LEASE);
+                bounds::duration("lease", lease, bounds::MIN_LEASE, max)
+                    .map_err(|e| ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
+            }
+            Job { heartbeat_at: Some(now), lease_expires_at: Some(now + lease.to_chrono()), ..job.clone() }
+        }
+        Report::Complete { result } => Job {
+            state: JobState::Succeeded,
+            result: Some(sanitize(&result).chars().take(20_000).collect()),
+            finished_at: Some(now),
+            lease_token: None,
+            lease_expires_at: None,
+            ..job.clone()
+        },
+        Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
+    })
 }
 
 /// `Actor` borrows; the store's transaction closure must own what it holds.

@@ -1,6 +1,10 @@
-//! J5: the in-process workers of each WorkerPool. Every spec change converges the running
-//! workers to `workers`: new ones start, extra ones drain (they finish the job they hold, then
-//! stop claiming). Rate limits per pool (its queues) and per Function pace the claims and runs.
+//! J5: the in-process workers of each WorkerPool, as one runner per pool with `workers`
+//! slots. The runner claims as many jobs as slots are free, in one claim, and claims again as
+//! soon as a Function ends, while the others run (P9); completions wait for no one: whatever
+//! ended while the last completion committed is committed together. A spec change moves the
+//! slot count: more slots are filled at once, fewer drain (running jobs finish, no new claims
+//! until under the count). Rate limits per pool (its queues) and per Function pace the claims
+//! and runs.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
@@ -8,107 +12,131 @@ use std::time::Duration;
 
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::{Actor, Job};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::jobs::{self, Report};
 use crate::{App, exec};
 
-struct Worker {
+struct Runner {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 #[derive(Default)]
 pub struct Pools {
-    running: Mutex<BTreeMap<String, Vec<Worker>>>,
+    running: Mutex<BTreeMap<String, Runner>>,
 }
 
 impl Pools {
-    /// Starts or drains workers so that each pool runs its spec's `workers`; answers how many
-    /// run now per pool.
+    /// Starts a runner for every pool that has none and stops those of deleted pools; answers
+    /// how many workers (slots) each pool runs now.
     pub fn converge(&self, app: &App) -> BTreeMap<String, u32> {
         let rt = app.runtime();
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        running.retain(|name, workers| {
-            let keep = rt.pools.iter().any(|(n, _)| n == name);
+        running.retain(|name, runner| {
+            let keep = rt.pools.iter().any(|(n, _)| n == name) && !runner.task.is_finished();
             if !keep {
-                for w in workers.drain(..) {
-                    w.stop.send_replace(true);
-                }
+                // Drain: its jobs finish and report, then the runner ends.
+                runner.stop.send_replace(true);
             }
             keep
         });
         let mut ready = BTreeMap::new();
         for (name, spec) in &rt.pools {
-            let workers = running.entry(name.clone()).or_default();
-            workers.retain(|w| !w.task.is_finished());
-            while workers.len() < spec.workers as usize {
+            running.entry(name.clone()).or_insert_with(|| {
                 let (stop, stopped) = watch::channel(false);
-                let id = format!("{name}#{}", workers.len() + 1);
-                let task = tokio::spawn(work(app.clone(), name.clone(), id, stopped));
-                workers.push(Worker { stop, task });
-            }
-            while workers.len() > spec.workers as usize {
-                if let Some(w) = workers.pop() {
-                    // Drain: the worker finishes the job it holds, then exits.
-                    w.stop.send_replace(true);
-                }
-            }
-            ready.insert(name.clone(), workers.len() as u32);
-            app.metrics().workers.with_label_values(&[name]).set(workers.len() as i64);
+                Runner { stop, task: tokio::spawn(run_pool(app.clone(), name.clone(), stopped)) }
+            });
+            ready.insert(name.clone(), spec.workers);
+            app.metrics().workers.with_label_values(&[name]).set(i64::from(spec.workers));
         }
         ready
     }
 }
 
-/// How long an idle worker waits before asking again, unless a new job rings first.
+/// How long an idle runner waits before asking again, unless a new job rings first.
 const IDLE_MIN: Duration = Duration::from_millis(200);
 const IDLE_MAX: Duration = Duration::from_secs(2);
 
-async fn work(app: App, pool: String, me: String, mut stop: watch::Receiver<bool>) {
+/// A Function's end, waiting to be recorded.
+type Ended = (String, String, Report);
+
+async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
     let mut shutdown = app.watch_shutdown();
+    let (ended, reports) = mpsc::unbounded_channel::<Ended>();
+    let recorder = tokio::spawn(record_ends(app.clone(), reports));
+    let mut running: JoinSet<()> = JoinSet::new();
     let mut idle = IDLE_MIN;
     loop {
         if *stop.borrow() || *shutdown.borrow() {
-            return;
+            break;
         }
         let rt = app.runtime();
-        let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == pool) else { return };
-        if let Some(rate) = spec.rate_limit {
-            app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
-        }
-        let mut claimed: Option<Job> = None;
-        for queue in &spec.queues {
-            match jobs::claim(&app, queue, 1, (Actor::Pool, &me), spec.lease_duration, crate::now()).await {
-                Ok(mut got) if !got.is_empty() => {
-                    claimed = got.pop();
+        let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == pool) else { break };
+        let free = (spec.workers as usize).saturating_sub(running.len());
+        let mut claimed = 0;
+        if free > 0 {
+            // A pool rate limit counts claimed jobs: one at a time, each paced.
+            let want = if spec.rate_limit.is_some() { 1 } else { free };
+            if let Some(rate) = spec.rate_limit {
+                app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
+            }
+            for queue in &spec.queues {
+                if claimed == want {
                     break;
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(worker = %me, error = %e, "claim failed"),
+                let lease = spec.lease_duration;
+                match jobs::claim(&app, queue, want - claimed, (Actor::Pool, &pool), lease, crate::now()).await {
+                    Ok(got) => {
+                        for job in got {
+                            claimed += 1;
+                            running.spawn(run_job(app.clone(), job, lease, ended.clone()));
+                        }
+                    }
+                    Err(e) => tracing::warn!(pool = %pool, error = %e, "claim failed"),
+                }
             }
         }
-        match claimed {
-            Some(job) => {
-                idle = IDLE_MIN;
-                run_job(&app, job, spec.lease_duration).await;
-            }
-            None => {
-                tokio::select! {
-                    _ = tokio::time::sleep(idle) => {}
-                    _ = app.job_enqueued() => {}
-                    _ = stop.changed() => {}
-                    _ = shutdown.changed() => {}
+        if claimed > 0 {
+            idle = IDLE_MIN;
+            continue;
+        }
+        tokio::select! {
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = tokio::time::sleep(idle), if free > 0 => idle = (idle * 2).min(IDLE_MAX),
+            _ = app.job_enqueued(), if free > 0 => {}
+            _ = stop.changed() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    while running.join_next().await.is_some() {}
+    drop(ended);
+    let _ = recorder.await;
+}
+
+/// Records ended jobs: the first that arrives, with every other already waiting, in one
+/// transaction.
+async fn record_ends(app: App, mut reports: mpsc::UnboundedReceiver<Ended>) {
+    let mut batch = Vec::new();
+    while reports.recv_many(&mut batch, 1000).await > 0 {
+        let sent: Vec<String> = batch.iter().map(|(id, _, _)| id.clone()).collect();
+        match jobs::report_many(&app, std::mem::take(&mut batch), Actor::Pool, crate::now()).await {
+            Ok(outcomes) => {
+                for (id, outcome) in sent.iter().zip(outcomes) {
+                    if let Err(e) = outcome {
+                        tracing::warn!(job = %id, error = %e, "result not recorded (the lease was rescued)");
+                    }
                 }
-                idle = (idle * 2).min(IDLE_MAX);
             }
+            Err(e) => tracing::warn!(jobs = sent.len(), error = %e, "results not recorded; the leases will be rescued"),
         }
     }
 }
 
-/// Runs one claimed job, heartbeating while it runs, and reports its end (J2 fences both).
-pub async fn run_job(app: &App, job: Job, lease: Dur) {
+/// Runs one claimed job, heartbeating while it runs, and hands its end to `ended` (J2 fences
+/// both).
+async fn run_job(app: App, job: Job, lease: Dur, ended: mpsc::UnboundedSender<Ended>) {
     let token = job.lease_token.clone().unwrap_or_default();
     let beat = {
         let (app, id, token) = (app.clone(), job.id.clone(), token.clone());
@@ -140,7 +168,5 @@ pub async fn run_job(app: &App, job: Job, lease: Dur) {
         Ok(stdout) => Report::Complete { result: stdout.trim().to_string() },
         Err(error) => Report::Fail { error },
     };
-    if let Err(e) = jobs::report(app, &job.id, &token, Actor::Pool, report, crate::now()).await {
-        tracing::warn!(job = %job.id, error = %e, "result not recorded (the lease was rescued)");
-    }
+    let _ = ended.send((job.id, token, report));
 }

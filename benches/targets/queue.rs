@@ -1,0 +1,161 @@
+//! P9 and P10 on a real release `serve`: the job queue's own cost beside the work it runs.
+//!
+//! P9: 10k jobs drained by a WorkerPool of 4 whose Function is `true`, against the rate at
+//! which this machine spawns `true` from 4 threads in the same run. P10: enqueue through the
+//! API from one client, one job per request, against a raw SQLite loop of one-insert
+//! FULL-sync transactions in the same run; and bulk requests of 1,000.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::pcside::Serve;
+use crate::table::Row;
+
+const P9_JOBS: usize = 10_000;
+const P10_SINGLE: usize = 2_000;
+const P10_BULK: usize = 20;
+
+fn pool_manifest(workers: u32) -> String {
+    format!(
+        "apiVersion: pcmail/v1\nkind: Function\nmetadata: {{name: noop}}\nspec:\n  command: [\"true\"]\n  mode: heavy\n---\n\
+         apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: bench}}\nspec:\n  workers: {workers}\n  queues: [bench]\n"
+    )
+}
+
+/// A client of `serve` acting as the admin: one keep-alive connection, as a script would use.
+struct Admin {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Admin {
+    fn of(serve: &Serve) -> Admin {
+        Admin { http: reqwest::Client::new(), url: serve.url.clone(), token: serve.admin().to_string() }
+    }
+
+    async fn post(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .expect("post");
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.expect("json")
+    }
+
+    async fn enqueue_bulk(&self, n: usize) {
+        let jobs: Vec<_> = (0..n).map(|i| json!({"queue": "bench", "function": "noop", "payload": {"n": i}})).collect();
+        self.post("/api/v1/jobs", &serde_json::Value::Array(jobs)).await;
+    }
+}
+
+/// Jobs of the bench queue that succeeded, read from the store file as a person's query would.
+fn succeeded(serve: &Serve) -> usize {
+    let path = serve.dir.path().join("data/pcmail.db");
+    let Ok(db) = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else {
+        return 0;
+    };
+    db.query_row("SELECT count(*) FROM jobs WHERE state = 'succeeded'", [], |r| r.get::<_, i64>(0)).unwrap_or(0)
+        as usize
+}
+
+/// `n` spawns of `true` spread over 4 threads, per second.
+fn spawn_rate(n: usize) -> f64 {
+    let started = Instant::now();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..n / 4 {
+                    let status = std::process::Command::new("true").status().expect("spawn true");
+                    assert!(status.success());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+pub async fn p9() -> Vec<Row> {
+    let serve = Serve::start_with(&["bench".to_string()], &pool_manifest(0), &[]);
+    let admin = Admin::of(&serve);
+    for _ in 0..P9_JOBS / 1000 {
+        admin.enqueue_bulk(1000).await;
+    }
+    let started = Instant::now();
+    let apply = json!({"files": [{"name": "pool.yaml", "content": pool_manifest(4)}]});
+    admin.post("/api/v1/apply", &apply).await;
+    while succeeded(&serve) < P9_JOBS {
+        assert!(started.elapsed() < Duration::from_secs(600), "the pool drained {} jobs", succeeded(&serve));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ours = P9_JOBS as f64 / started.elapsed().as_secs_f64();
+    drop(serve);
+    let raw = spawn_rate(P9_JOBS);
+    vec![
+        Row::note(
+            "P9",
+            format!("{P9_JOBS} jobs drained by a WorkerPool of 4, Function `true`"),
+            format!("{ours:.0} /s"),
+        ),
+        Row::note("", "baseline: `true` spawned from 4 threads, same run", format!("{raw:.0} /s")),
+        Row::at_least("", "pool ÷ baseline", ours / raw, 0.8, "×"),
+    ]
+}
+
+/// One-insert transactions in a jobs table of the store's own schema, WAL and FULL sync like
+/// the store, per second.
+fn raw_inserts(dir: &std::path::Path, n: usize) -> f64 {
+    let path = dir.join("raw.db");
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
+    conn.pragma_update(None, "synchronous", "FULL").expect("sync");
+    conn.execute_batch(
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, queue TEXT NOT NULL, \
+         function TEXT NOT NULL, payload TEXT NOT NULL, state TEXT NOT NULL, priority INTEGER NOT NULL, \
+         run_after INTEGER NOT NULL, created_at INTEGER NOT NULL); \
+         CREATE INDEX jobs_claim ON jobs(queue, priority DESC, run_after, seq) WHERE state = 'queued';",
+    )
+    .expect("schema");
+    let started = Instant::now();
+    for i in 0..n {
+        let now = chrono::Utc::now().timestamp_millis();
+        conn.execute(
+            "INSERT INTO jobs (id, queue, function, payload, state, priority, run_after, created_at) \
+             VALUES (?1, 'bench', 'noop', ?2, 'queued', 0, ?3, ?3)",
+            rusqlite::params![format!("job-{i:012}"), format!("{{\"n\":{i}}}"), now],
+        )
+        .expect("insert");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+pub async fn p10() -> Vec<Row> {
+    let serve = Serve::start_with(&["bench".to_string()], &pool_manifest(0), &[]);
+    let admin = Admin::of(&serve);
+    admin.post("/api/v1/jobs", &json!({"queue": "bench", "function": "noop"})).await;
+    let started = Instant::now();
+    for i in 0..P10_SINGLE {
+        admin.post("/api/v1/jobs", &json!({"queue": "bench", "function": "noop", "payload": {"n": i}})).await;
+    }
+    let single = P10_SINGLE as f64 / started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for _ in 0..P10_BULK {
+        admin.enqueue_bulk(1000).await;
+    }
+    let bulk = (P10_BULK * 1000) as f64 / started.elapsed().as_secs_f64();
+    let raw = raw_inserts(serve.dir.path(), P10_SINGLE);
+    vec![
+        Row::note("P10", "enqueue through the API, one client, one job per request", format!("{single:.0} /s")),
+        Row::note("", "baseline: one-insert FULL-sync SQLite transactions, same run", format!("{raw:.0} /s")),
+        Row::at_least("", "API ÷ baseline", single / raw, 0.5, "×"),
+        Row::at_least("", format!("enqueue in bulk requests of 1,000 ({P10_BULK} requests)"), bulk, 30_000.0, "jobs/s"),
+    ]
+}
