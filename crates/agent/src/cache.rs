@@ -9,6 +9,7 @@ use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
 use pcmail_core::mail::{Mail, Step, apply_step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
+use pcmail_core::present::{Limits, Tally};
 use pcmail_store::StoreError;
 use pcmail_store::codec::{self, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, MAIL_TABLE_COLUMNS, Value, from_ms, ms};
 use pcmail_store::sqlite::{map_err, schema};
@@ -88,7 +89,45 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX inbox_unpresented ON inbox(seq) WHERE presented_at IS NULL AND quarantine IS NULL;
     "#,
+    // 4: P5 — a hook reads only what it shows. Counts of open and expired mail are kept by
+    // triggers as rows change; the heads of each presentation group come from an index in
+    // group order, newest first; overdue open mail (expired by time, not yet by state) is
+    // counted from an index of deadlines.
+    r#"
+    DROP INDEX inbox_heads;
+    CREATE TABLE inbox_tally (bucket TEXT PRIMARY KEY, n INTEGER NOT NULL);
+    INSERT INTO inbox_tally (bucket, n) VALUES
+        ('open', (SELECT count(*) FROM inbox WHERE kind != 'intent' AND quarantine IS NULL
+                  AND state IN ('new', 'delivered', 'seen'))),
+        ('expired', (SELECT count(*) FROM inbox WHERE kind != 'intent' AND quarantine IS NULL AND state = 'expired'));
+    CREATE TRIGGER inbox_tally_insert AFTER INSERT ON inbox BEGIN
+        UPDATE inbox_tally SET n = n + 1 WHERE bucket = (CASE WHEN NEW.kind = 'intent' OR NEW.quarantine IS NOT NULL
+            THEN NULL WHEN NEW.state IN ('new', 'delivered', 'seen') THEN 'open' WHEN NEW.state = 'expired' THEN 'expired' END);
+    END;
+    CREATE TRIGGER inbox_tally_delete AFTER DELETE ON inbox BEGIN
+        UPDATE inbox_tally SET n = n - 1 WHERE bucket = (CASE WHEN OLD.kind = 'intent' OR OLD.quarantine IS NOT NULL
+            THEN NULL WHEN OLD.state IN ('new', 'delivered', 'seen') THEN 'open' WHEN OLD.state = 'expired' THEN 'expired' END);
+    END;
+    CREATE TRIGGER inbox_tally_update AFTER UPDATE OF kind, state, quarantine ON inbox BEGIN
+        UPDATE inbox_tally SET n = n - 1 WHERE bucket = (CASE WHEN OLD.kind = 'intent' OR OLD.quarantine IS NOT NULL
+            THEN NULL WHEN OLD.state IN ('new', 'delivered', 'seen') THEN 'open' WHEN OLD.state = 'expired' THEN 'expired' END);
+        UPDATE inbox_tally SET n = n + 1 WHERE bucket = (CASE WHEN NEW.kind = 'intent' OR NEW.quarantine IS NOT NULL
+            THEN NULL WHEN NEW.state IN ('new', 'delivered', 'seen') THEN 'open' WHEN NEW.state = 'expired' THEN 'expired' END);
+    END;
+    CREATE INDEX inbox_overdue ON inbox(expires_at)
+        WHERE kind != 'intent' AND quarantine IS NULL AND state IN ('new', 'delivered', 'seen');
+    CREATE INDEX inbox_groups ON inbox((CASE WHEN kind = 'decision' THEN 0 WHEN kind = 'work' OR urgent = 1 THEN 1
+            WHEN kind = 'answer' THEN 2 ELSE 3 END), created_at DESC, seq DESC)
+        WHERE kind != 'intent' AND quarantine IS NULL AND state IN ('new', 'delivered', 'seen');
+    "#,
 ];
+
+/// The presentation group of a row (`present::group` for mail that is open and no intent),
+/// exactly as the `inbox_groups` index computes it, so that the index answers.
+const GROUP_OF_ROW: &str = "(CASE WHEN kind = 'decision' THEN 0 WHEN kind = 'work' OR urgent = 1 THEN 1 \
+     WHEN kind = 'answer' THEN 2 ELSE 3 END)";
+/// The rows the tally counts as open and the groups index holds.
+const OPEN_ROWS: &str = "kind != 'intent' AND quarantine IS NULL AND state IN ('new', 'delivered', 'seen')";
 
 const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
 
@@ -200,10 +239,6 @@ impl Cache {
         Ok(self.select("id = ?1", [id])?.pop())
     }
 
-    pub fn get_many(&self, ids: &[String]) -> Result<Vec<Mail>> {
-        ids.iter().filter_map(|id| self.get(id).transpose()).collect()
-    }
-
     pub fn intent_by_key(&self, key: &str) -> Result<Option<Mail>> {
         Ok(self.select("external_key = ?1", [key])?.pop())
     }
@@ -213,34 +248,36 @@ impl Cache {
         self.select(OPEN_FILTER, [])
     }
 
-    /// [`Cache::open_mail`] as light rows, read from the `inbox_heads` index alone: no sender,
-    /// subject or body, but everything presentation orders and counts by.
-    pub fn open_heads(&self) -> Result<Vec<Mail>> {
-        let sql = format!(
-            "SELECT seq, id, kind, urgent, state, created_at, expires_at, presented_session, reply_to FROM inbox WHERE {OPEN_FILTER}"
+    /// P5: of each presentation group, the newest open mails not shown in `session` and not
+    /// expired, at most the group's cap — read from the groups index, never the whole inbox.
+    pub fn group_heads(&self, session: &str, now: Ts, limits: Limits) -> Result<Vec<Mail>> {
+        let filter = format!(
+            "{GROUP_OF_ROW} = ?1 AND {OPEN_ROWS} AND expires_at > ?2 \
+             AND (presented_session IS NULL OR presented_session != ?3) ORDER BY created_at DESC, seq DESC LIMIT ?4"
         );
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                let head = Mail {
-                    seq: r.get(0)?,
-                    urgent: r.get(3)?,
-                    presented_session: r.get(7)?,
-                    reply_to: r.get(8)?,
-                    ..Mail::new(r.get(1)?, String::new(), String::new(), from_ms(r.get(5)?), from_ms(r.get(6)?))
-                };
-                Ok((head, r.get::<_, String>(2)?, r.get::<_, String>(4)?))
-            })
-            .map_err(|e| self.wrap(e))?;
-        let corrupt = |e: String| CacheError::Store { path: self.path.clone(), source: StoreError::Corrupt(e) };
         let mut out = Vec::new();
-        for r in rows {
-            let (mut head, kind, state) = r.map_err(|e| self.wrap(e))?;
-            head.kind = kind.parse().map_err(corrupt)?;
-            head.state = state.parse().map_err(corrupt)?;
-            out.push(head);
+        for (group, cap) in limits.groups.iter().enumerate() {
+            out.extend(self.select(&filter, params![group as i64, ms(now), session, *cap as i64])?);
         }
         Ok(out)
+    }
+
+    /// P5: the counts a hook shows but does not list, from the trigger-kept tally and the
+    /// open mail overdue by `now` (few: the server expires it, E6).
+    pub fn tally(&self, now: Ts) -> Result<Tally> {
+        let count = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<usize> {
+            let n: i64 = self
+                .conn
+                .prepare_cached(sql)
+                .and_then(|mut s| s.query_row(args, |r| r.get(0)))
+                .map_err(|e| self.wrap(e))?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        };
+        let open = count("SELECT n FROM inbox_tally WHERE bucket = 'open'", &[])?;
+        let expired = count("SELECT n FROM inbox_tally WHERE bucket = 'expired'", &[])?;
+        let overdue =
+            count(&format!("SELECT count(*) FROM inbox WHERE {OPEN_ROWS} AND expires_at <= ?1"), &[&ms(now)])?;
+        Ok(Tally { eligible: open.saturating_sub(overdue), expired: expired + overdue })
     }
 
     /// Open intents, oldest first.
@@ -542,6 +579,52 @@ pub(crate) mod tests {
 
     fn open(dir: &Path) -> Cache {
         Cache::open(dir, Duration::from_secs(5)).expect("open cache")
+    }
+
+    #[test]
+    fn p5_group_heads_and_the_tally_agree_with_presenting_the_whole_inbox_after_every_change() {
+        use pcmail_core::present::{LIMITS, heads};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        let now = at(50_000);
+        let agree = |c: &Cache, session: &str| {
+            let inbox = c.open_mail().expect("open");
+            let ids = |mails: Vec<&Mail>| mails.into_iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+            let read = c.group_heads(session, now, LIMITS).expect("heads");
+            assert_eq!(ids(read.iter().collect()), ids(heads(&inbox, session, now, LIMITS)), "heads in {session}");
+            assert_eq!(c.tally(now).expect("tally"), Tally::of(&inbox, now), "tally");
+        };
+        // Every kind, urgent or not, some already past their expiry, one for another PC.
+        let mut mails: Vec<Mail> = (0..60u32)
+            .map(|n| {
+                let mut m = mail(n, MailKind::ALL[n as usize % MailKind::ALL.len()]);
+                m.urgent = n % 4 == 0;
+                if n % 9 == 0 {
+                    m.expires_at = at(40_000);
+                }
+                m
+            })
+            .collect();
+        mails[7].to = "someone-else".into();
+        c.merge_polled("me", mails.clone(), 60, at(10)).expect("merge");
+        agree(&c, "s1");
+        let shown: Vec<String> =
+            c.group_heads("s1", now, LIMITS).expect("heads").iter().map(|m| m.id.clone()).collect();
+        c.mark_presented(&shown, &[], "s1", "me", now).expect("presented");
+        agree(&c, "s1");
+        agree(&c, "s2");
+        // The server moves some on: done, expired, seen.
+        let moved: Vec<Mail> = mails
+            .iter()
+            .take(30)
+            .map(|m| {
+                let state = [MailState::Done, MailState::Expired, MailState::Seen][m.seq as usize % 3];
+                Mail { state, ..m.clone() }
+            })
+            .collect();
+        c.merge_polled("me", moved, 60, at(20)).expect("merge");
+        agree(&c, "s1");
+        agree(&c, "s2");
     }
 
     #[test]

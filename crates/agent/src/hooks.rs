@@ -9,7 +9,7 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::intent::{ToolEffect, due_reminders, listing, tool_effect};
 use pcmail_core::mail::{MailKind, Step};
-use pcmail_core::present::{LIMITS, candidates, present};
+use pcmail_core::present::{LIMITS, present_heads};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -104,15 +104,9 @@ pub fn handle(event: HookEvent, stdin: &[u8], home: &Path, now: Ts) -> Result<Ho
                 let intents = cache.open_intents()?;
                 parts.push(listing(&intents.iter().collect::<Vec<_>>(), &policy, now));
             }
-            // Light rows for all, full rows for the few that can be shown (P5).
-            let mut inbox = cache.open_heads()?;
-            let full = cache.get_many(&candidates(&inbox, &session, now, LIMITS))?;
-            for m in full {
-                if let Some(slot) = inbox.iter_mut().find(|h| h.id == m.id) {
-                    *slot = m;
-                }
-            }
-            let p = present(&inbox, &session, now, LIMITS);
+            // P5: the few mails that can be shown, and counts of the rest.
+            let heads = cache.group_heads(&session, now, LIMITS)?;
+            let p = present_heads(&heads, cache.tally(now)?, now, LIMITS);
             // Show the mail even if the poller holds the write lock past HOOK_BUSY: the marks
             // are then made by the next hook, which presents the same mail again.
             if let Err(e) = cache.mark_presented(&p.shown, &p.acked, &session, &me, now) {

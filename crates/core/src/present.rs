@@ -61,9 +61,30 @@ pub fn cut(s: &str, max: usize) -> String {
     s.chars().take(max.saturating_sub(1)).chain(std::iter::once('…')).collect()
 }
 
-/// The mails [`present`] may show, at most the group caps: a caller holding only light rows
-/// (no subject or body) fetches the full rows of just these before calling it.
-pub fn candidates(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Vec<String> {
+/// What a hook counts but does not list: the mails [`group`] places (open, not expired, not
+/// intents) and the expired ones. A cache keeps these as counts, so a hook reads only the few
+/// mails it may show, whatever the size of the inbox (P5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub eligible: usize,
+    pub expired: usize,
+}
+
+impl Tally {
+    /// The tally of a whole inbox, counted.
+    pub fn of(inbox: &[Mail], now: Ts) -> Tally {
+        let expired = inbox
+            .iter()
+            .filter(|m| m.kind != MailKind::Intent)
+            .filter(|m| m.state == MailState::Expired || (!m.state.is_terminal() && m.expires_at <= now))
+            .count();
+        Tally { eligible: inbox.iter().filter(|m| group(m, now).is_some()).count(), expired }
+    }
+}
+
+/// The mails [`present_heads`] may show: of each group, the newest not yet shown in `session`,
+/// at most the group's cap, in group order.
+pub fn heads<'a>(inbox: &'a [Mail], session: &str, now: Ts, limits: Limits) -> Vec<&'a Mail> {
     let mut groups: [Vec<&Mail>; 4] = Default::default();
     for m in inbox.iter().filter(|m| m.presented_session.as_deref() != Some(session)) {
         if let Some(g) = group(m, now) {
@@ -73,7 +94,7 @@ pub fn candidates(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Vec
     let mut out = Vec::new();
     for (g, mut mails) in groups.into_iter().enumerate() {
         mails.sort_by(newest_first);
-        out.extend(mails.into_iter().take(limits.groups[g]).map(|m| m.id.clone()));
+        out.extend(mails.into_iter().take(limits.groups[g]));
     }
     out
 }
@@ -86,39 +107,30 @@ const HEADER: &str = "pcmail — mail for this PC (read: pcmail-ctl read ID · r
 
 /// Builds the block for `session` from every mail in the local inbox.
 pub fn present(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Presentation {
-    let expired = inbox
-        .iter()
-        .filter(|m| m.kind != MailKind::Intent)
-        .filter(|m| m.state == MailState::Expired || (!m.state.is_terminal() && m.expires_at <= now))
-        .count();
+    let heads: Vec<Mail> = heads(inbox, session, now, limits).into_iter().cloned().collect();
+    present_heads(&heads, Tally::of(inbox, now), now, limits)
+}
+
+/// Builds the block from the group heads ([`heads`]) and the tally of the rest: every mail
+/// the tally counts as eligible and that is not shown now is counted in the last line.
+pub fn present_heads(heads: &[Mail], tally: Tally, now: Ts, limits: Limits) -> Presentation {
     let mut groups: [Vec<&Mail>; 4] = Default::default();
-    let mut not_shown = 0;
-    for m in inbox {
-        let Some(g) = group(m, now) else { continue };
-        // H3: within one session, a mail already shown is only counted.
-        if m.presented_session.as_deref() == Some(session) {
-            not_shown += 1;
-        } else {
+    for m in heads {
+        if let Some(g) = group(m, now) {
             groups[g].push(m);
         }
     }
-    let footer = |n: usize| format!("+{n} more ({expired} expired not shown): pcmail-ctl inbox");
+    let footer = |n: usize| format!("+{n} more ({} expired not shown): pcmail-ctl inbox", tally.expired);
     let mut out = Presentation::default();
     let mut lines: Vec<String> = Vec::new();
     let mut used = HEADER.chars().count() + 1;
-    let footer_room = footer(inbox.len()).chars().count();
+    // Room is kept for the footer, whose count is at most the eligible mails.
+    let footer_room = footer(tally.eligible).chars().count();
     for (g, mut mails) in groups.into_iter().enumerate() {
         mails.sort_by(newest_first);
-        for (i, m) in mails.into_iter().enumerate() {
-            if i >= limits.groups[g] {
-                not_shown += 1;
-                continue;
-            }
+        for m in mails.into_iter().take(limits.groups[g]) {
             let l = line(m, limits.per_mail);
-            // Room is kept for the footer, whose count can only be as long as the inbox's size.
-            let fits = used + l.chars().count() + 1 + footer_room <= limits.total;
-            if !fits {
-                not_shown += 1;
+            if used + l.chars().count() + 1 + footer_room > limits.total {
                 continue;
             }
             used += l.chars().count() + 1;
@@ -129,13 +141,14 @@ pub fn present(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Presen
             lines.push(l);
         }
     }
+    let not_shown = tally.eligible.saturating_sub(out.shown.len());
     if lines.is_empty() && not_shown == 0 {
         return out;
     }
     if !lines.is_empty() {
         lines.insert(0, HEADER.into());
     }
-    if not_shown > 0 || expired > 0 {
+    if not_shown > 0 || tally.expired > 0 {
         lines.push(footer(not_shown));
     }
     out.text = lines.join("\n");
@@ -248,23 +261,25 @@ mod tests {
     }
 
     #[test]
-    fn h2_candidates_are_exactly_what_present_can_show() {
+    fn p5_heads_and_a_tally_present_exactly_what_the_whole_inbox_does() {
         let mut inbox: Vec<Mail> = (0..30)
             .map(|n| {
                 m(n, [MailKind::Decision, MailKind::Note, MailKind::Answer][n as usize % 3], n % 7 == 0, i64::from(n))
             })
             .collect();
         inbox[4].presented_session = Some("s1".into());
-        let shown = present(&inbox, "s1", at(100), LIMITS).shown;
-        let cands = candidates(&inbox, "s1", at(100), LIMITS);
-        assert!(shown.iter().all(|id| cands.contains(id)), "{shown:?} ⊄ {cands:?}");
-        assert_eq!(cands.len(), 11);
-        // Light rows (no subject, body or sender) choose the same candidates.
-        let light: Vec<Mail> = inbox
-            .iter()
-            .map(|x| Mail { subject: String::new(), body: String::new(), from: String::new(), ..x.clone() })
-            .collect();
-        assert_eq!(candidates(&light, "s1", at(100), LIMITS), cands);
+        inbox[5].expires_at = at(50);
+        inbox[6].state = MailState::Expired;
+        inbox[7].kind = MailKind::Intent;
+        let whole = present(&inbox, "s1", at(100), LIMITS);
+        let heads = heads(&inbox, "s1", at(100), LIMITS);
+        assert_eq!(heads.len(), 10, "decisions 3, work/urgent 2 (all there are), answers 3, others 2");
+        assert!(whole.shown.iter().all(|id| heads.iter().any(|h| h.id == *id)));
+        assert_eq!(Tally::of(&inbox, at(100)), Tally { eligible: 27, expired: 2 });
+        let owned: Vec<Mail> = heads.into_iter().cloned().collect();
+        assert_eq!(present_heads(&owned, Tally::of(&inbox, at(100)), at(100), LIMITS), whole);
+        let footer = format!("+{} more (2 expired not shown): pcmail-ctl inbox", 27 - whole.shown.len());
+        assert!(whole.text.ends_with(&footer), "{}", whole.text);
     }
 
     #[test]

@@ -63,6 +63,8 @@ fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
     };
     let conn = Connection::open_with_flags(path, flags).map_err(map_err)?;
     conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(map_err)?;
+    // Room for every statement a connection repeats, the per-change-set job updates included.
+    conn.set_prepared_statement_cache_capacity(128);
     if writer {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
         // FULL: a send that was acknowledged survives power loss too, not only a killed process.
@@ -340,6 +342,31 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
             &[&ms(*now), &(*limit as i64)],
         ),
     }
+}
+
+const JOB_COLUMN_COUNT: usize = 21;
+/// Columns a job keeps from its insert on: an upsert of a known id leaves them alone.
+const JOB_IDENTITY: [&str; 5] = ["id", "queue", "function", "payload", "created_at"];
+
+/// Writes only the columns of `new` that differ from `old`, as loaded in this transaction: a
+/// completion touches 4 columns and the indexes over them, not all 21 (P3).
+fn update_changed(conn: &Connection, old: &Job, new: &Job) -> Result<()> {
+    let (before, after) = (codec::job_params(old), codec::job_params(new));
+    let changed: Vec<(&str, codec::Value)> = JOB_COLUMNS
+        .split(", ")
+        .zip(before.into_iter().zip(after))
+        .filter(|(c, (b, a))| !JOB_IDENTITY.contains(c) && b != a)
+        .map(|(c, (_, a))| (c, a))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let sets: Vec<String> = changed.iter().enumerate().map(|(i, (c, _))| format!("{c} = ?{}", i + 1)).collect();
+    let sql = format!("UPDATE jobs SET {} WHERE id = ?{}", sets.join(", "), changed.len() + 1);
+    let mut params: Vec<codec::Value> = changed.into_iter().map(|(_, v)| v).collect();
+    params.push(codec::Value::text(&new.id));
+    conn.prepare_cached(&sql).and_then(|mut s| s.execute(rusqlite::params_from_iter(params))).map_err(map_err)?;
+    Ok(())
 }
 
 fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> Result<Vec<Alert>> {
@@ -668,33 +695,31 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let loaded = select_jobs(&tx, &select)?;
-            let existing: std::collections::HashSet<String> = loaded.iter().map(|j| j.id.clone()).collect();
+            let before: std::collections::HashMap<String, Job> =
+                loaded.iter().map(|j| (j.id.clone(), j.clone())).collect();
             let (writes, out) = plan(loaded);
             if !writes.is_empty() {
-                let placeholders: Vec<String> = (1..=21).map(|i| format!("?{i}")).collect();
-                let upsert = format!(
-                    "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET state = excluded.state, \
-                     priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
-                     run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
-                     lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at, \
-                     rescues = excluded.rescues, last_error = excluded.last_error, result = excluded.result, \
-                     finished_at = excluded.finished_at",
-                    placeholders.join(", ")
-                );
-                // Rows the transaction loaded are known to exist: a plain update by id skips the
-                // failed insert an upsert tries first. The same parameters; the identity ones go
-                // unused but the last, which every statement must bind (it is written unchanged).
-                let update = "UPDATE jobs SET state = ?5, priority = ?6, attempts = ?7, max_attempts = ?8, \
-                              run_after = ?9, lease_owner = ?10, lease_token = ?11, lease_expires_at = ?12, \
-                              heartbeat_at = ?13, rescues = ?14, last_error = ?15, result = ?16, finished_at = ?20, \
-                              enqueued_by = ?21 WHERE id = ?1";
-                let mut upsert = tx.prepare_cached(&upsert).map_err(map_err)?;
-                let mut update = tx.prepare_cached(update).map_err(map_err)?;
                 for j in &writes {
-                    let stmt = if existing.contains(&j.id) { &mut update } else { &mut upsert };
-                    stmt.execute(rusqlite::params_from_iter(codec::job_params(j))).map_err(map_err)?;
+                    match before.get(&j.id) {
+                        Some(old) => update_changed(&tx, old, j)?,
+                        None => {
+                            let placeholders: Vec<String> = (1..=JOB_COLUMN_COUNT).map(|i| format!("?{i}")).collect();
+                            let upsert = format!(
+                                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET {}",
+                                placeholders.join(", "),
+                                JOB_COLUMNS
+                                    .split(", ")
+                                    .filter(|c| !JOB_IDENTITY.contains(c))
+                                    .map(|c| format!("{c} = excluded.{c}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            );
+                            tx.prepare_cached(&upsert)
+                                .and_then(|mut s| s.execute(rusqlite::params_from_iter(codec::job_params(j))))
+                                .map_err(map_err)?;
+                        }
+                    }
                 }
-                drop((upsert, update));
                 tx.commit().map_err(map_err)?;
             }
             Ok(out)
