@@ -313,11 +313,14 @@ fn apply_workers(s: &Server, dir: &std::path::Path, n: u32) {
 }
 
 #[test]
-fn j5_scaling_workers_2_5_1_by_apply_converges_and_loses_nothing() {
-    let (dir, log) = pool_setup(2, "", "10s", 20);
+fn j5_scaling_workers_0_2_5_1_by_apply_converges_and_loses_nothing() {
+    let (dir, log) = pool_setup(0, "", "10s", 20);
     let s = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &["--resync", "300ms"]);
-    eventually(10, "2 workers", || (pool_status(&s) == (2, 2)).then_some(()));
     let ids = enqueue_many(&s, 300);
+    apply_workers(&s, dir.path(), 2);
+    eventually(10, "2 workers", || (pool_status(&s) == (2, 2)).then_some(()));
+    // A pool that ran no worker starts on the apply itself, not on a restart or a timer.
+    eventually(5, "the first jobs to succeed", || counts(&s).get("succeeded").is_some_and(|n| *n > 0).then_some(()));
     apply_workers(&s, dir.path(), 5);
     eventually(10, "5 workers", || (pool_status(&s) == (5, 5)).then_some(()));
     apply_workers(&s, dir.path(), 1);

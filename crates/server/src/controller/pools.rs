@@ -19,6 +19,7 @@ use crate::jobs::{self, Report};
 use crate::{App, exec};
 
 struct Runner {
+    /// `true` stops the runner; any send makes it read its spec again.
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -44,10 +45,12 @@ impl Pools {
         });
         let mut ready = BTreeMap::new();
         for (name, spec) in &rt.pools {
-            running.entry(name.clone()).or_insert_with(|| {
+            let runner = running.entry(name.clone()).or_insert_with(|| {
                 let (stop, stopped) = watch::channel(false);
                 Runner { stop, task: tokio::spawn(run_pool(app.clone(), name.clone(), stopped)) }
             });
+            // A runner with no free slot waits for nothing else: more slots must wake it.
+            runner.stop.send_replace(false);
             ready.insert(name.clone(), spec.workers);
             app.metrics().workers.with_label_values(&[name]).set(i64::from(spec.workers));
         }
