@@ -344,9 +344,24 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
     }
 }
 
-const JOB_COLUMN_COUNT: usize = 21;
-/// Columns a job keeps from its insert on: an upsert of a known id leaves them alone.
-const JOB_IDENTITY: [&str; 5] = ["id", "queue", "function", "payload", "created_at"];
+/// Columns a job keeps from its insert on: no plan changes them, and an upsert of a known id
+/// leaves them alone.
+const JOB_IDENTITY: [&str; 8] =
+    ["id", "queue", "function", "payload", "unique_key", "ledger_ref", "created_at", "enqueued_by"];
+
+/// A job the transaction did not load: inserted, or (a row another path wrote meanwhile)
+/// updated in every column but its identity. Built once from the codec's column list.
+static JOB_UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns: Vec<&str> = JOB_COLUMNS.split(", ").collect();
+    let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
+    let updates: Vec<String> =
+        columns.iter().filter(|c| !JOB_IDENTITY.contains(c)).map(|c| format!("{c} = excluded.{c}")).collect();
+    format!(
+        "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET {}",
+        placeholders.join(", "),
+        updates.join(", ")
+    )
+});
 
 /// Writes only the columns of `new` that differ from `old`, as loaded in this transaction: a
 /// completion touches 4 columns and the indexes over them, not all 21 (P3).
@@ -702,22 +717,11 @@ impl Store for SqliteStore {
                 for j in &writes {
                     match before.get(&j.id) {
                         Some(old) => update_changed(&tx, old, j)?,
-                        None => {
-                            let placeholders: Vec<String> = (1..=JOB_COLUMN_COUNT).map(|i| format!("?{i}")).collect();
-                            let upsert = format!(
-                                "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET {}",
-                                placeholders.join(", "),
-                                JOB_COLUMNS
-                                    .split(", ")
-                                    .filter(|c| !JOB_IDENTITY.contains(c))
-                                    .map(|c| format!("{c} = excluded.{c}"))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            );
-                            tx.prepare_cached(&upsert)
-                                .and_then(|mut s| s.execute(rusqlite::params_from_iter(codec::job_params(j))))
-                                .map_err(map_err)?;
-                        }
+                        None => tx
+                            .prepare_cached(&JOB_UPSERT)
+                            .and_then(|mut s| s.execute(rusqlite::params_from_iter(codec::job_params(j))))
+                            .map(drop)
+                            .map_err(map_err)?,
                     }
                 }
                 tx.commit().map_err(map_err)?;
