@@ -334,6 +334,29 @@ fn j5_scaling_workers_0_2_5_1_by_apply_converges_and_loses_nothing() {
 }
 
 #[test]
+fn j5_p9_a_pool_scaled_to_none_hands_back_the_jobs_it_claimed_ahead_unstarted() {
+    // 2 slots, each job 1.5 s: 2 run and up to 2 more are claimed ahead, waiting for a slot.
+    let (dir, log) = pool_setup(2, "", "10s", 1500);
+    let s = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &["--resync", "300ms"]);
+    enqueue_many(&s, 10);
+    eventually(10, "2 running and more claimed ahead", || {
+        counts(&s).get("running").is_some_and(|n| *n > 2).then_some(())
+    });
+    apply_workers(&s, dir.path(), 0);
+    eventually(10, "the running 2 to finish and the 2 ahead to go back", || {
+        let c = counts(&s);
+        (c.get("running") == Some(&0) && c.get("succeeded") == Some(&2)).then_some(())
+    });
+    assert_eq!(counts(&s).get("queued"), Some(&8), "those claimed ahead are queued again");
+    let db = s.dir.path().join("data/pcmail.db");
+    let db = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("db");
+    let attempts: i64 =
+        db.query_row("SELECT max(attempts) FROM jobs WHERE state = 'queued'", [], |r| r.get(0)).expect("attempts");
+    assert_eq!(attempts, 0, "a claim handed back unstarted costs no attempt");
+    assert_eq!(std::fs::read_to_string(&log).expect("log").lines().count(), 2, "only the 2 with a slot ran");
+}
+
+#[test]
 fn j5_a_rate_limited_function_is_never_called_faster_than_its_spec() {
     // 120 a minute with bursts of 1: two calls are at least 500 ms apart, whatever the workers.
     let (dir, log) = pool_setup(3, "  rateLimit: {perMinute: 120, burst: 1}\n", "30s", 0);
@@ -403,8 +426,11 @@ fn chaos(
     let ids = enqueue_many(&servers[0], total);
     assert_eq!(ids.len(), total);
     apply_workers(&servers[0], dir, 4);
-    let mut seed =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
+    // Printed, so that a failure can be replayed: PCMAIL_CHAOS_SEED=<seed> picks the same kills.
+    let mut seed = std::env::var("PCMAIL_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
+    });
+    eprintln!("chaos seed {seed} (replay with PCMAIL_CHAOS_SEED={seed})");
     for _ in 0..5 {
         std::thread::sleep(std::time::Duration::from_millis(300 + next(&mut seed) % 1500));
         let victim = next(&mut seed) as usize % servers.len();

@@ -8,6 +8,7 @@ mod deploy;
 mod endurance;
 mod faults;
 mod harness;
+mod house;
 mod jobs;
 mod ledger;
 mod load;

@@ -331,6 +331,20 @@ pub fn plan_enqueue(live: Vec<Job>, incoming: Vec<Job>) -> (Vec<Job>, Vec<(Job, 
     (writes, answers)
 }
 
+/// A claim handed back unstarted (a pool that shrank or stops): queued again as if never
+/// claimed, so the attempt it counted is returned.
+pub fn plan_release(job: &Job) -> Job {
+    Job {
+        state: JobState::Queued,
+        attempts: job.attempts.saturating_sub(1),
+        lease_owner: None,
+        lease_token: None,
+        lease_expires_at: None,
+        heartbeat_at: None,
+        ..job.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +382,13 @@ mod tests {
                 ("job-e".into(), true)
             ]
         );
+    }
+
+    #[test]
+    fn j5_a_released_claim_is_queued_as_if_never_claimed() {
+        let claimed = plan_claim(&job(), "pool:p", "tok", Dur::from_secs(60), at(1));
+        let released = plan_release(&claimed);
+        assert_eq!(released, job(), "state, attempts and lease as before the claim");
     }
 
     #[test]

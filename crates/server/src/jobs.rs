@@ -8,7 +8,7 @@ use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
     Actor, ClaimRefusal, Job, JobState, LeaseError, check_lease, claim_terms, declared, lease_owner, plan_enqueue,
-    plan_failure, plan_rescue,
+    plan_failure, plan_release, plan_rescue,
 };
 use pcmail_core::text::sanitize;
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
@@ -131,9 +131,17 @@ pub async fn claim(
 /// What a lease holder reports about its job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
-    Heartbeat { lease: Dur },
-    Complete { result: String },
-    Fail { error: String },
+    Heartbeat {
+        lease: Dur,
+    },
+    Complete {
+        result: String,
+    },
+    Fail {
+        error: String,
+    },
+    /// A pool hands back a claim it did not start (J5: it shrank or stops).
+    Release,
 }
 
 /// J2/T1: writes only if (id, token, running) still match and `actor` claimed the job; a
@@ -190,7 +198,7 @@ pub async fn report_many(
         })
         .await?;
     for job in outcomes.iter().flatten() {
-        if job.state != JobState::Running && job.state != JobState::Succeeded {
+        if matches!(job.state, JobState::Failed | JobState::Dead) {
             app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
         }
         crate::ledger::job_ended(app, job, now).await?;
@@ -230,6 +238,7 @@ fn apply_report(
             ..job.clone()
         },
         Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
+        Report::Release => plan_release(job),
     })
 }
 

@@ -4,12 +4,15 @@
 //! function of pcmail-core) decides, and the adapter applies the result in one transaction.
 //! Adapters hold no rules of DESIGN.md; they only store, select and keep writes atomic.
 
+#[cfg(all(feature = "postgres", feature = "sheets"))]
 mod any;
 pub mod codec;
-#[cfg(test)]
+#[cfg(all(test, feature = "postgres", feature = "sheets"))]
 mod contract;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod private;
+#[cfg(feature = "sheets")]
 pub mod sheets;
 pub mod sqlite;
 pub mod transfer;
@@ -26,8 +29,11 @@ use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::mpsc;
 
+#[cfg(all(feature = "postgres", feature = "sheets"))]
 pub use any::AnyStore;
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(feature = "sheets")]
 pub use sheets::SheetsStore;
 pub use sqlite::SqliteStore;
 pub use transfer::{Batch, Cell};
@@ -401,6 +407,7 @@ pub fn default_url(data_dir: &std::path::Path) -> String {
 /// Opens a store to copy or compare it while a server may be serving it. A spreadsheet is read
 /// from the server's working copy when there is one, which holds every acknowledged write and
 /// keeps a second process from syncing the same sheet.
+#[cfg(all(feature = "postgres", feature = "sheets"))]
 pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
     if let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
         return SqliteStore::open_read_only(path).await.map(AnyStore::Sqlite);
@@ -416,6 +423,7 @@ pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnySt
 
 /// Opens the store a URL names: `sqlite:PATH`, `postgres://…` (`postgresql://` too) or
 /// `sheets://SPREADSHEET_ID?credentials=PATH` (its working copy in `data_dir`).
+#[cfg(all(feature = "postgres", feature = "sheets"))]
 pub async fn open(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {

@@ -62,14 +62,68 @@ impl Pools {
 const IDLE_MIN: Duration = Duration::from_millis(200);
 const IDLE_MAX: Duration = Duration::from_secs(2);
 
-/// A Function's end, waiting to be recorded.
+/// A job's end (or its claim handed back), waiting to be recorded.
 type Ended = (String, String, Report);
+
+/// The pool's slots: at most `limit` Functions run at once. A claimed job waits here for a
+/// slot, its lease kept alive by heartbeats; when the pool shrinks to none or stops, waiting
+/// jobs are handed back instead.
+#[derive(Default)]
+struct Slots {
+    state: Mutex<(usize, usize, bool)>,
+    freed: tokio::sync::Notify,
+}
+
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn set_limit(&self, limit: usize) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = limit;
+        self.freed.notify_waiters();
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).2 = true;
+        self.freed.notify_waiters();
+    }
+
+    /// A free slot, or None once no slot can ever come (no slots, or the pool stops).
+    async fn take(&self) -> Option<Slot<'_>> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                let (limit, busy, closed) = &mut *s;
+                if *closed || *limit == 0 {
+                    return None;
+                }
+                if *busy < *limit {
+                    *busy += 1;
+                    return Some(Slot(self));
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.1 = s.1.saturating_sub(1);
+        drop(s);
+        self.0.freed.notify_waiters();
+    }
+}
 
 async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
     let mut shutdown = app.watch_shutdown();
     let (ended, reports) = mpsc::unbounded_channel::<Ended>();
     let recorder = tokio::spawn(record_ends(app.clone(), reports));
-    let mut running: JoinSet<()> = JoinSet::new();
+    let slots = std::sync::Arc::new(Slots::default());
+    let mut claimed: JoinSet<()> = JoinSet::new();
     let mut idle = IDLE_MIN;
     loop {
         if *stop.borrow() || *shutdown.borrow() {
@@ -77,43 +131,52 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
         }
         let rt = app.runtime();
         let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == pool) else { break };
-        let free = (spec.workers as usize).saturating_sub(running.len());
-        let mut claimed = 0;
-        if free > 0 {
-            // A pool rate limit counts claimed jobs: one at a time, each paced.
-            let want = if spec.rate_limit.is_some() { 1 } else { free };
+        let limit = spec.workers as usize;
+        slots.set_limit(limit);
+        // P9: up to one more job per slot is claimed ahead, so a slot that frees starts its next
+        // job at once, and claims come in batches: a refill when that reserve is used up. A
+        // rate-limited pool claims one job at a time, each paced, and nothing ahead.
+        let in_flight = claimed.len();
+        let (refill, want) = match spec.rate_limit {
+            Some(_) => (in_flight < limit, 1),
+            None => (in_flight <= limit && in_flight < 2 * limit, 2 * limit - in_flight.min(2 * limit)),
+        };
+        let mut got = 0;
+        if refill {
             if let Some(rate) = spec.rate_limit {
                 app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
             }
             for queue in &spec.queues {
-                if claimed == want {
+                if got == want {
                     break;
                 }
                 let lease = spec.lease_duration;
-                match jobs::claim(&app, queue, want - claimed, (Actor::Pool, &pool), lease, crate::now()).await {
-                    Ok(got) => {
-                        for job in got {
-                            claimed += 1;
-                            running.spawn(run_job(app.clone(), job, lease, ended.clone()));
+                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, crate::now()).await {
+                    Ok(jobs) => {
+                        for job in jobs {
+                            got += 1;
+                            claimed.spawn(run_job(app.clone(), job, lease, slots.clone(), ended.clone()));
                         }
                     }
                     Err(e) => tracing::warn!(pool = %pool, error = %e, "claim failed"),
                 }
             }
         }
-        if claimed > 0 {
+        if got > 0 {
             idle = IDLE_MIN;
             continue;
         }
         tokio::select! {
-            Some(_) = running.join_next(), if !running.is_empty() => {}
-            _ = tokio::time::sleep(idle), if free > 0 => idle = (idle * 2).min(IDLE_MAX),
-            _ = app.job_enqueued(), if free > 0 => {}
+            Some(_) = claimed.join_next(), if !claimed.is_empty() => {}
+            _ = tokio::time::sleep(idle), if refill => idle = (idle * 2).min(IDLE_MAX),
+            _ = app.job_enqueued(), if refill => {}
             _ = stop.changed() => {}
             _ = shutdown.changed() => {}
         }
     }
-    while running.join_next().await.is_some() {}
+    // Drain: running jobs finish, waiting ones are handed back.
+    slots.close();
+    while claimed.join_next().await.is_some() {}
     drop(ended);
     let _ = recorder.await;
 }
@@ -137,9 +200,9 @@ async fn record_ends(app: App, mut reports: mpsc::UnboundedReceiver<Ended>) {
     }
 }
 
-/// Runs one claimed job, heartbeating while it runs, and hands its end to `ended` (J2 fences
-/// both).
-async fn run_job(app: App, job: Job, lease: Dur, ended: mpsc::UnboundedSender<Ended>) {
+/// Runs one claimed job when a slot is free, heartbeating from the claim on, and hands its end
+/// to `ended` (J2 fences both); a job that gets no slot is handed back.
+async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, ended: mpsc::UnboundedSender<Ended>) {
     let token = job.lease_token.clone().unwrap_or_default();
     let beat = {
         let (app, id, token) = (app.clone(), job.id.clone(), token.clone());
@@ -155,6 +218,11 @@ async fn run_job(app: App, job: Job, lease: Dur, ended: mpsc::UnboundedSender<En
             }
         })
     };
+    let Some(slot) = slots.take().await else {
+        beat.abort();
+        let _ = ended.send((job.id, token, Report::Release));
+        return;
+    };
     let rt = app.runtime();
     let outcome = match rt.functions.iter().find(|(n, _)| *n == job.function) {
         Some((name, function)) => {
@@ -167,6 +235,7 @@ async fn run_job(app: App, job: Job, lease: Dur, ended: mpsc::UnboundedSender<En
         None => Err(format!("function {:?} is not defined", job.function)),
     };
     beat.abort();
+    drop(slot);
     let report = match outcome {
         Ok(stdout) => Report::Complete { result: stdout.trim().to_string() },
         Err(error) => Report::Fail { error },
