@@ -8,6 +8,9 @@
 //! P2 and P7's 1M-mail data set for a quick look; `PCMAIL_TEST_POSTGRES` is where P3's
 //! PostgreSQL run goes.
 
+// A benchmark binary: a failed step ends the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod endurance;
 mod jobs;
 mod merge;

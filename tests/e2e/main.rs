@@ -2,6 +2,9 @@
 //! CLI and over raw HTTP. One test binary (link time dominates on small machines), one module
 //! per area.
 
+// A test binary throughout: its helpers state expectations as the tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod botapi;
 mod console;
 mod deploy;

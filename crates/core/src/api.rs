@@ -406,7 +406,7 @@ impl Validate for EnqueueBody {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EnqueueAnswer {
-    One(EnqueueResponse),
+    One(Box<EnqueueResponse>),
     Many(Vec<EnqueueResponse>),
 }
 

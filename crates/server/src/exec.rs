@@ -100,7 +100,8 @@ fn kill_group(pid: Option<u32>) {
     let _ = pid;
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use std::collections::BTreeMap;
 

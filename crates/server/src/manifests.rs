@@ -59,7 +59,8 @@ fn collect(path: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()
     Ok(())
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use super::*;
 

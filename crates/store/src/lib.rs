@@ -7,7 +7,8 @@
 #[cfg(all(feature = "postgres", feature = "sheets"))]
 mod any;
 pub mod codec;
-#[cfg(all(test, feature = "postgres", feature = "sheets"))]
+#[cfg(test)]
+#[cfg(all(feature = "postgres", feature = "sheets"))]
 mod contract;
 #[cfg(feature = "postgres")]
 pub mod postgres;

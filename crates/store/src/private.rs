@@ -77,7 +77,8 @@ pub fn inherited_umask() -> Option<u32> {
     }
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 

@@ -30,7 +30,7 @@ pub async fn enqueue(
     let mut answers: Vec<EnqueueResponse> =
         answers.into_iter().map(|a| EnqueueResponse { job: redact(a.job, caller.actor()), ..a }).collect();
     Ok(Json(match answers.pop() {
-        Some(only) if one => EnqueueAnswer::One(only),
+        Some(only) if one => EnqueueAnswer::One(Box::new(only)),
         last => EnqueueAnswer::Many(answers.into_iter().chain(last).collect()),
     }))
 }
