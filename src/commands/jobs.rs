@@ -178,7 +178,9 @@ pub async fn worker(client: &Client, queue: &str, lease: Dur, once: bool) -> any
         let outcome = match claimed.functions.get(&job.function) {
             Some(spec) => {
                 let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
-                pcmail_server::exec::run(&job.function, spec, &vars, job.payload.clone()).await
+                pcmail_server::exec::run(&job.function, spec, &vars, job.payload.clone())
+                    .await
+                    .map_err(|e| e.to_string())
             }
             None => Err(format!("function {:?} is not defined on the server", job.function)),
         };

@@ -143,14 +143,24 @@ impl Server {
 
     /// Whether this replica holds the leader lease, as its `/metrics` says.
     pub fn is_leader(&self) -> bool {
+        self.metric("pcmail_leader") == Some(1.0)
+    }
+
+    /// The value of one series of `/metrics` (`pcmail_waits_parked{kind="poll"}`), if it is there.
+    pub fn metric(&self, series: &str) -> Option<f64> {
         let rt = tokio::runtime::Runtime::new().expect("rt");
-        rt.block_on(async {
-            let body = match reqwest::get(format!("{}/metrics", self.url)).await {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(_) => return false,
-            };
-            body.lines().any(|l| l == "pcmail_leader 1")
-        })
+        let body =
+            rt.block_on(async { reqwest::get(format!("{}/metrics", self.url)).await.ok()?.text().await.ok() })?;
+        body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Until `n` waits of `kind` (`poll`, `status`) are parked on this server: what a test
+    /// sends next must wake them, not find them not yet asking.
+    pub fn await_parked(&self, kind: &str, n: u32) {
+        let series = format!("pcmail_waits_parked{{kind=\"{kind}\"}}");
+        eventually(10, &format!("{n} parked {kind} wait(s)"), || {
+            (self.metric(&series) == Some(f64::from(n))).then_some(())
+        });
     }
 
     /// Starts `serve` again on the same data dir (and the same port, if it was fixed).

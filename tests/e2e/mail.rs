@@ -85,7 +85,7 @@ fn m11_long_poll_returns_as_soon_as_mail_arrives() {
             })
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.await_parked("poll", 1);
     let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "b"]));
     let got = waiter.join().expect("waiter");
     assert_eq!(got["mail"][0]["id"], id.as_str());
@@ -164,23 +164,24 @@ fn m12_status_wait_for_returns_when_seen_and_times_out_with_exit_5() {
     let out = s.ctl(&desk, &["status", &id, "--wait-for", "seen", "--timeout", "1s"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
 
-    let reader = {
+    let waiter = {
         let (url, dir) = (s.url.clone(), s.dir.path().to_path_buf());
-        let (laptop, id) = (laptop.clone(), id.clone());
+        let (desk, id) = (desk.clone(), id.clone());
         std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(500));
             std::process::Command::new(BIN)
-                .args(["read", &id])
+                .args(["status", &id, "--wait-for", "seen", "--timeout", "30s", "-o", "json"])
                 .env("PCMAIL_SERVER", url)
-                .env("PCMAIL_TOKEN", laptop)
-                .env("PCMAIL_HOME", dir.join("reader-home"))
+                .env("PCMAIL_TOKEN", desk)
+                .env("PCMAIL_HOME", dir.join("waiter-home"))
                 .output()
-                .expect("read")
+                .expect("status")
         })
     };
     let started = std::time::Instant::now();
-    let out = s.ctl(&desk, &["status", &id, "--wait-for", "seen", "--timeout", "30s", "-o", "json"]);
-    assert!(reader.join().expect("reader").status.success());
+    // The wait is parked before the mail is read: it is woken by the move, not answered at once.
+    s.await_parked("status", 1);
+    ok(s.ctl(&laptop, &["read", &id]));
+    let out = waiter.join().expect("waiter");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -242,7 +243,7 @@ fn sigterm_stops_serve_promptly_and_answers_long_polls_in_flight() {
             })
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.await_parked("poll", 1);
     let (code, took) = s.terminate();
     assert_eq!(code, Some(0), "a clean exit");
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");

@@ -197,6 +197,17 @@ fn m10_a_webhook_that_is_down_slow_or_rate_limited_delays_but_loses_nothing() {
 }
 
 #[test]
+fn m10_a_dead_webhook_is_counted_as_such_among_the_reconcile_errors() {
+    let dead = format!("http://127.0.0.1:{}/hook", free_port());
+    let m = manifests(&dead);
+    let s = Server::start_opts(Some(m.path().to_path_buf()), "127.0.0.1:0", &["--resync", "300ms"]);
+    ok(s.ctl(&s.token("desk"), &["send", "--to", "laptop", "--urgent", "--subject", "prod down", "--body", "b"]));
+    let reason = |r: &str| s.metric(&format!("pcmail_reconcile_errors_total{{reason=\"{r}\",reconciler=\"notify\"}}"));
+    eventually(60, "a notify pass to fail on the webhook", || reason("webhook").filter(|n| *n >= 1.0));
+    assert_eq!(reason("store_unavailable"), Some(0.0), "not counted as a store failure");
+}
+
+#[test]
 fn m10_decision_and_urgent_mail_notify_once_on_arrival() {
     let receiver = Receiver::start(vec![]);
     let m = manifests(&receiver.url);

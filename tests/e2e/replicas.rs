@@ -110,7 +110,7 @@ fn c1_mail_sent_through_one_replica_wakes_a_long_poll_on_the_other() {
             (started.elapsed(), body)
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
+    second.await_parked("poll", 1);
     let id = ok(first.ctl(&desk, &["send", "--to", "laptop", "--subject", "across", "--body", "b"]));
     let (waited, body) = waiting.join().expect("poller");
     let got: Vec<&str> = body["mail"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();

@@ -12,17 +12,32 @@ const MAX_STDOUT: usize = 1 << 20;
 /// Variables passed through from the server's environment; everything else is dropped.
 const PASSED: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT"];
 
+/// Why a Function's run failed; the text is what a ledger row or a job records.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("function {0} has an empty command")]
+    EmptyCommand(String),
+    #[error("cannot start {program:?}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("timed out after {0}")]
+    Timeout(pcmail_core::duration::Dur),
+    #[error("waiting for {program:?}: {source}")]
+    Wait { program: String, source: std::io::Error },
+    /// It ran and failed: its exit status and the end of its stderr.
+    #[error("{status}: {stderr_tail}")]
+    Exit { status: std::process::ExitStatus, stderr_tail: String },
+}
+
 /// Runs `function` with `input` on stdin and `vars` (the `PCMAIL_*` of this one run) in its
-/// environment. Ok is its stdout; Err says why it failed (exit status and the end of stderr,
-/// a timeout, or a spawn error).
+/// environment. Ok is its stdout.
 pub async fn run(
     name: &str,
     function: &FunctionSpec,
     vars: &[(&str, String)],
     input: String,
-) -> Result<String, String> {
+) -> Result<String, ExecError> {
     let Some((program, args)) = function.command.split_first() else {
-        return Err(format!("function {name} has an empty command"));
+        return Err(ExecError::EmptyCommand(name.to_string()));
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).env_clear();
@@ -58,7 +73,7 @@ pub async fn run(
             });
         }
     }
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
+    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn { program: program.clone(), source })?;
     let pid = child.id();
     let stdin = child.stdin.take();
     // E4: the input is written inside the timeout, beside the wait: a function that never reads
@@ -73,9 +88,9 @@ pub async fn run(
     match tokio::time::timeout(function.timeout.to_std(), run).await {
         Err(_) => {
             kill_group(pid);
-            Err(format!("timed out after {}", function.timeout))
+            Err(ExecError::Timeout(function.timeout))
         }
-        Ok(Err(e)) => Err(format!("waiting for {program:?}: {e}")),
+        Ok(Err(source)) => Err(ExecError::Wait { program: program.clone(), source }),
         Ok(Ok(out)) if out.status.success() => {
             let stdout = &out.stdout[..out.stdout.len().min(MAX_STDOUT)];
             Ok(String::from_utf8_lossy(stdout).into_owned())
@@ -83,7 +98,7 @@ pub async fn run(
         Ok(Ok(out)) => {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: String = stderr.trim().chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
-            Err(format!("{}: {tail}", out.status))
+            Err(ExecError::Exit { status: out.status, stderr_tail: tail })
         }
     }
 }
@@ -151,7 +166,7 @@ mod tests {
         let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
         let err =
             run("f", &function(&script, Dur::from_millis(500)), &vars(""), String::new()).await.expect_err("times out");
-        assert!(err.starts_with("timed out after 500ms"), "{err}");
+        assert!(matches!(err, ExecError::Timeout(d) if d == Dur::from_millis(500)), "{err}");
         let pid = std::fs::read_to_string(&pidfile).expect("pid").trim().to_string();
         std::thread::sleep(std::time::Duration::from_millis(200));
         // Gone, or a zombie waiting for whoever inherited it: either way no longer running.
@@ -165,7 +180,8 @@ mod tests {
     async fn e4_a_function_that_never_reads_a_256k_payload_is_killed_at_its_timeout() {
         let payload = "x".repeat(256 * 1024);
         let outcome = run("f", &function("sleep 30", Dur::from_millis(500)), &vars(""), payload).await;
-        assert_eq!(outcome, Err("timed out after 500ms".to_string()), "not left blocked on the full pipe");
+        let err = outcome.expect_err("not left blocked on the full pipe");
+        assert_eq!(err.to_string(), "timed out after 500ms");
     }
 
     #[tokio::test]
@@ -173,6 +189,10 @@ mod tests {
         let err = run("f", &function("echo nope >&2; exit 3", Dur::from_secs(10)), &vars(""), String::new())
             .await
             .expect_err("fails");
-        assert!(err.contains("exit status: 3") && err.contains("nope"), "{err}");
+        assert!(
+            matches!(&err, ExecError::Exit { status, stderr_tail } if status.code() == Some(3) && stderr_tail == "nope"),
+            "{err}"
+        );
+        assert_eq!(err.to_string(), "exit status: 3: nope");
     }
 }

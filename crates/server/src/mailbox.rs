@@ -18,6 +18,7 @@ use pcmail_store::{MailSelect, MailWrites, Store};
 use crate::App;
 use crate::api::ApiError;
 use crate::auth::Caller;
+use crate::metrics::Parked;
 use crate::wakeups::Topic;
 
 /// The event that records one mail's move, for `status`'s timeline.
@@ -318,6 +319,7 @@ pub async fn poll(
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
         let next_look = deadline.min(tokio::time::Instant::now() + recheck);
+        let _parked = Parked::new(app.metrics().waits_parked.with_label_values(&["poll"]));
         tokio::select! {
             _ = tokio::time::sleep_until(next_look) => {}
             _ = shutdown.changed() => {}
@@ -339,6 +341,7 @@ pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Dura
         if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);
         }
+        let _parked = Parked::new(app.metrics().waits_parked.with_label_values(&["status"]));
         tokio::select! {
             _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + app.recheck_every())) => {}
             _ = changes.changed() => {}

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub pruned: IntCounterVec,
     pub intents_dropped: IntCounterVec,
+    pub waits_parked: IntGaugeVec,
 }
 
 /// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
@@ -107,14 +108,19 @@ impl Metrics {
             )?),
             reconcile_errors: reg!(counter(
                 "pcmail_reconcile_errors_total",
-                "Reconciles that failed.",
-                &["reconciler"]
+                "Reconciles that failed, by why.",
+                &["reconciler", "reason"]
             )?),
             workqueue_depth: reg!(IntGauge::new("pcmail_workqueue_depth", "Keys waiting in the work queue.")?),
             workers: reg!(gauge("pcmail_workers", "Workers running, by pool.", &["pool"])?),
             build_info: reg!(gauge("pcmail_build_info", "Build information.", &["version"])?),
             leader: reg!(IntGauge::new("pcmail_leader", "1 while this replica holds the leader lease (C1).")?),
             pruned: reg!(counter("pcmail_pruned_total", "Rows pruned past their retention (E7).", &["tab"])?),
+            waits_parked: reg!(gauge(
+                "pcmail_waits_parked",
+                "Long-polls (poll) and status waits (status) parked until something moves.",
+                &["kind"]
+            )?),
             intents_dropped: reg!(counter(
                 "pcmail_intents_dropped_total",
                 "Chat messages a PC's poller dropped: their chat is outside allowedChats (I9).",
@@ -144,7 +150,9 @@ impl Metrics {
             "ledger-sync",
             "rebuild-view",
         ] {
-            m.reconcile_errors.with_label_values(&[r]);
+            for reason in crate::controller::ReconcileError::reasons() {
+                m.reconcile_errors.with_label_values(&[r, reason]);
+            }
         }
         Ok(m)
     }
@@ -228,5 +236,22 @@ impl Metrics {
                 self.job_failures.with_label_values(&[q]);
             }
         }
+    }
+}
+
+/// One parked wait, counted in `pcmail_waits_parked` for as long as it lives (a dropped request
+/// uncounts itself too).
+pub struct Parked(prometheus::IntGauge);
+
+impl Parked {
+    pub fn new(gauge: prometheus::IntGauge) -> Parked {
+        gauge.inc();
+        Parked(gauge)
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -52,6 +52,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error("invalid store URL {url:?}: {reason}")]
     BadUrl { url: String, reason: String },
+    /// The credentials a store signs in with (a service-account key) are unreadable or wrong.
+    #[error("store credentials {whose}: {reason}")]
+    Credentials { whose: String, reason: String },
     #[error("store error: {0}")]
     Backend(String),
     /// O3: a copy's target already holds rows in these tabs; nothing was written to it.
@@ -63,6 +66,34 @@ pub enum StoreError {
          empty it (delete the SQLite file, or drop and create the database) and copy again"
     )]
     UnfinishedCopy,
+}
+
+impl StoreError {
+    /// The kind of failure, for a metric label: one of a fixed set.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "store_unavailable",
+            StoreError::Schema(_) => "store_schema",
+            StoreError::Corrupt(_) => "store_corrupt",
+            StoreError::BadUrl { .. } => "store_bad_url",
+            StoreError::Credentials { .. } => "store_credentials",
+            StoreError::Backend(_) => "store_backend",
+            StoreError::NotEmpty(_) => "store_not_empty",
+            StoreError::UnfinishedCopy => "store_unfinished_copy",
+        }
+    }
+
+    /// Every value [`StoreError::kind`] answers.
+    pub const KINDS: [&'static str; 8] = [
+        "store_unavailable",
+        "store_schema",
+        "store_corrupt",
+        "store_bad_url",
+        "store_credentials",
+        "store_backend",
+        "store_not_empty",
+        "store_unfinished_copy",
+    ];
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use governor::{Quota, RateLimiter};
 use pcmail_core::ledger::Trigger;
 use pcmail_core::manifest::spec::ScheduleRole;
-use pcmail_store::Store;
+use pcmail_store::{Store, StoreError};
 use tokio::task::JoinSet;
 
 use crate::App;
@@ -113,48 +113,73 @@ async fn reconcile(app: &App, key: Key) -> bool {
     match result {
         Ok(()) => true,
         Err(e) => {
-            app.metrics().reconcile_errors.with_label_values(&[key.name()]).inc();
+            app.metrics().reconcile_errors.with_label_values(&[key.name(), e.reason()]).inc();
             tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
             false
         }
     }
 }
 
-async fn run_key(app: &App, key: Key) -> Result<(), String> {
+/// Why a reconcile failed. `reason` labels `pcmail_reconcile_errors_total`, so a dashboard
+/// tells a full disk from a dead webhook.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("posting {count} notification(s) to {url}: {message}")]
+    Webhook { count: usize, url: String, message: String },
+}
+
+impl ReconcileError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReconcileError::Store(e) => e.kind(),
+            ReconcileError::Webhook { .. } => "webhook",
+        }
+    }
+
+    /// Every value [`ReconcileError::reason`] answers, for the metric's zero series.
+    pub fn reasons() -> impl Iterator<Item = &'static str> {
+        StoreError::KINDS.into_iter().chain(["webhook"])
+    }
+}
+
+async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
     if key.leader_only() && !app.is_leader() {
         return Ok(());
     }
     let now = crate::now();
     match key {
-        Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
-        Key::Notify => notifier::run(app, now).await,
-        Key::Specs => crate::specs::sync(app, now).await.map_err(|e| e.to_string()),
-        Key::JobReaper => crate::jobs::rescue_expired(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
-        Key::Prune => prune::run(app, now).await.map(|_| ()).map_err(|e| e.to_string()),
+        Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ())?,
+        Key::Notify => notifier::run(app, now).await?,
+        Key::Specs => crate::specs::sync(app, now).await?,
+        Key::JobReaper => crate::jobs::rescue_expired(app, now).await.map(|_| ())?,
+        Key::Prune => prune::run(app, now).await.map(|_| ())?,
         Key::ExecuteChecked | Key::AutoExecute => {
             let (trigger, role, default) = match key {
                 Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked, 1),
                 _ => (Trigger::Auto, ScheduleRole::AutoExecute, 2),
             };
             let limit = app.runtime().max_per_run.iter().find(|(r, _)| *r == role).map_or(default, |(_, n)| *n);
-            crate::ledger::execute_pass(app, trigger, limit as usize, now).await.map(|_| ()).map_err(|e| e.to_string())
+            crate::ledger::execute_pass(app, trigger, limit as usize, now).await.map(|_| ())?
         }
         Key::LedgerSync => {
             let cap =
                 app.runtime().max_per_run.iter().find(|(r, _)| *r == ScheduleRole::Sync).map(|(_, n)| *n as usize);
-            crate::ledger::sync_pass(app, cap, now).await.map(|_| ()).map_err(|e| e.to_string())
+            crate::ledger::sync_pass(app, cap, now).await.map(|_| ())?
         }
         Key::RebuildView => {
             let today = now.format("%Y-%m-%d").to_string();
-            let view = crate::ledger::view(app, &today).await.map_err(|e| e.to_string())?;
-            app.store().kv_set("ledger_view", &view).await.map_err(|e| e.to_string())
+            let view = crate::ledger::view(app, &today).await?;
+            app.store().kv_set("ledger_view", &view).await?
         }
     }
+    Ok(())
 }
 
 /// One pass of every reconciler, as a resync makes; answers the first error. For benchmarks
 /// and tools; the loop itself runs keys one by one.
-pub async fn pass(app: &App) -> Result<(), String> {
+pub async fn pass(app: &App) -> Result<(), ReconcileError> {
     for key in Key::ALL {
         run_key(app, key).await?;
     }

@@ -12,7 +12,7 @@ use pcmail_core::alert::{AlertState, alertmanager_api_body, webhook_body};
 use pcmail_core::manifest::spec::NotifyFormat;
 use pcmail_store::Store;
 
-use super::Key;
+use super::{Key, ReconcileError};
 use crate::App;
 
 /// Alerts per post; more are posted by the next run, which is queued at once.
@@ -29,16 +29,16 @@ struct PostError {
     retry_after: Option<Duration>,
 }
 
-pub async fn run(app: &App, now: Ts) -> Result<(), String> {
+pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     let store = app.store();
     let rt = app.runtime();
-    let mut batch = store.alerts_to_notify(BATCH).await.map_err(|e| e.to_string())?;
+    let mut batch = store.alerts_to_notify(BATCH).await?;
     let more = batch.len() == BATCH;
     let Some(notify) = rt.mail_policy.notify.clone() else {
         // No webhook: the alerts tab and metrics are the record (DESIGN M10).
         if !batch.is_empty() {
             app.metrics().notifications.with_label_values(&["skipped"]).inc_by(batch.len() as u64);
-            store.mark_notified(batch, now).await.map_err(|e| e.to_string())?;
+            store.mark_notified(batch, now).await?;
         }
         return requeue_if(app, more);
     };
@@ -46,8 +46,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), String> {
     if api {
         let due = store
             .firing_alerts()
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_iter()
             .filter(|a| !a.needs_notification() && a.last_sent_at.is_none_or(|t| now - t >= RESEND));
         batch.extend(due.take(BATCH.saturating_sub(batch.len())));
@@ -70,17 +69,17 @@ pub async fn run(app: &App, now: Ts) -> Result<(), String> {
             app.set_notify_error(None);
             let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
             tracing::info!(count = batch.len(), ?sent_states, "notified");
-            store.mark_notified(batch, crate::now()).await.map_err(|e| e.to_string())?;
+            store.mark_notified(batch, crate::now()).await?;
             requeue_if(app, more)
         }
         Err(e) => {
             app.set_notify_error(Some(format!("{url}: {}", e.message)));
-            Err(format!("posting {} notification(s) to {url}: {}", batch.len(), e.message))
+            Err(ReconcileError::Webhook { count: batch.len(), url, message: e.message })
         }
     }
 }
 
-fn requeue_if(app: &App, more: bool) -> Result<(), String> {
+fn requeue_if(app: &App, more: bool) -> Result<(), ReconcileError> {
     if more {
         app.queue().add(Key::Notify);
     }

@@ -230,7 +230,7 @@ async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, e
                 app.limiter(&format!("function/{name}"), rate).until_ready().await;
             }
             let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
-            exec::run(name, function, &vars, job.payload.clone()).await
+            exec::run(name, function, &vars, job.payload.clone()).await.map_err(|e| e.to_string())
         }
         None => Err(format!("function {:?} is not defined", job.function)),
     };

@@ -287,7 +287,7 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
     let metrics = app.metrics();
     let label = match &outcome {
         Ok(_) => "ok",
-        Err(e) if e.starts_with("timed out") => "timeout",
+        Err(crate::exec::ExecError::Timeout(_)) => "timeout",
         Err(_) => "failed",
     };
     metrics.ledger_runs.with_label_values(&[&name, label]).inc();
@@ -306,7 +306,7 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
             }
             let (next, reason, message) = match &outcome {
                 Ok(stdout) => (plan_success(current, stdout), "Succeeded", "result written; review it".to_string()),
-                Err(e) => (plan_failure(current, e), "Failed", e.clone()),
+                Err(e) => (plan_failure(current, &e.to_string()), "Failed", e.to_string()),
             };
             let ev = event(&p, &next.id, reason, message, "runner", done_at);
             (LedgerWrites { replace: vec![next.clone()], events: vec![ev], ..Default::default() }, Some(next))

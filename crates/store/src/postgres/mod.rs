@@ -847,6 +847,22 @@ pub(crate) mod tests {
         for o in opens {
             o.await.expect("task").expect("every replica opens");
         }
+        // Once: one version row at the last migration, and one store identity that every
+        // replica reads (a second run of migration 1 would have made another or failed).
+        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let versions: Vec<i64> = c
+            .query("SELECT version FROM pcmail_schema", &[])
+            .await
+            .expect("versions")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(versions, [schema::MIGRATIONS.len() as i64]);
+        let identities = c.query("SELECT value FROM kv WHERE key = 'store/identity'", &[]).await.expect("identity");
+        assert_eq!(identities.len(), 1);
+        let identity: String = identities[0].get(0);
+        let again = PgStore::open(&url).await.expect("a fourth opens");
+        assert_eq!(again.kv_get(crate::IDENTITY_KEY).await.expect("kv"), Some(identity));
     }
 
     #[tokio::test]

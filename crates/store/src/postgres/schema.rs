@@ -10,7 +10,7 @@ const MIGRATION_LOCK: i64 = 0x7063_6d61_696c_0001;
 
 /// Applied in order; `pcmail_schema.version` counts how many ran. Never edit a shipped entry:
 /// append a new one.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 1: every tab of SQLite's migrations 1-4, at once.
     r#"
     CREATE TABLE mail (

@@ -24,7 +24,7 @@ pub struct ServiceAccount {
 
 impl ServiceAccount {
     pub fn load(path: &Path) -> Result<ServiceAccount, StoreError> {
-        let bad = |why: String| StoreError::BadUrl { url: path.display().to_string(), reason: why };
+        let bad = |why: String| StoreError::Credentials { whose: path.display().to_string(), reason: why };
         let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the credentials file: {e}")))?;
         serde_json::from_str(&text)
             .map_err(|e| bad(format!("not a service-account key (client_email, private_key): {e}")))
@@ -48,7 +48,7 @@ impl Signer {
     pub fn new(account: &ServiceAccount) -> Result<Signer, StoreError> {
         let body: String =
             account.private_key.lines().filter(|l| !l.starts_with("-----")).flat_map(|l| l.trim().chars()).collect();
-        let bad = |why: &str| StoreError::BadUrl { url: account.client_email.clone(), reason: why.into() };
+        let bad = |why: &str| StoreError::Credentials { whose: account.client_email.clone(), reason: why.into() };
         let der = STANDARD.decode(body).map_err(|_| bad("private_key is not PEM (base64)"))?;
         let key = RsaKeyPair::from_pkcs8(&der).map_err(|_| bad("private_key is not a PKCS#8 RSA key"))?;
         Ok(Signer { key, email: account.client_email.clone() })
