@@ -8,7 +8,7 @@ use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueRespo
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
 use pcmail_core::text::sanitize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::args::JobsCommand;
 use crate::output::{self, cut};
@@ -66,11 +66,11 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             }
         }
         JobsCommand::Retry { id } => {
-            let job: Job = client.post(&format!("/api/v1/jobs/{id}/retry"), &json!({})).await?;
+            let job: Job = client.post(&format!("/api/v1/jobs/{id}/retry"), &LeaseReport::default()).await?;
             println!("{} {}", job.id, job.state);
         }
         JobsCommand::Cancel { id } => {
-            let job: Job = client.post(&format!("/api/v1/jobs/{id}/cancel"), &json!({})).await?;
+            let job: Job = client.post(&format!("/api/v1/jobs/{id}/cancel"), &LeaseReport::default()).await?;
             println!("{} {}", job.id, job.state);
         }
     }

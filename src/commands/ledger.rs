@@ -1,18 +1,13 @@
 //! `ledger …`: the task ledger from the command line (L7, L15, L16).
 
 use pcmail_agent::client::Client;
-use pcmail_core::ledger::{Incoming, Row};
+use pcmail_core::api::{ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest};
+use pcmail_core::ledger::{Incoming, Row, RowState};
 use serde_json::{Value, json};
 
 use crate::args::{LedgerCommand, Output};
+use crate::exit::Exit;
 use crate::output::{self, cut};
-
-fn with_project(mut body: Value, project: &Option<String>) -> Value {
-    if let (Some(p), Some(map)) = (project, body.as_object_mut()) {
-        map.insert("project".into(), json!(p));
-    }
-    body
-}
 
 fn print_rows(rows: &[Row], out: Output) -> anyhow::Result<()> {
     if output::structured(out, &rows)? {
@@ -49,23 +44,25 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             print!("{}", v["view"].as_str().unwrap_or_default());
         }
         LedgerCommand::SetRow { id, state, instruction, run, due, assignee, output } => {
-            let mut body = json!({"state": state, "instruction": instruction, "due": due, "assignee": assignee});
-            if run {
-                body["run"] = json!(true);
-            }
-            let body = with_project(strip_nulls(body), &project);
+            let body = RowEdit { project, state, instruction, run: run.then_some(true), due, assignee };
             // L16: what the store holds after the write, read back.
             let row: Row = client.post(&format!("/api/v1/ledger/rows/{id}"), &body).await?;
             print_rows(&[row], output)?;
         }
         LedgerCommand::Run { id, no_wait, output } => {
-            let body = with_project(json!({"wait": !no_wait}), &project);
+            let body = RunRequest { project, wait: !no_wait };
             let row: Row = client.post(&format!("/api/v1/ledger/rows/{id}/run"), &body).await?;
-            print_rows(&[row], output)?;
+            print_rows(std::slice::from_ref(&row), output)?;
+            // A run that was waited for and failed went back to todo (or to a person) with its
+            // failure counted: the command fails too, so a script notices.
+            if !no_wait && matches!(row.state, RowState::Todo | RowState::NeedsHuman) && row.failures > 0 {
+                eprintln!("{id}: the run failed: {}", row.result);
+                return Ok(Exit::Error as i32);
+            }
         }
         LedgerCommand::Push { source, task, content, evidence, due, assignee, function } => {
             let item = Incoming { source, task, content, evidence, due, assignee, function, refresh: false };
-            let body = with_project(json!({"items": [item]}), &project);
+            let body = PushRequest { project, items: vec![item] };
             // L7: a push never breaks its caller: the answer is always one JSON line, exit 0.
             let answer = match client.post::<_, Value>("/api/v1/ledger/push", &body).await {
                 Ok(v) => v,
@@ -74,20 +71,20 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             println!("{answer}");
         }
         LedgerCommand::Sync => {
-            let report: Value = client.post("/api/v1/ledger/sync", &with_project(json!({}), &project)).await?;
+            let report: Value = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         LedgerCommand::PurgeSource { source, yes } => {
-            let body = with_project(json!({"source": source, "yes": yes}), &project);
-            let report: Value = client.post("/api/v1/ledger/purge", &body).await?;
-            let ids: Vec<&str> = report["delete"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+            let report: PurgeReport =
+                client.post("/api/v1/ledger/purge", &PurgeRequest { project, source, yes }).await?;
+            let ids = report.delete.join(" ");
             if yes {
-                println!("deleted {} row(s): {}", ids.len(), ids.join(" "));
+                println!("deleted {} row(s): {ids}", report.delete.len());
             } else {
-                println!("would delete {} row(s): {} (dry run; pass --yes to delete)", ids.len(), ids.join(" "));
+                println!("would delete {} row(s): {ids} (dry run; pass --yes to delete)", report.delete.len());
             }
-            for k in report["kept"].as_array().into_iter().flatten() {
-                println!("kept {}: {}", k["id"].as_str().unwrap_or_default(), k["reason"].as_str().unwrap_or_default());
+            for k in report.kept {
+                println!("kept {}: {}", k.id, k.reason);
             }
         }
         LedgerCommand::ExecuteChecked => {
@@ -96,11 +93,4 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
         }
     }
     Ok(0)
-}
-
-fn strip_nulls(mut v: Value) -> Value {
-    if let Some(map) = v.as_object_mut() {
-        map.retain(|_, x| !x.is_null());
-    }
-    v
 }

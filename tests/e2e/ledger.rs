@@ -86,7 +86,10 @@ fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_the
     assert_eq!(push(&s, "manual", "write the estimate!", "draft")["skipped"], 1, "L4: the same key");
 
     ok(s.admin(&["ledger", "set-row", "T-0002", "--instruction", "最優先: 箇条書きにする"]));
-    let failed = json(s.admin(&["ledger", "run", "T-0002", "-o", "json"]));
+    let out = s.admin(&["ledger", "run", "T-0002", "-o", "json"]);
+    assert_eq!(code(&out), 1, "a failed run fails the command: {}", stderr(&out));
+    assert!(stderr(&out).contains("T-0002: the run failed: failed (1/3)"), "{}", stderr(&out));
+    let failed: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("the row is printed all the same");
     assert_eq!((failed[0]["state"].as_str(), failed[0]["failures"].as_u64()), (Some("todo"), Some(1)), "{failed}");
     assert!(failed[0]["result"].as_str().is_some_and(|r| r.contains("failed (1/3)") && r.contains("boom")));
     let text = std::fs::read_to_string(&log).expect("log");
@@ -102,7 +105,9 @@ fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_the
     assert!(t3.starts_with(" instruction=[]") && !t3.contains("箇条書き"), "the instruction leaked: {t3}");
 
     for n in [2, 3] {
-        let r = json(s.admin(&["ledger", "run", "T-0002", "-o", "json"]));
+        let out = s.admin(&["ledger", "run", "T-0002", "-o", "json"]);
+        assert_eq!(code(&out), 1);
+        let r: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("row");
         assert_eq!(r[0]["failures"].as_u64(), Some(n));
     }
     assert_eq!(row(&s, "T-0002")["state"], "needs-human", "L10: the third failure hands it to a person");

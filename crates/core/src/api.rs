@@ -482,6 +482,118 @@ impl Validate for LeaseReport {
     }
 }
 
+fn project(field: Option<&String>) -> Result<(), Invalid> {
+    field.map_or(Ok(()), |p| name("project", p))
+}
+
+/// `POST /api/v1/ledger/push` (L7): tasks for a project's ledger; any machine may push.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PushRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    pub items: Vec<crate::ledger::Incoming>,
+}
+
+impl Validate for PushRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())?;
+        self.items.iter().enumerate().try_for_each(|(i, item)| item.validate().map_err(|e| e.within("items", i)))
+    }
+}
+
+/// `POST /api/v1/ledger/rows/{id}` (L3, L16): the fields a person may change with `set-row`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RowEdit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignee: Option<String>,
+}
+
+impl Validate for RowEdit {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())?;
+        opt(&self.state, |s| line("state", s, 50))?;
+        opt(&self.instruction, |i| text("instruction", i))?;
+        opt(&self.due, |d| line("due", d, 100))?;
+        opt(&self.assignee, |a| line("assignee", a, 200))
+    }
+}
+
+/// `POST /api/v1/ledger/rows/{id}/run`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Answer when the run has finished, with its result; else once it is claimed.
+    #[serde(default)]
+    pub wait: bool,
+}
+
+impl Validate for RunRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())
+    }
+}
+
+/// `POST /api/v1/ledger/sync`: one project, or the default one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProjectBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+}
+
+impl Validate for ProjectBody {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())
+    }
+}
+
+/// `POST /api/v1/ledger/purge` (L15): a source's untouched rows; a dry run unless `yes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PurgeRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    pub source: String,
+    #[serde(default)]
+    pub yes: bool,
+}
+
+impl Validate for PurgeRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        project(self.project.as_ref())?;
+        line("source", &self.source, 200)
+    }
+}
+
+/// The answer to a [`PurgeRequest`]: what was (or would be) deleted, and what was kept and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PurgeReport {
+    pub dry_run: bool,
+    pub delete: Vec<String>,
+    pub kept: Vec<Kept>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    pub id: String,
+    pub reason: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,16 +5,16 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use pcmail_core::api::{Invalid, Validate};
-use pcmail_core::ledger::{Incoming, Row, Trigger};
+use pcmail_core::api::{Kept, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest};
+use pcmail_core::ledger::{Row, Trigger};
 use pcmail_store::Store;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, detached};
 use crate::App;
 use crate::auth::Caller;
-use crate::ledger::{self, MergeCounts, RowEdit, resolve_project};
+use crate::ledger::{self, MergeCounts, resolve_project};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,25 +35,6 @@ pub async fn list(
 pub async fn view(State(app): State<App>) -> Result<Json<Value>, ApiError> {
     let today = crate::now().format("%Y-%m-%d").to_string();
     Ok(Json(json!({"view": ledger::view(&app, &today).await?})))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PushRequest {
-    #[serde(default)]
-    project: Option<String>,
-    items: Vec<Incoming>,
-}
-
-fn project(field: Option<&String>) -> Result<(), Invalid> {
-    field.map_or(Ok(()), |p| pcmail_core::api::name("project", p))
-}
-
-impl Validate for PushRequest {
-    fn validate(&self) -> Result<(), Invalid> {
-        project(self.project.as_ref())?;
-        self.items.iter().enumerate().try_for_each(|(i, item)| item.validate().map_err(|e| e.within("items", i)))
-    }
 }
 
 /// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
@@ -79,22 +60,6 @@ pub async fn set_row(
     caller.require_admin()?;
     let project = resolve_project(&app, edit.project.as_deref())?;
     Ok(Json(detached(async move { ledger::set_row(&app, &project, &id, edit, crate::now()).await }).await?))
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RunRequest {
-    #[serde(default)]
-    project: Option<String>,
-    /// Answer when the run has finished, with its result; else once it is claimed.
-    #[serde(default)]
-    wait: bool,
-}
-
-impl Validate for RunRequest {
-    fn validate(&self) -> Result<(), Invalid> {
-        project(self.project.as_ref())
-    }
 }
 
 pub async fn run(
@@ -133,44 +98,6 @@ pub async fn sync(
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ProjectBody {
-    #[serde(default)]
-    project: Option<String>,
-}
-
-impl Validate for ProjectBody {
-    fn validate(&self) -> Result<(), Invalid> {
-        project(self.project.as_ref())
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PurgeRequest {
-    #[serde(default)]
-    project: Option<String>,
-    source: String,
-    #[serde(default)]
-    yes: bool,
-}
-
-impl Validate for PurgeRequest {
-    fn validate(&self) -> Result<(), Invalid> {
-        project(self.project.as_ref())?;
-        pcmail_core::api::line("source", &self.source, 200)
-    }
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PurgeReport {
-    dry_run: bool,
-    delete: Vec<String>,
-    kept: Vec<Value>,
-}
-
 pub async fn purge(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
@@ -180,7 +107,7 @@ pub async fn purge(
     let project = resolve_project(&app, req.project.as_deref())?;
     let (source, yes) = (req.source.clone(), req.yes);
     let plan = detached(async move { Ok(ledger::purge(&app, &project, &source, yes, crate::now()).await?) }).await?;
-    let kept = plan.kept.iter().map(|(id, why)| json!({"id": id, "reason": why})).collect();
+    let kept = plan.kept.into_iter().map(|(id, reason)| Kept { id, reason }).collect();
     Ok(Json(PurgeReport { dry_run: !req.yes, delete: plan.delete, kept }))
 }
 

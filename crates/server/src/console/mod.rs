@@ -340,7 +340,7 @@ async fn row_edit(
     if let Some(refused) = ctx.forged(&form.csrf) {
         return refused;
     }
-    let edit = crate::ledger::RowEdit {
+    let edit = pcmail_core::api::RowEdit {
         project: Some(project.clone()),
         state: Some(form.state).filter(|s| !s.is_empty()),
         instruction: Some(form.instruction),

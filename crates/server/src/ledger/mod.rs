@@ -393,37 +393,14 @@ pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) ->
     Ok(ran)
 }
 
-/// The fields a person may change with `set-row` (L3).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RowEdit {
-    #[serde(default)]
-    pub project: Option<String>,
-    #[serde(default)]
-    pub state: Option<String>,
-    #[serde(default)]
-    pub instruction: Option<String>,
-    #[serde(default)]
-    pub run: Option<bool>,
-    #[serde(default)]
-    pub due: Option<String>,
-    #[serde(default)]
-    pub assignee: Option<String>,
-}
-
-impl pcmail_core::api::Validate for RowEdit {
-    fn validate(&self) -> Result<(), pcmail_core::api::Invalid> {
-        use pcmail_core::api::{line, name, text};
-        self.project.as_ref().map_or(Ok(()), |p| name("project", p))?;
-        self.state.as_ref().map_or(Ok(()), |s| line("state", s, 50))?;
-        self.instruction.as_ref().map_or(Ok(()), |i| text("instruction", i))?;
-        self.due.as_ref().map_or(Ok(()), |d| line("due", d, 100))?;
-        self.assignee.as_ref().map_or(Ok(()), |a| line("assignee", a, 200))
-    }
-}
-
 /// L16 set-row: writes the fields a person may change, then reads the row back.
-pub async fn set_row(app: &App, project: &str, id: &str, edit: RowEdit, now: Ts) -> Result<Row, ApiError> {
+pub async fn set_row(
+    app: &App,
+    project: &str,
+    id: &str,
+    edit: pcmail_core::api::RowEdit,
+    now: Ts,
+) -> Result<Row, ApiError> {
     let state = edit.state.as_deref().map(str::parse::<RowState>).transpose().map_err(ApiError::bad_request)?;
     if state == Some(RowState::Running) {
         return Err(ApiError::bad_request("running is set by the runner, not by hand"));
