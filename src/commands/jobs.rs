@@ -80,8 +80,10 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
 /// Requests stay well under the server's body limit whatever the payloads.
 const BULK_BYTES: usize = 192 * 1024;
 
-/// `jobs enqueue -f`: every line is checked before the first request, so a bad line (named by
-/// its number) sends nothing; then the jobs go in requests of at most MAX_ENQUEUE jobs.
+/// `jobs enqueue -f`: every line is parsed and checked before the first request, so a line
+/// that is not a valid job (named `FILE:LINE`) sends nothing. Then the jobs go in requests of at
+/// most MAX_ENQUEUE jobs, each one transaction; a request the server refuses (a queue no pool
+/// declares) stops the command, naming the line, after the requests before it went in.
 async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
     let bytes = if file == "-" {
         let mut bytes = Vec::new();
@@ -92,12 +94,16 @@ async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
     };
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{file} is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))?;
-    let mut requests: Vec<(EnqueueRequest, usize)> = Vec::new();
+    // Windows tools start a UTF-8 file with a byte-order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    // (job, its line number, its size as sent)
+    let mut requests: Vec<(EnqueueRequest, usize, usize)> = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let job: EnqueueRequest =
             serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{file}:{}: not a job: {e}", n + 1))?;
         job.validate().map_err(|e| anyhow::anyhow!("{file}:{}: {e}", n + 1))?;
-        requests.push((job, line.len()));
+        let size = serde_json::to_vec(&job)?.len();
+        requests.push((job, n + 1, size));
     }
     let (mut created, mut answered) = (0, 0);
     let mut rest = requests.as_slice();
@@ -106,7 +112,7 @@ async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
         let take = rest
             .iter()
             .take(pcmail_core::bounds::MAX_ENQUEUE as usize)
-            .take_while(|(_, len)| {
+            .take_while(|(_, _, len)| {
                 size += len + 1;
                 size <= BULK_BYTES
             })
@@ -114,8 +120,23 @@ async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
             .max(1);
         let (batch, later) = rest.split_at(take);
         rest = later;
-        let body: Vec<&EnqueueRequest> = batch.iter().map(|(r, _)| r).collect();
-        let answers: Vec<EnqueueResponse> = client.post("/api/v1/jobs", &body).await?;
+        let body: Vec<&EnqueueRequest> = batch.iter().map(|(r, _, _)| r).collect();
+        let answers: Vec<EnqueueResponse> = client.post("/api/v1/jobs", &body).await.map_err(|e| {
+            let message = e.to_string();
+            // `jobs[i]` of this request is a line of the file.
+            let line = message
+                .split_once("jobs[")
+                .and_then(|(_, r)| r.split_once(']'))
+                .and_then(|(i, _)| i.parse::<usize>().ok())
+                .and_then(|i| batch.get(i))
+                .map_or_else(|| format!("lines {}–{}", batch[0].1, batch[batch.len() - 1].1), |j| j.1.to_string());
+            anyhow::anyhow!(
+                "{file}:{line}: {message} (nothing from line {} on was enqueued; the {} job(s) before it were, \
+                 their ids printed above)",
+                batch[0].1,
+                created + answered
+            )
+        })?;
         for a in answers {
             if a.created {
                 created += 1

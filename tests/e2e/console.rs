@@ -203,3 +203,25 @@ fn console_a_form_post_without_the_csrf_token_is_refused_and_changes_nothing() {
     let anonymous = client.get(format!("{}/ui/ledger", s.url)).send().expect("get");
     assert_eq!(anonymous.status().as_u16(), 303, "no session, no page");
 }
+
+#[test]
+fn u_the_root_and_paths_with_a_trailing_slash_lead_to_the_console_pages() {
+    let s = Server::start();
+    let client =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    for (path, to) in [
+        ("/", "/ui"),
+        ("/ui", "/ui/ledger"),
+        ("/ui/", "/ui/ledger"),
+        ("/ui/ledger/", "/ui/ledger"),
+        ("/ui/jobs/?state=dead", "/ui/jobs?state=dead"),
+    ] {
+        let r = client.get(format!("{}{path}", s.url)).send().expect("get");
+        assert!(r.status().is_redirection(), "{path}: {}", r.status());
+        assert_eq!(r.headers()["location"], to, "{path}");
+    }
+    // Followed to the end, each lands on the sign-in page (no JSON 404 on the way).
+    let r = reqwest::blocking::get(format!("{}/ui/ledger/", s.url)).expect("get");
+    assert!(r.url().path().starts_with("/ui/login"), "{}", r.url());
+    assert!(r.text().expect("body").contains("<form"), "the sign-in form");
+}

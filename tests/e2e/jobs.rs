@@ -159,6 +159,65 @@ fn p10_jobs_enqueue_reads_json_lines_from_a_file_or_stdin_and_a_bad_line_sends_n
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("-:2: not a job") && stderr(&out).contains("functoin"), "{}", stderr(&out));
     assert_eq!(stored_jobs(&s).len(), 2501, "a bad line sends nothing");
+    // A line the server refuses (no pool declares its queue) stops the command there, naming it.
+    let lines: String = (1..=1500)
+        .map(|n| {
+            let queue = if n == 1401 { "nowhere" } else { "q" };
+            format!("{{\"queue\": \"{queue}\", \"function\": \"work\"}}\n")
+        })
+        .collect();
+    std::fs::write(&file, lines).expect("jsonl");
+    let out = s.admin(&["jobs", "enqueue", "-f", &file.display().to_string()]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("jobs.jsonl:1401:") && said.contains("nowhere"), "{said}");
+    assert!(said.contains("nothing from line 1001 on was enqueued; the 1000 job(s) before it were"), "{said}");
+    assert_eq!(stored_jobs(&s).len(), 3501);
+    // A byte-order mark (Windows tools write one) is not part of the first job.
+    let out = s.ctl_stdin(
+        &s.admin_token(),
+        &["jobs", "enqueue", "-f", "-"],
+        Some("\u{feff}{\"queue\": \"q\", \"function\": \"work\"}\n".as_bytes()),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn p10_c4_a_body_is_one_json_value_and_a_list_answers_holders_without_their_payload() {
+    let (s, _dir) = setup();
+    let two = "{\"queue\": \"q\", \"function\": \"work\"}\n{\"queue\": \"q\", \"function\": \"work\"}\n";
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let (status, text) = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/jobs", s.url))
+            .bearer_auth(s.admin_token())
+            .header("content-type", "application/json")
+            .body(two)
+            .send()
+            .await
+            .expect("post");
+        (r.status().as_u16(), r.text().await.expect("body"))
+    });
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("trailing characters"), "{text}");
+    assert_eq!(stored_jobs(&s).len(), 0, "the first value alone was not taken either");
+    let big = "x".repeat(100_000);
+    let (status, held) = post(
+        &s,
+        "/api/v1/jobs",
+        serde_json::json!({"queue": "q", "function": "work", "uniqueKey": "k", "payload": big}),
+    );
+    assert_eq!(status, 200);
+    let refs = vec![serde_json::json!({"queue": "q", "function": "work", "uniqueKey": "k"}); 1000];
+    let (status, answers) = post(&s, "/api/v1/jobs", serde_json::Value::Array(refs));
+    assert_eq!(status, 200);
+    let answers = answers.as_array().expect("list");
+    assert!(answers.iter().all(|a| a["job"]["id"] == held["job"]["id"] && a["created"] == false));
+    assert!(answers.iter().all(|a| a["job"]["payload"] == ""), "a holder's payload is not repeated 1000 times");
+    // A list of one names its index too.
+    let (status, answer) = post(&s, "/api/v1/jobs", serde_json::json!([{"queue": "q", "function": "nope"}]));
+    assert_eq!(status, 422);
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.starts_with("jobs[0]: ")), "{answer}");
 }
 
 #[test]
@@ -354,6 +413,25 @@ fn j5_p9_a_pool_scaled_to_none_hands_back_the_jobs_it_claimed_ahead_unstarted() 
         db.query_row("SELECT max(attempts) FROM jobs WHERE state = 'queued'", [], |r| r.get(0)).expect("attempts");
     assert_eq!(attempts, 0, "a claim handed back unstarted costs no attempt");
     assert_eq!(std::fs::read_to_string(&log).expect("log").lines().count(), 2, "only the 2 with a slot ran");
+}
+
+#[test]
+fn j2_j5_a_job_claimed_ahead_and_cancelled_while_it_waits_never_starts() {
+    // 1 slot, each job 1.5 s: one runs, the other waits claimed ahead.
+    let (dir, log) = pool_setup(1, "", "3s", 1500);
+    let s = Server::start_opts(Some(dir.path().join("m")), "127.0.0.1:0", &["--resync", "300ms"]);
+    let ids = enqueue_many(&s, 2);
+    let started = || std::fs::read_to_string(&log).unwrap_or_default();
+    let waiting = eventually(10, "one running and one claimed ahead", || {
+        let running = counts(&s).get("running").copied() == Some(2);
+        let first = ids.iter().find(|id| started().contains(id.as_str()))?;
+        running.then(|| ids.iter().find(|id| *id != first).cloned()).flatten()
+    });
+    ok(s.admin(&["jobs", "cancel", &waiting]));
+    eventually(10, "the running one to finish", || (counts(&s).get("succeeded") == Some(&1)).then_some(()));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(!started().contains(&waiting), "the cancelled job started: {}", started());
+    assert_eq!(job(&s, &waiting)["state"], "cancelled");
 }
 
 #[test]

@@ -212,6 +212,13 @@ pub fn redact(job: Job, actor: Actor<'_>) -> Job {
     if visible { job } else { Job { payload: String::new(), result: None, last_error: None, ..job } }
 }
 
+/// A job as a bulk enqueue answers it when a live job already held the key: who and where,
+/// without payload, result or error. A list of a thousand references to one job must not
+/// answer with its payload a thousand times (the holder can be listed whole).
+pub fn slim(job: Job) -> Job {
+    Job { payload: String::new(), result: None, last_error: None, lease_token: None, ..job }
+}
+
 /// Unique keys of this prefix belong to the server's heavy ledger rows (T3): a request that
 /// takes one could hold a row's job hostage.
 pub const LEDGER_UNIQUE_PREFIX: &str = "ledger:";

@@ -38,16 +38,17 @@ pub enum Origin {
 }
 
 pub async fn enqueue(app: &App, req: EnqueueRequest, origin: Origin, now: Ts) -> Result<EnqueueResponse, ApiError> {
-    let mut answers = enqueue_many(app, vec![req], origin, now).await?;
+    let mut answers = enqueue_many(app, vec![req], false, origin, now).await?;
     answers.pop().ok_or_else(|| ApiError::internal("an enqueue of one job answered nothing"))
 }
 
 /// Enqueues `requests` in one transaction (P10), each unique key honoured in order (J6); the
 /// answers come in the requests' order. One job the runtime refuses refuses the whole list,
-/// naming its index, and nothing is written.
+/// naming its index when the request was a `list`, and nothing is written.
 pub async fn enqueue_many(
     app: &App,
     requests: Vec<EnqueueRequest>,
+    list: bool,
     origin: Origin,
     now: Ts,
 ) -> Result<Vec<EnqueueResponse>, ApiError> {
@@ -56,11 +57,10 @@ pub async fn enqueue_many(
         Origin::Caller(machine) => (machine, None),
         Origin::Ledger(reference) => (None, Some(reference)),
     };
-    let many = requests.len() > 1;
     let mut jobs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
         let refused =
-            |message: String| ApiError::unprocessable(if many { format!("jobs[{i}]: {message}") } else { message });
+            |message: String| ApiError::unprocessable(if list { format!("jobs[{i}]: {message}") } else { message });
         if !declared(&rt.pools, &req.queue) {
             return Err(refused(format!(
                 "queue {:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it",

@@ -143,6 +143,10 @@ impl Store for AnyStore {
         forward!(self, s => s.jobs_transaction(select, plan).await)
     }
 
+    async fn get_job(&self, id: &str) -> Result<Option<Job>> {
+        forward!(self, s => s.get_job(id).await)
+    }
+
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         forward!(self, s => s.list_jobs(q).await)
     }

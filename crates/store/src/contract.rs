@@ -556,6 +556,14 @@ pub async fn t2_a_machine_lists_the_jobs_it_enqueued_or_claimed(store: &impl Sto
     assert_eq!(stored[0].enqueued_by.as_deref(), Some("desk"), "enqueuedBy round-trips");
 }
 
+pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
+    let j = job(7, 0, 0);
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
+    let got = store.get_job("job-0007").await.expect("read").expect("found");
+    assert_eq!((got.id.as_str(), got.state), ("job-0007", pcmail_core::jobs::JobState::Queued));
+    assert_eq!(store.get_job("job-9999").await.expect("read"), None);
+}
+
 pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
     let mut j = job(1, 0, 0);
     j.unique_key = Some("nightly".into());
@@ -827,6 +835,7 @@ macro_rules! contract_tests {
             ledger_selections_and_whole_row_writes,
             j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens,
             j2_j3_a_rescued_lease_can_no_longer_write,
+            j5_a_job_is_read_back_by_id_as_committed,
             j6_a_unique_key_held_by_a_live_job_is_found,
             j1_concurrent_claims_never_hand_one_job_to_two_workers,
             c1_exactly_one_replica_holds_the_lease,

@@ -334,6 +334,9 @@ pub trait Store: Send + Sync + 'static {
     where
         F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
         R: Send + 'static;
+    /// One job as committed now, read without taking the writer (a pool's check that a job it
+    /// claimed ahead is still its own before starting it).
+    fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<Job>>> + Send;
     /// Jobs newest first, as the query narrows them.
     fn list_jobs(&self, query: JobQuery) -> impl Future<Output = Result<Vec<Job>>> + Send;
     /// Job counts by (queue, state), for the gauges.

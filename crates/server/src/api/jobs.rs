@@ -7,7 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueAnswer, EnqueueBody, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::{Job, redact};
+use pcmail_core::jobs::{Job, redact, slim};
 use pcmail_store::{JobQuery, Store};
 use serde::Deserialize;
 
@@ -25,10 +25,16 @@ pub async fn enqueue(
     let origin = Origin::Caller(caller.machine().map(String::from));
     let one = matches!(body, EnqueueBody::One(_));
     let answers =
-        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), origin, crate::now()).await }).await?;
-    // J6 may answer another machine's job: as that machine's, never its details (T2).
-    let mut answers: Vec<EnqueueResponse> =
-        answers.into_iter().map(|a| EnqueueResponse { job: redact(a.job, caller.actor()), ..a }).collect();
+        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), !one, origin, crate::now()).await }).await?;
+    // J6 may answer another machine's job: as that machine's, never its details (T2); in a
+    // list, a holder comes slim whoever it belongs to.
+    let mut answers: Vec<EnqueueResponse> = answers
+        .into_iter()
+        .map(|a| {
+            let job = if one || a.created { redact(a.job, caller.actor()) } else { slim(a.job) };
+            EnqueueResponse { job, ..a }
+        })
+        .collect();
     Ok(Json(match answers.pop() {
         Some(only) if one => EnqueueAnswer::One(Box::new(only)),
         last => EnqueueAnswer::Many(answers.into_iter().chain(last).collect()),

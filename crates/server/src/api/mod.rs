@@ -170,7 +170,8 @@ pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Api
     let text = std::str::from_utf8(bytes).map_err(|e| {
         ApiError::bad_request(format!("request body is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()))
     })?;
-    let value: T = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text)).map_err(|e| {
+    let mut json = serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let at = e.path().to_string();
         let inner = e.into_inner();
         if at == "." || inner.is_syntax() || inner.is_eof() {
@@ -179,6 +180,9 @@ pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Api
             ApiError::bad_request(format!("invalid JSON body at {at}: {inner}"))
         }
     })?;
+    // One JSON value per body: what follows it (a second job of a JSON-lines file) would be
+    // dropped without a word.
+    json.end().map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e} after the first JSON value")))?;
     value.validate()?;
     Ok(value)
 }

@@ -26,7 +26,9 @@ pub use session::Sessions;
 
 pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
     Router::new()
+        .route("/", get(|| async { Redirect::to("/ui") }))
         .route("/ui", get(|| async { Redirect::to("/ui/ledger") }))
+        .route("/ui/", get(|| async { Redirect::to("/ui/ledger") }))
         .route("/ui/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], html::CSS) }))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
@@ -119,7 +121,15 @@ fn failure(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
     (status, Html(page(ctx.lang, t(ctx.lang, "Error", "エラー"), Some(&ctx.csrf), &body))).into_response()
 }
 
-async fn not_found(headers: HeaderMap) -> Response {
+async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
+    // `/ui/ledger/` is `/ui/ledger`: a trailing slash (a typed or bookmarked URL) leads to the
+    // page without it.
+    let path = uri.path();
+    if path.ends_with('/') {
+        let canonical = path.trim_end_matches('/');
+        let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        return Redirect::permanent(&format!("{canonical}{query}")).into_response();
+    }
     let lang = language(&headers);
     let body = format!("<p class=\"error\">{}</p>", t(lang, "No such page.", "そのページはありません。"));
     (StatusCode::NOT_FOUND, Html(page(lang, "404", None, &body))).into_response()

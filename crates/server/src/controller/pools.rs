@@ -11,7 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::{Actor, Job};
+use pcmail_core::jobs::{Actor, Job, check_lease};
+use pcmail_store::Store;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -223,6 +224,17 @@ async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, e
         let _ = ended.send((job.id, token, Report::Release));
         return;
     };
+    // A job claimed ahead may have been cancelled or rescued while it waited for its slot:
+    // it starts only while the claim is still its own (J2), never next to its next run.
+    match app.store().get_job(&job.id).await {
+        Ok(Some(now)) if check_lease(&now, &token, Actor::Pool).is_ok() => {}
+        outcome => {
+            beat.abort();
+            let why = outcome.map_or_else(|e| e.to_string(), |j| format!("{:?}", j.map(|j| j.state)));
+            tracing::warn!(job = %job.id, state = %why, "not started: the claim is no longer this pool's");
+            return;
+        }
+    }
     let rt = app.runtime();
     let outcome = match rt.functions.iter().find(|(n, _)| *n == job.function) {
         Some((name, function)) => {

@@ -566,6 +566,11 @@ impl Store for PgStore {
         c.finish(outcome).await
     }
 
+    async fn get_job(&self, id: &str) -> Result<Option<Job>> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        Ok(self.conn().await?.decode(&sql, &[&id], codec::job).await?.pop())
+    }
+
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \

@@ -523,6 +523,10 @@ impl Store for SheetsStore {
         then_sync!(self, self.inner.local.jobs_transaction(select, plan))
     }
 
+    async fn get_job(&self, id: &str) -> Result<Option<Job>> {
+        self.inner.local.get_job(id).await
+    }
+
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         self.inner.local.list_jobs(q).await
     }

@@ -731,6 +731,11 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn get_job(&self, id: &str) -> Result<Option<Job>> {
+        let id = id.to_string();
+        self.read(move |conn| Ok(select_jobs(conn, &JobSelect::Ids(vec![id]))?.pop())).await
+    }
+
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         self.read(move |conn| {
             let mut stmt = conn
