@@ -225,3 +225,47 @@ fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() 
     assert_eq!(jobs[0]["ledgerRef"], "office/T-0001");
     assert_eq!(jobs[0]["state"], "succeeded");
 }
+
+#[test]
+fn u_ledger_list_aligns_japanese_rows_by_display_width() {
+    use unicode_width::UnicodeWidthChar;
+    let Setup { s, .. } = setup("30m");
+    push(&s, "manual", "請求書を作って送る", "draft");
+    push(&s, "manual", "write the estimate", "draft");
+    ok(s.admin(&["ledger", "set-row", "T-0001", "--state", "needs-human"]));
+    let text = ok(s.admin(&["ledger", "list"]));
+    // Each character with the display column it starts at (a Japanese character takes two).
+    let columns = |line: &str| {
+        let mut col = 0;
+        line.chars()
+            .map(|c| {
+                let at = col;
+                col += c.width().unwrap_or(0);
+                (at, c)
+            })
+            .collect::<Vec<_>>()
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let header = columns(lines[0]);
+    // Where each header word starts: after a space, at a letter.
+    let starts: Vec<usize> = header.windows(2).filter(|w| w[0].1 == ' ' && w[1].1 != ' ').map(|w| w[1].0).collect();
+    assert_eq!(starts.len(), 7, "ID STATE RUN TASK DUE FUNCTION FAILURES RESULT:\n{text}");
+    for line in &lines[1..] {
+        let cells = columns(line);
+        for &h in &starts {
+            // At each column's start the row has a cell starting there or blank space, never
+            // the middle of a wider cell, and a space just before it.
+            let covering = cells.iter().find(|(at, c)| *at <= h && h < at + c.width().unwrap_or(0).max(1));
+            if let Some((at, c)) = covering {
+                assert!(*at == h || *c == ' ', "a cell straddles column {h}:\n{text}");
+            }
+            let before = cells.iter().find(|(at, c)| *at <= h - 1 && h - 1 < at + c.width().unwrap_or(0).max(1));
+            assert!(before.is_none_or(|(_, c)| *c == ' '), "no gap before column {h}:\n{text}");
+        }
+    }
+    // The TASK column starts at the same place in both rows, Japanese state and task or not.
+    let task = starts[2];
+    for line in &lines[1..] {
+        assert!(columns(line).iter().any(|(at, c)| *at == task && *c != ' '), "TASK at {task}:\n{text}");
+    }
+}

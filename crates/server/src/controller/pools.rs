@@ -71,20 +71,27 @@ type Ended = (String, String, Report);
 /// jobs are handed back instead.
 #[derive(Default)]
 struct Slots {
-    state: Mutex<(usize, usize, bool)>,
+    state: Mutex<SlotState>,
     freed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct SlotState {
+    limit: usize,
+    busy: usize,
+    closed: bool,
 }
 
 struct Slot<'a>(&'a Slots);
 
 impl Slots {
     fn set_limit(&self, limit: usize) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = limit;
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).limit = limit;
         self.freed.notify_waiters();
     }
 
     fn close(&self) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).2 = true;
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
         self.freed.notify_waiters();
     }
 
@@ -96,12 +103,11 @@ impl Slots {
             freed.as_mut().enable();
             {
                 let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                let (limit, busy, closed) = &mut *s;
-                if *closed || *limit == 0 {
+                if s.closed || s.limit == 0 {
                     return None;
                 }
-                if *busy < *limit {
-                    *busy += 1;
+                if s.busy < s.limit {
+                    s.busy += 1;
                     return Some(Slot(self));
                 }
             }
@@ -113,7 +119,7 @@ impl Slots {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let mut s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        s.1 = s.1.saturating_sub(1);
+        s.busy = s.busy.saturating_sub(1);
         drop(s);
         self.0.freed.notify_waiters();
     }
@@ -140,7 +146,7 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
         let in_flight = claimed.len();
         let (refill, want) = match spec.rate_limit {
             Some(_) => (in_flight < limit, 1),
-            None => (in_flight <= limit && in_flight < 2 * limit, 2 * limit - in_flight.min(2 * limit)),
+            None => (in_flight <= limit && in_flight < 2 * limit, (2 * limit).saturating_sub(in_flight)),
         };
         let mut got = 0;
         if refill {
