@@ -259,7 +259,7 @@ fn u_ledger_list_aligns_japanese_rows_by_display_width() {
             if let Some((at, c)) = covering {
                 assert!(*at == h || *c == ' ', "a cell straddles column {h}:\n{text}");
             }
-            let before = cells.iter().find(|(at, c)| *at <= h - 1 && h - 1 < at + c.width().unwrap_or(0).max(1));
+            let before = cells.iter().find(|(at, c)| *at < h && h - 1 < at + c.width().unwrap_or(0).max(1));
             assert!(before.is_none_or(|(_, c)| *c == ' '), "no gap before column {h}:\n{text}");
         }
     }
