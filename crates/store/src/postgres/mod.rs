@@ -684,11 +684,16 @@ impl Store for PgStore {
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("notified IS DISTINCT FROM state", "updated_at", limit as i64).await
+        self.alerts(
+            "notified IS DISTINCT FROM state",
+            "updated_at, kind COLLATE \"C\", subject COLLATE \"C\"",
+            limit as i64,
+        )
+        .await
     }
 
     async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("TRUE", "updated_at DESC", limit as i64).await
+        self.alerts("TRUE", "updated_at DESC, kind COLLATE \"C\", subject COLLATE \"C\"", limit as i64).await
     }
 
     async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {

@@ -849,11 +849,11 @@ impl Store for SqliteStore {
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("notified IS NOT state", "updated_at", limit).await
+        self.alerts("notified IS NOT state", "updated_at, kind, subject", limit).await
     }
 
     async fn list_alerts(&self, limit: usize) -> Result<Vec<Alert>> {
-        self.alerts("1 = 1", "updated_at DESC", limit).await
+        self.alerts("1 = 1", "updated_at DESC, kind, subject", limit).await
     }
 
     async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
