@@ -297,7 +297,8 @@ pub fn plan_failure(job: &Job, error: &str, now: Ts, jitter: f64) -> Job {
 /// is counted as a rescue.
 pub fn plan_rescue(job: &Job, now: Ts, jitter: f64) -> Job {
     let owner = job.lease_owner.clone().unwrap_or_default();
-    let failed = plan_failure(job, &format!("lease of {owner} expired at {:?}", job.lease_expires_at), now, jitter);
+    let expired = job.lease_expires_at.map_or_else(|| "an unknown time".into(), |t| t.to_rfc3339());
+    let failed = plan_failure(job, &format!("lease of {owner} expired at {expired}"), now, jitter);
     Job { rescues: job.rescues + 1, ..failed }
 }
 
@@ -389,6 +390,15 @@ mod tests {
                 ("job-e".into(), true)
             ]
         );
+    }
+
+    #[test]
+    fn j3_a_rescue_says_whose_lease_expired_and_when() {
+        let claimed = plan_claim(&job(), "pool:p", "tok", Dur::from_secs(60), at(1));
+        let rescued = plan_rescue(&claimed, at(100), 0.5);
+        let expected = format!("lease of pool:p expired at {}", at(61).to_rfc3339());
+        assert_eq!(rescued.last_error.as_deref(), Some(expected.as_str()));
+        assert_eq!(rescued.rescues, 1);
     }
 
     #[test]
