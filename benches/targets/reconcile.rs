@@ -63,7 +63,7 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
         lease: Duration::from_secs(24 * 3600),
         ..ServeConfig::on(dir.path().to_path_buf())
     };
-    let app = App::start(&config).await.expect("start");
+    let app = pcmail_server::start(&config).await.expect("start");
     let now = chrono::Utc::now();
     let hour = chrono::TimeDelta::hours(1);
 

@@ -150,3 +150,239 @@ fn house_the_pc_side_builds_the_store_with_sqlite_alone() {
         assert!(!tree.lines().any(|l| l.starts_with(server_only)), "the PC side builds {server_only}");
     }
 }
+
+/// The source of `text` without comments and without the items `#[cfg(test)]` gates: what
+/// ships. Answers also the names of test-only file modules it declares (`#[cfg(test)] mod x;`).
+fn shipped(text: &str) -> (String, Vec<String>) {
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let (mut out, mut test_files, mut rest) = (String::new(), Vec::new(), code.as_str());
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at + "#[cfg(test)]".len()..];
+        let (block, semi) = (item.find('{'), item.find(';'));
+        let end = match (block, semi) {
+            (Some(b), s) if s.is_none_or(|s| b < s) => {
+                let mut depth = 0;
+                let close = item[b..].char_indices().find_map(|(i, c)| {
+                    depth += match c {
+                        '{' => 1,
+                        '}' => -1,
+                        _ => 0,
+                    };
+                    (depth == 0).then_some(b + i + 1)
+                });
+                close.unwrap_or(item.len())
+            }
+            (_, Some(s)) => {
+                if let Some(name) = item[..s].lines().last().and_then(|l| l.trim().strip_prefix("mod ")) {
+                    test_files.push(name.trim().to_string());
+                }
+                s + 1
+            }
+            _ => item.len(),
+        };
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    (out, test_files)
+}
+
+/// The first segment of every `crate::` path in `code`, each name of a `crate::{a, b::c}` group.
+fn crate_paths(code: &str) -> Vec<String> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let after = &code[at + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            let mut depth = 0;
+            let mut start = true;
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && (c.is_alphanumeric() || c == '_') => {
+                        out.push(String::new());
+                        start = false;
+                        if let Some(last) = out.last_mut() {
+                            last.push(c);
+                        }
+                    }
+                    c if !start && depth == 0 && (c.is_alphanumeric() || c == '_') => {
+                        if let Some(last) = out.last_mut().filter(|l| !l.contains(':')) {
+                            last.push(c);
+                        }
+                    }
+                    ':' if depth == 0 => {
+                        if let Some(last) = out.last_mut().filter(|l| !l.contains(':')) {
+                            last.push(':');
+                        }
+                    }
+                    c if c.is_whitespace() => {}
+                    _ => {}
+                }
+            }
+        } else {
+            out.push(ident(after));
+        }
+    }
+    out.into_iter().map(|n| n.trim_end_matches(':').to_string()).filter(|n| !n.is_empty() && n != "self").collect()
+}
+
+/// The names the crate root re-exports (`pub use sqlite::{SqliteStore, …}`), by the module
+/// they come from: a path through such a name uses that module, not the root.
+fn reexports(root_code: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for stmt in root_code.split(';') {
+        let Some(path) = stmt.trim().strip_prefix("pub use ") else { continue };
+        let Some((module, names)) = path.split_once("::") else { continue };
+        let names = names.trim_start_matches('{').trim_end_matches('}');
+        for name in names.split(',') {
+            let name = name.rsplit("::").next().unwrap_or("").trim();
+            let alias = name.rsplit(" as ").next().unwrap_or(name).trim();
+            if !alias.is_empty() {
+                out.push((alias.to_string(), module.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The use graph of a crate's top-level modules, shipped code only: `module → modules it
+/// names`. The crate root is `crate`: its `pub use` lines are the crate's face, not uses, but a
+/// module naming one of the root's own items depends on the root, and the root's own code on
+/// every module it names.
+fn module_graph(src: &Path) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let files: Vec<String> = tree(src).into_iter().filter(|f| f.ends_with(".rs")).collect();
+    let module_of = |file: &str| -> String {
+        let first = file.split('/').next().unwrap_or(file);
+        match first.strip_suffix(".rs") {
+            Some("lib" | "main") => "crate".to_string(),
+            Some(m) => m.to_string(),
+            None => first.to_string(),
+        }
+    };
+    let modules: std::collections::BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    let mut test_only: Vec<String> = Vec::new();
+    let mut sources = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(src.join(file)).unwrap_or_default();
+        let (code, tests) = shipped(&text);
+        // A test-only file module lives beside the file that declares it, or in its folder.
+        let dir = match file.rsplit_once('/') {
+            Some((d, "mod.rs" | "lib.rs" | "main.rs")) => format!("{d}/"),
+            None if matches!(file.as_str(), "lib.rs" | "main.rs") => String::new(),
+            Some(_) | None => format!("{}/", file.trim_end_matches(".rs")),
+        };
+        test_only.extend(tests.iter().flat_map(|t| [format!("{dir}{t}.rs"), format!("{dir}{t}/")]));
+        sources.push((file.clone(), code));
+    }
+    let aliases: Vec<(String, String)> =
+        sources.iter().filter(|(f, _)| module_of(f) == "crate").flat_map(|(_, code)| reexports(code)).collect();
+    let words = |code: &str| -> Vec<String> {
+        code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map(|w| w.split("::").next().unwrap_or("").to_string())
+            .collect()
+    };
+    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for (file, code) in sources {
+        if test_only.iter().any(|t| file == *t || (t.ends_with('/') && file.starts_with(t.as_str()))) {
+            continue;
+        }
+        let from = module_of(&file);
+        let mut names = crate_paths(&code);
+        if from == "crate" {
+            // The root names its modules, and what it re-exports from them, without `crate::`.
+            let own: String = code
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("#["))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .split(';')
+                .filter(|s| {
+                    let s = s.trim();
+                    let declared = s.trim_start_matches("pub(crate) ").trim_start_matches("pub ").starts_with("mod ");
+                    !(declared || s.starts_with("pub use "))
+                })
+                .collect();
+            names
+                .extend(words(&own).into_iter().filter(|w| modules.contains(w) || aliases.iter().any(|(a, _)| a == w)));
+        } else if !file.contains('/') && code.contains("super::") {
+            names.push("crate".into());
+        }
+        for name in names {
+            let to = match aliases.iter().find(|(a, _)| *a == name) {
+                Some((_, module)) => module.clone(),
+                None if modules.contains(&name) => name,
+                None => "crate".to_string(),
+            };
+            if to != from {
+                graph.entry(from.clone()).or_default().insert(to);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle of `graph`, as the path that closes it, if there is one.
+fn find_cycle(graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph.keys().find_map(|start| visit(start, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn house_the_graph_checker_finds_a_cycle_and_ignores_tests_and_comments() {
+    let (code, tests) = shipped(
+        "use crate::a; // crate::b\n#[cfg(test)]\nmod fuzz;\n#[cfg(test)]\nmod tests { use crate::c; }\nfn f() { crate::{d, e::f}::g(); }",
+    );
+    assert_eq!(tests, vec!["fuzz".to_string()]);
+    assert_eq!(crate_paths(&code), vec!["a", "d", "e"]);
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        g
+    };
+    assert_eq!(find_cycle(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
+    assert_eq!(find_cycle(&graph(&[("a", "b"), ("b", "c"), ("c", "a")])).map(|c| c.len()), Some(4));
+}
+
+/// Issue 21: every crate's top-level modules are layers — none uses a module that uses it
+/// back, directly or around a loop — so each can be read knowing only those below it.
+#[test]
+fn house_no_crate_has_a_module_cycle() {
+    let crates = ["src", "crates/core/src", "crates/store/src", "crates/server/src", "crates/agent/src"];
+    for src in crates {
+        let graph = module_graph(&root().join(src));
+        assert!(graph.len() > 1 || src == "src", "{src}: the checker saw no modules at all: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("{src}: the modules {} use each other in a cycle", cycle.join(" → "));
+        }
+    }
+}

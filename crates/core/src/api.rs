@@ -7,96 +7,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bounds::{self, OutOfRange};
+use crate::bounds;
 use crate::duration::Dur;
 use crate::jobs::Job;
-use crate::mail::{Mail, MailKind};
+use crate::mail::Mail;
+pub use crate::mail::SendRequest;
 use crate::manifest::ApplyOutcome;
 use crate::manifest::spec::FunctionSpec;
-use crate::text::{self, TextError};
-
-/// A request body that is wrong on its own, naming the field (`items[2].task`, `lease`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Invalid {
-    pub field: String,
-    pub message: String,
-}
-
-impl Invalid {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Invalid {
-        Invalid { field: field.into(), message: message.into() }
-    }
-    fn text(field: &str, e: TextError) -> Invalid {
-        Invalid::new(field, format!("{field} {e}"))
-    }
-    /// The same problem inside a list: `items[2].task`.
-    pub fn within(self, list: &str, index: usize) -> Invalid {
-        let field = format!("{list}[{index}].{}", self.field);
-        let message = self.message.replacen(&self.field, &field, 1);
-        Invalid { field, message }
-    }
-}
-
-impl From<OutOfRange> for Invalid {
-    fn from(e: OutOfRange) -> Invalid {
-        Invalid { field: e.field.clone(), message: e.to_string() }
-    }
-}
-
-/// What a request body must be on its own, before anything looks at the store.
-pub trait Validate {
-    fn validate(&self) -> Result<(), Invalid>;
-}
-
-/// A T6 name (queue, function, project, machine).
-pub fn name(field: &str, value: &str) -> Result<(), Invalid> {
-    text::check_name(value).map_err(|e| Invalid::text(field, e))
-}
-
-/// A one-line text of at most `max` characters.
-pub fn line(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
-    text::check_line(value).map_err(|e| Invalid::text(field, e))?;
-    let n = value.chars().count();
-    if n > max {
-        return Err(Invalid::new(field, format!("{field} is {n} characters long, more than the limit of {max}")));
-    }
-    Ok(())
-}
-
-/// A text of any lines (T6: no NUL, no bidirectional override).
-pub fn text(field: &str, value: &str) -> Result<(), Invalid> {
-    text::check_text(value).map_err(|e| Invalid::text(field, e))
-}
-
-fn opt<T>(value: &Option<T>, check: impl FnOnce(&T) -> Result<(), Invalid>) -> Result<(), Invalid> {
-    value.as_ref().map_or(Ok(()), check)
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SendRequest {
-    /// M4: the client draws the id; on a duplicate it draws again once. Absent: the server draws.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// Ignored for replies, which always go back to the parent's sender.
-    #[serde(default)]
-    pub to: String,
-    #[serde(default)]
-    pub kind: Option<MailKind>,
-    #[serde(default)]
-    pub subject: String,
-    #[serde(default)]
-    pub body: String,
-    #[serde(default)]
-    pub urgent: bool,
-    #[serde(default)]
-    pub auto: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl: Option<Dur>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply_to: Option<String>,
-}
+pub use crate::validate::{Invalid, Validate, line, name, opt, text};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -108,29 +26,6 @@ pub struct SendResponse {
     /// and an `intent-conflict` alert is raised.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub conflict: bool,
-}
-
-impl Validate for SendRequest {
-    /// Everything a send must be whoever sends it; `plan_send` holds it for every path.
-    fn validate(&self) -> Result<(), Invalid> {
-        use crate::mail::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
-        line("to", &self.to, 200)?;
-        line("subject", &self.subject, MAX_SUBJECT_CHARS)?;
-        text("body", &self.body)?;
-        if self.body.len() > MAX_BODY_BYTES {
-            let n = self.body.len();
-            return Err(Invalid::new("body", format!("body is {n} bytes, more than the limit of {MAX_BODY_BYTES}")));
-        }
-        opt(&self.ttl, |d| Ok(bounds::duration("ttl", *d, Dur::default(), bounds::MAX_TTL).map(drop)?))?;
-        if self.kind == Some(MailKind::Intent) {
-            let m = "kind intent is recorded with `intent record` (POST /api/v1/intents), not sent";
-            return Err(Invalid::new("kind", m));
-        }
-        if self.reply_to.is_none() && self.subject.trim().is_empty() && self.body.trim().is_empty() {
-            return Err(Invalid::new("body", "a mail needs a subject or a body"));
-        }
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -518,6 +413,19 @@ pub struct RowEdit {
     pub due: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignee: Option<String>,
+}
+
+impl RowEdit {
+    /// The edit as the ledger's planner takes it; a state it cannot be is refused here.
+    pub fn edit(self) -> Result<crate::ledger::Edit, String> {
+        Ok(crate::ledger::Edit {
+            state: crate::ledger::Edit::state(self.state.as_deref())?,
+            instruction: self.instruction,
+            run: self.run,
+            due: self.due,
+            assignee: self.assignee,
+        })
+    }
 }
 
 impl Validate for RowEdit {

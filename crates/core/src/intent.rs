@@ -40,9 +40,9 @@ pub struct InboundMessage {
     pub text: String,
 }
 
-impl crate::api::Validate for InboundMessage {
-    fn validate(&self) -> Result<(), crate::api::Invalid> {
-        use crate::api::{Invalid, line, name, text};
+impl crate::validate::Validate for InboundMessage {
+    fn validate(&self) -> Result<(), crate::validate::Invalid> {
+        use crate::validate::{Invalid, line, name, text};
         name("channel", &self.channel)?;
         // The key `<channel>-<chat>-<message>` must read back one way only: a chat may start
         // with '-' (Telegram's group ids are negative) and holds no other; a message none.
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn i1_a_key_reads_back_one_way_only() {
-        use crate::api::Validate;
+        use crate::validate::Validate;
         assert_eq!(msg("-100123", "2604").validate(), Ok(()));
         for (chat, message) in [("555-7", "1"), ("555", "7-1"), ("", "1"), ("1", ""), ("1 2", "3"), ("-", "3")] {
             assert!(msg(chat, message).validate().is_err(), "{chat:?} {message:?}");

@@ -11,6 +11,7 @@ use crate::Ts;
 use crate::bounds;
 use crate::duration::Dur;
 use crate::manifest::spec::WorkerPoolSpec;
+use crate::text::sanitize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -353,6 +354,88 @@ pub fn plan_release(job: &Job) -> Job {
     }
 }
 
+/// What a lease holder reports about its job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    Heartbeat {
+        lease: Dur,
+    },
+    Complete {
+        result: String,
+    },
+    Fail {
+        error: String,
+    },
+    /// A pool hands back a claim it did not start (J5: it shrank or stops).
+    Release,
+}
+
+/// A job's result is kept to this many characters.
+pub const MAX_RESULT_CHARS: usize = 20_000;
+
+/// Why a report changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRefusal {
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error("{0} (the WorkerPool's maxLease)")]
+    LeaseOutOfRange(bounds::OutOfRange),
+}
+
+/// J2–J5: the job after `report` from `actor` holding `token`: the lease check (T1), then its
+/// move. A heartbeat extends the lease by what the worker asks, within the `maxLease` of the
+/// pools that let it claim (the server's own pool keeps the lease it claimed with); a
+/// completion keeps a result cleaned of refused characters (T6), cut to [`MAX_RESULT_CHARS`].
+pub fn plan_report(
+    job: &Job,
+    token: &str,
+    actor: Actor<'_>,
+    report: Report,
+    pools: &[(String, WorkerPoolSpec)],
+    now: Ts,
+    jitter: f64,
+) -> Result<Job, ReportRefusal> {
+    check_lease(job, token, actor)?;
+    Ok(match report {
+        Report::Heartbeat { lease } => {
+            if actor != Actor::Pool {
+                let max = claim_terms(pools, &job.queue, actor).unwrap_or(bounds::MIN_LEASE);
+                bounds::duration("lease", lease, bounds::MIN_LEASE, max).map_err(ReportRefusal::LeaseOutOfRange)?;
+            }
+            Job { heartbeat_at: Some(now), lease_expires_at: Some(now + lease.to_chrono()), ..job.clone() }
+        }
+        Report::Complete { result } => Job {
+            state: JobState::Succeeded,
+            result: Some(sanitize(&result).chars().take(MAX_RESULT_CHARS).collect()),
+            finished_at: Some(now),
+            lease_token: None,
+            lease_expires_at: None,
+            ..job.clone()
+        },
+        Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
+        Report::Release => plan_release(job),
+    })
+}
+
+/// A person's retry (a dead, failed or cancelled job runs again from zero attempts, now) or
+/// cancel (of a job not yet ended; a running one loses its lease, so its worker's answer is
+/// refused). Anything else is refused, saying why.
+pub fn plan_admin_move(job: &Job, retry: bool, now: Ts) -> Result<Job, String> {
+    match (retry, job.state) {
+        (true, JobState::Dead | JobState::Failed | JobState::Cancelled) => {
+            Ok(Job { state: JobState::Queued, attempts: 0, run_after: now, finished_at: None, ..job.clone() })
+        }
+        (false, JobState::Queued | JobState::Failed | JobState::Running) => Ok(Job {
+            state: JobState::Cancelled,
+            lease_token: None,
+            lease_expires_at: None,
+            finished_at: Some(now),
+            ..job.clone()
+        }),
+        (_, s) => Err(format!("a {s} job cannot be {}", if retry { "retried" } else { "cancelled" })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,6 +443,86 @@ mod tests {
 
     pub fn job() -> Job {
         Job::new("job-1".into(), "default".into(), "f".into(), "{}".into(), at(0))
+    }
+
+    fn running(holder: Actor<'_>) -> Job {
+        Job {
+            state: JobState::Running,
+            attempts: 1,
+            lease_owner: Some(lease_owner(holder, "w")),
+            lease_token: Some("tok".into()),
+            lease_expires_at: Some(at(60)),
+            ..job()
+        }
+    }
+
+    #[test]
+    fn j2_t1_only_the_holder_with_its_token_reports_and_a_stranger_is_told_apart_from_a_late_worker() {
+        let job = running(Actor::Machine("pc1"));
+        let done = Report::Complete { result: "ok".into() };
+        let pc1 = Actor::Machine("pc1");
+        let pools = [("p".to_string(), pool(&["default"], &["pc1"], None))];
+        let ok = plan_report(&job, "tok", pc1, done.clone(), &pools, at(10), 0.5).expect("holder");
+        assert_eq!((ok.state, ok.result.as_deref(), ok.lease_token), (JobState::Succeeded, Some("ok"), None));
+        let stranger = plan_report(&job, "tok", Actor::Machine("pc2"), done.clone(), &pools, at(10), 0.5);
+        assert_eq!(stranger, Err(ReportRefusal::Lease(LeaseError::NotHolder("job-1".into()))));
+        let late = plan_report(&job, "old", pc1, done.clone(), &pools, at(10), 0.5);
+        assert_eq!(late, Err(ReportRefusal::Lease(LeaseError::WrongToken("job-1".into()))));
+        let ended = Job { state: JobState::Succeeded, ..job };
+        assert!(matches!(
+            plan_report(&ended, "tok", pc1, done, &pools, at(10), 0.5),
+            Err(ReportRefusal::Lease(LeaseError::NotRunning { .. }))
+        ));
+    }
+
+    #[test]
+    fn j2_t5_a_heartbeat_extends_the_lease_within_the_pools_max_lease_and_the_own_pool_keeps_its_own() {
+        let job = running(Actor::Machine("pc1"));
+        let pools = [("p".to_string(), pool(&["default"], &["pc1"], Some(Dur::from_mins(5))))];
+        let beat = |lease| Report::Heartbeat { lease };
+        let ok = plan_report(&job, "tok", Actor::Machine("pc1"), beat(Dur::from_mins(5)), &pools, at(10), 0.0)
+            .expect("within");
+        assert_eq!((ok.heartbeat_at, ok.lease_expires_at), (Some(at(10)), Some(at(10 + 300))));
+        let long = plan_report(&job, "tok", Actor::Machine("pc1"), beat(Dur::from_mins(6)), &pools, at(10), 0.0);
+        assert!(matches!(&long, Err(ReportRefusal::LeaseOutOfRange(_))), "{long:?}");
+        assert!(long.map_err(|e| e.to_string()).unwrap_err().ends_with("(the WorkerPool's maxLease)"));
+        let own = running(Actor::Pool);
+        let ok = plan_report(&own, "tok", Actor::Pool, beat(Dur::from_hours(2)), &pools, at(10), 0.0).expect("pool");
+        assert_eq!(ok.lease_expires_at, Some(at(10 + 7200)));
+    }
+
+    #[test]
+    fn t6_j4_j5_a_result_is_cleaned_and_cut_a_failure_retries_and_a_release_returns_the_attempt() {
+        let job = running(Actor::Pool);
+        let long = format!("a\u{202E}{}", "x".repeat(MAX_RESULT_CHARS));
+        let done = plan_report(&job, "tok", Actor::Pool, Report::Complete { result: long }, &[], at(1), 0.0)
+            .expect("complete");
+        let result = done.result.unwrap_or_default();
+        assert_eq!(result.chars().count(), MAX_RESULT_CHARS);
+        assert!(result.starts_with("a\u{FFFD}"), "{result:?}");
+        let failed = plan_report(&job, "tok", Actor::Pool, Report::Fail { error: "boom".into() }, &[], at(1), 0.0)
+            .expect("fail");
+        assert_eq!((failed.state, failed.last_error.as_deref()), (JobState::Queued, Some("boom")));
+        let released = plan_report(&job, "tok", Actor::Pool, Report::Release, &[], at(1), 0.0).expect("release");
+        assert_eq!((released.state, released.attempts, released.lease_owner), (JobState::Queued, 0, None));
+    }
+
+    #[test]
+    fn j4_a_person_retries_an_ended_job_from_zero_and_cancels_only_one_not_yet_ended() {
+        let dead = Job { state: JobState::Dead, attempts: 3, finished_at: Some(at(5)), ..job() };
+        let again = plan_admin_move(&dead, true, at(9)).expect("retry");
+        assert_eq!(
+            (again.state, again.attempts, again.run_after, again.finished_at),
+            (JobState::Queued, 0, at(9), None)
+        );
+        let cancelled = plan_admin_move(&running(Actor::Pool), false, at(9)).expect("cancel");
+        assert_eq!(
+            (cancelled.state, cancelled.lease_token, cancelled.finished_at),
+            (JobState::Cancelled, None, Some(at(9)))
+        );
+        assert_eq!(plan_admin_move(&running(Actor::Pool), true, at(9)), Err("a running job cannot be retried".into()));
+        let done = Job { state: JobState::Succeeded, ..job() };
+        assert_eq!(plan_admin_move(&done, false, at(9)), Err("a succeeded job cannot be cancelled".into()));
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod sheet;
 pub mod telegram;
 pub mod text;
 pub mod throttle;
+pub mod validate;
 
 /// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.
 pub type Ts = chrono::DateTime<chrono::Utc>;

@@ -23,14 +23,6 @@ impl ResolveError {
     }
 }
 
-/// Every name a machine answers to, as written in the Roster.
-pub fn names(m: &Machine) -> impl Iterator<Item = String> + '_ {
-    std::iter::once(m.label.clone())
-        .chain(std::iter::once(m.number.to_string()))
-        .chain(m.hostname.iter().cloned())
-        .chain(m.aliases.iter().cloned())
-}
-
 /// Resolves `query` to the canonical label of exactly one machine.
 pub fn resolve(roster: Option<&RosterSpec>, query: &str) -> Result<String, ResolveError> {
     let roster = roster.ok_or(ResolveError::NoRoster)?;
@@ -57,7 +49,7 @@ pub fn candidates(roster: &RosterSpec, query: &str) -> Vec<String> {
         .machines
         .iter()
         .filter_map(|m| {
-            names(m)
+            m.names()
                 .map(|n| n.to_lowercase())
                 .filter_map(|n| {
                     if q.is_empty() {

@@ -8,15 +8,15 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::RateLimit;
-use pcmail_store::{AnyStore, Change, Store};
+use pcmail_store::AnyStore;
 use tokio::sync::watch;
 
-use crate::controller::Key;
-use crate::controller::queue::WorkQueue;
+use crate::config::{ServeConfig, ServeError};
+use crate::key::Key;
 use crate::metrics::Metrics;
 use crate::runtime::{Health, Runtime};
-use crate::wakeups::{Topic, Wakeups};
-use crate::{ServeConfig, ServeError, auth};
+use crate::wakeups::Wakeups;
+use crate::workqueue::WorkQueue;
 
 #[derive(Clone)]
 pub struct App {
@@ -45,7 +45,6 @@ struct Inner {
     notify_limiter: Mutex<Option<(Dur, Arc<DefaultDirectRateLimiter>)>>,
     http: reqwest::Client,
     listen: OnceLock<SocketAddr>,
-    pools: crate::controller::pools::Pools,
     /// Rung on every enqueue: idle workers claim at once instead of at their next poll.
     job_bell: tokio::sync::Notify,
     /// C1: this replica's name in the lease, the lease's duration, and until when (local
@@ -59,24 +58,28 @@ struct Inner {
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
 
+/// What start-up found before the state could be built.
+pub struct Parts {
+    pub store: AnyStore,
+    /// E5: the store's identity.
+    pub identity: String,
+    pub admin_token_hash: String,
+    /// C1: this replica's name in the lease.
+    pub replica: String,
+    /// Other processes write to the store: their announcements are followed.
+    pub shared_store: bool,
+}
+
 impl App {
-    pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
-        let dir = &config.data_dir;
-        pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
-        let admin_token_hash = auth::ensure_admin_token(dir)?;
-        let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
-        let store = pcmail_store::open(&url, dir).await?;
-        pcmail_store::transfer::check_finished(&store).await?;
-        let identity = store.kv_get(pcmail_store::IDENTITY_KEY).await?.ok_or_else(|| {
-            pcmail_store::StoreError::Schema("the store has no identity (E5); was it changed outside pcmail?".into())
-        })?;
-        let changes = store.changes();
+    /// The state of a server over `store`; [`crate::serve::start`] wires the tasks around it.
+    pub fn new(parts: Parts, config: &ServeConfig) -> Result<App, ServeError> {
+        let Parts { store, identity, admin_token_hash, replica, shared_store } = parts;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| ServeError::Io(std::io::Error::other(format!("HTTP client: {e}"))))?;
-        let app = App {
+        Ok(App {
             inner: Arc::new(Inner {
                 store,
                 identity,
@@ -93,27 +96,14 @@ impl App {
                 notify_limiter: Mutex::new(None),
                 http,
                 listen: OnceLock::new(),
-                pools: Default::default(),
                 job_bell: tokio::sync::Notify::new(),
                 limiters: Mutex::new(Default::default()),
-                replica: crate::leader::replica_name(),
-                shared_store: changes.is_some(),
+                replica,
+                shared_store,
                 lease: config.lease.max(Duration::from_millis(300)),
                 leading_until: Mutex::new(None),
             }),
-        };
-        if let Some(changes) = changes {
-            tokio::spawn(follow_changes(app.clone(), changes));
-        }
-        // Before the first sync, so a sole replica writes statuses from its first moment.
-        crate::leader::attempt(&app).await?;
-        crate::specs::sync(&app, crate::now()).await?;
-        // Objects an older build stored that today's rules refuse: said once at start, and
-        // on their status; everything else serves.
-        for problem in &app.runtime().fenced {
-            tracing::warn!("{problem}");
-        }
-        Ok(app)
+        })
     }
 
     pub fn store(&self) -> &AnyStore {
@@ -210,9 +200,8 @@ impl App {
         self.inner.job_bell.notified().await;
     }
 
-    /// J5: brings every pool's running workers to its spec; records how many run.
-    pub fn converge_pools(&self) {
-        let ready = self.inner.pools.converge(self);
+    /// J5: records how many workers each pool runs; a change shows on the pools' conditions.
+    pub fn set_ready_workers(&self, ready: std::collections::BTreeMap<String, u32>) {
         let mut h = self.inner.health.lock().unwrap_or_else(PoisonError::into_inner);
         if h.ready_workers != ready {
             h.ready_workers = ready;
@@ -268,33 +257,5 @@ impl App {
 
     pub fn listen_addr(&self) -> SocketAddr {
         self.inner.listen.get().copied().unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420)))
-    }
-}
-
-/// Turns other replicas' announced commits into the same wake-ups this replica's own writes
-/// ring: long-polls, status waits, idle workers, the spec reconciler.
-async fn follow_changes(app: App, mut changes: tokio::sync::broadcast::Receiver<Change>) {
-    loop {
-        let change = match changes.recv().await {
-            Ok(c) => c,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Change::Missed,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        };
-        match change {
-            Change::Mail { to } => {
-                app.wakeups().wake(&Topic::Inbox(to));
-                // Arrival notices (M10) are the leader's to post, whichever replica took the send.
-                app.queue().add(Key::Notify);
-            }
-            // Another replica's announcement names no mail: every status wait looks again.
-            Change::MailMoved => app.wakeups().wake_all(|t| matches!(t, Topic::Mail(_))),
-            Change::Jobs => app.ring_job_bell(),
-            Change::Specs => app.queue().add(Key::Specs),
-            Change::Missed => {
-                app.wakeups().wake_all(|_| true);
-                app.ring_job_bell();
-                app.queue().add(Key::Specs);
-            }
-        }
     }
 }

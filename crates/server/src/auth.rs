@@ -9,8 +9,9 @@ use pcmail_core::mail::Principal;
 use pcmail_core::roster;
 use pcmail_store::Store;
 
-use crate::api::ApiError;
-use crate::{App, ServeError};
+use crate::app::App;
+use crate::config::ServeError;
+use crate::error::ServiceError;
 
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 /// Lets the admin act as a machine (send as it, poll its inbox).
@@ -32,9 +33,10 @@ impl Caller {
     }
 
     /// The machine this request acts as, or a 400 telling the admin to name one.
-    pub fn require_machine(&self) -> Result<&str, ApiError> {
-        self.machine()
-            .ok_or_else(|| ApiError::bad_request("the admin token acts as no machine here; name one with --as MACHINE"))
+    pub fn require_machine(&self) -> Result<&str, ServiceError> {
+        self.machine().ok_or_else(|| {
+            ServiceError::bad_request("the admin token acts as no machine here; name one with --as MACHINE")
+        })
     }
 
     /// Who this request is on the job queue: its machine, or the admin acting as none.
@@ -45,8 +47,8 @@ impl Caller {
         }
     }
 
-    pub fn require_admin(&self) -> Result<(), ApiError> {
-        if self.admin { Ok(()) } else { Err(ApiError::forbidden("this needs the admin token")) }
+    pub fn require_admin(&self) -> Result<(), ServiceError> {
+        if self.admin { Ok(()) } else { Err(ServiceError::forbidden("this needs the admin token")) }
     }
 }
 
@@ -84,14 +86,14 @@ pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiError> {
+pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ServiceError> {
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| ApiError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`"))?;
+        .ok_or_else(|| ServiceError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`"))?;
     let hash = sha256_hex(token);
     let as_machine = headers.get(AS_HEADER).map(|v| v.to_str().unwrap_or_default().to_string());
     if constant_time_eq(&hash, app.admin_token_hash()) {
@@ -99,7 +101,7 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiE
             None => Principal::Admin,
             Some(name) => {
                 let rt = app.runtime();
-                let label = roster::resolve(rt.roster.as_ref(), &name).map_err(ApiError::from_resolve)?;
+                let label = roster::resolve(rt.roster.as_ref(), &name).map_err(ServiceError::from_resolve)?;
                 Principal::Machine(label)
             }
         };
@@ -112,14 +114,14 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, ApiE
                 // Any name the machine answers to (alias, number, hostname) is itself.
                 let rt = app.runtime();
                 if roster::resolve(rt.roster.as_ref(), &name).ok().as_deref() != Some(machine.as_str()) {
-                    return Err(ApiError::forbidden(format!(
+                    return Err(ServiceError::forbidden(format!(
                         "a machine token acts only as its own machine ({machine})"
                     )));
                 }
             }
             Ok(Caller { principal: Principal::Machine(machine), admin: false })
         }
-        None => Err(ApiError::unauthorized("token not recognized; it may have been reissued")),
+        None => Err(ServiceError::unauthorized("token not recognized; it may have been reissued")),
     }
 }
 

@@ -292,7 +292,7 @@ async fn exchange<S>(
 }
 
 fn busy() -> Response<axum::body::Body> {
-    let mut r = crate::api::ApiError::unavailable(
+    let mut r = crate::error::ServiceError::unavailable(
         "the server is serving as many connections as it may; try again shortly (/healthz still answers)",
     )
     .into_response();

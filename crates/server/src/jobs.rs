@@ -1,5 +1,6 @@
 //! The shell of the job queue: enqueue with unique keys (J6), claims (J1), lease-checked
-//! heartbeat, complete and fail (J2, J4), the reaper (J3), retry and cancel.
+//! heartbeat, complete and fail (J2, J4), the reaper (J3), retry and cancel: each one store
+//! transaction around a planner of `pcmail_core::jobs`.
 
 use pcmail_core::Ts;
 use pcmail_core::api::{EnqueueRequest, EnqueueResponse};
@@ -7,18 +8,17 @@ use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
-    Actor, ClaimRefusal, Job, JobState, LeaseError, check_lease, claim_terms, declared, lease_owner, plan_enqueue,
-    plan_failure, plan_release, plan_rescue,
+    Actor, ClaimRefusal, Job, JobState, LeaseError, Report, ReportRefusal, claim_terms, declared, lease_owner,
+    plan_admin_move, plan_enqueue, plan_report, plan_rescue,
 };
-use pcmail_core::text::sanitize;
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
-use crate::App;
-use crate::api::ApiError;
+use crate::app::App;
+use crate::error::ServiceError;
 
-fn random_hex(bytes: usize) -> Result<String, ApiError> {
+fn random_hex(bytes: usize) -> Result<String, ServiceError> {
     let mut b = vec![0u8; bytes];
-    getrandom::fill(&mut b).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut b).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
     Ok(hex(&b))
 }
 
@@ -37,9 +37,9 @@ pub enum Origin {
     Ledger(String),
 }
 
-pub async fn enqueue(app: &App, req: EnqueueRequest, origin: Origin, now: Ts) -> Result<EnqueueResponse, ApiError> {
+pub async fn enqueue(app: &App, req: EnqueueRequest, origin: Origin, now: Ts) -> Result<EnqueueResponse, ServiceError> {
     let mut answers = enqueue_many(app, vec![req], false, origin, now).await?;
-    answers.pop().ok_or_else(|| ApiError::internal("an enqueue of one job answered nothing"))
+    answers.pop().ok_or_else(|| ServiceError::internal("an enqueue of one job answered nothing"))
 }
 
 /// Enqueues `requests` in one transaction (P10), each unique key honoured in order (J6); the
@@ -51,7 +51,7 @@ pub async fn enqueue_many(
     list: bool,
     origin: Origin,
     now: Ts,
-) -> Result<Vec<EnqueueResponse>, ApiError> {
+) -> Result<Vec<EnqueueResponse>, ServiceError> {
     let rt = app.runtime();
     let (enqueued_by, ledger_ref) = match origin {
         Origin::Caller(machine) => (machine, None),
@@ -60,7 +60,7 @@ pub async fn enqueue_many(
     let mut jobs = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
         let refused =
-            |message: String| ApiError::unprocessable(if list { format!("jobs[{i}]: {message}") } else { message });
+            |message: String| ServiceError::unprocessable(if list { format!("jobs[{i}]: {message}") } else { message });
         if !declared(&rt.pools, &req.queue) {
             return Err(refused(format!(
                 "queue {:?} is not declared by any WorkerPool; apply a WorkerPool whose queues name it",
@@ -106,14 +106,14 @@ pub async fn claim(
     (actor, worker): (Actor<'_>, &str),
     lease: Dur,
     now: Ts,
-) -> Result<Vec<Job>, ApiError> {
+) -> Result<Vec<Job>, ServiceError> {
     if actor != Actor::Pool {
         let max_lease = claim_terms(&app.runtime().pools, queue, actor).map_err(|e| match e {
-            ClaimRefusal::Undeclared(_) => ApiError::unprocessable(e.to_string()),
-            ClaimRefusal::NotExternalWorker { .. } => ApiError::forbidden(e.to_string()),
+            ClaimRefusal::Undeclared(_) => ServiceError::unprocessable(e.to_string()),
+            ClaimRefusal::NotExternalWorker { .. } => ServiceError::forbidden(e.to_string()),
         })?;
         bounds::duration("lease", lease, bounds::MIN_LEASE, max_lease)
-            .map_err(|e| ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
+            .map_err(|e| ServiceError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
     }
     let claim = Claim {
         queue: queue.to_string(),
@@ -128,24 +128,9 @@ pub async fn claim(
     Ok(jobs)
 }
 
-/// What a lease holder reports about its job.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Report {
-    Heartbeat {
-        lease: Dur,
-    },
-    Complete {
-        result: String,
-    },
-    Fail {
-        error: String,
-    },
-    /// A pool hands back a claim it did not start (J5: it shrank or stops).
-    Release,
-}
-
 /// J2/T1: writes only if (id, token, running) still match and `actor` claimed the job; a
 /// worker whose lease was taken from it gets 409, anyone else 403, and nothing changes.
+/// Called through [`crate::ledger::settle`], which settles the row of a job that ended.
 pub async fn report(
     app: &App,
     id: &str,
@@ -153,19 +138,20 @@ pub async fn report(
     actor: Actor<'_>,
     report: Report,
     now: Ts,
-) -> Result<Job, ApiError> {
+) -> Result<Job, ServiceError> {
     let mut outcomes = report_many(app, vec![(id.to_string(), token.to_string(), report)], actor, now).await?;
-    outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("a report of one job answered nothing")))
+    outcomes.pop().unwrap_or_else(|| Err(ServiceError::internal("a report of one job answered nothing")))
 }
 
 /// [`report`] for many jobs of one actor in one transaction (the pools' grouped completions):
-/// each report is checked and answered on its own, in order.
+/// each report is checked and answered on its own, in order. Called through
+/// [`crate::ledger::settle`], which settles the rows of jobs that ended.
 pub async fn report_many(
     app: &App,
     reports: Vec<(String, String, Report)>,
     actor: Actor<'_>,
     now: Ts,
-) -> Result<Vec<Result<Job, ApiError>>, ApiError> {
+) -> Result<Vec<Result<Job, ServiceError>>, ServiceError> {
     let jitter = jitter();
     let rt = app.runtime();
     let reporter = match actor {
@@ -180,11 +166,12 @@ pub async fn report_many(
             let mut current: std::collections::HashMap<String, Job> =
                 found.into_iter().map(|j| (j.id.clone(), j)).collect();
             let mut writes: Vec<Job> = Vec::new();
-            let outcomes: Vec<Result<Job, ApiError>> = reports
+            let outcomes: Vec<Result<Job, ServiceError>> = reports
                 .into_iter()
                 .map(|(id, token, report)| {
-                    let job = current.remove(&id).ok_or_else(|| ApiError::not_found("job not found"))?;
-                    let next = apply_report(&job, &token, reporter.actor(), report, &rt.pools, now, jitter);
+                    let job = current.remove(&id).ok_or_else(|| ServiceError::not_found("job not found"))?;
+                    let next =
+                        plan_report(&job, &token, reporter.actor(), report, &rt.pools, now, jitter).map_err(refused);
                     let kept = next.as_ref().map_or(job, Clone::clone);
                     current.insert(id, kept);
                     if let Ok(next) = &next {
@@ -201,45 +188,16 @@ pub async fn report_many(
         if matches!(job.state, JobState::Failed | JobState::Dead) {
             app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
         }
-        crate::ledger::job_ended(app, job, now).await?;
     }
     Ok(outcomes)
 }
 
-/// One report against the job as stored: the lease check (J2/T1), then its move.
-fn apply_report(
-    job: &Job,
-    token: &str,
-    actor: Actor<'_>,
-    report: Report,
-    pools: &[(String, pcmail_core::manifest::spec::WorkerPoolSpec)],
-    now: Ts,
-    jitter: f64,
-) -> Result<Job, ApiError> {
-    check_lease(job, token, actor).map_err(|e| match e {
-        LeaseError::NotHolder(_) => ApiError::forbidden(e.to_string()),
-        _ => ApiError::conflict(e.to_string()),
-    })?;
-    Ok(match report {
-        Report::Heartbeat { lease } => {
-            if actor != Actor::Pool {
-                let max = claim_terms(pools, &job.queue, actor).unwrap_or(bounds::MIN_LEASE);
-                bounds::duration("lease", lease, bounds::MIN_LEASE, max)
-                    .map_err(|e| ApiError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
-            }
-            Job { heartbeat_at: Some(now), lease_expires_at: Some(now + lease.to_chrono()), ..job.clone() }
-        }
-        Report::Complete { result } => Job {
-            state: JobState::Succeeded,
-            result: Some(sanitize(&result).chars().take(20_000).collect()),
-            finished_at: Some(now),
-            lease_token: None,
-            lease_expires_at: None,
-            ..job.clone()
-        },
-        Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
-        Report::Release => plan_release(job),
-    })
+fn refused(e: ReportRefusal) -> ServiceError {
+    match e {
+        ReportRefusal::Lease(LeaseError::NotHolder(_)) => ServiceError::forbidden(e.to_string()),
+        ReportRefusal::Lease(_) => ServiceError::conflict(e.to_string()),
+        ReportRefusal::LeaseOutOfRange(_) => ServiceError::unprocessable(e.to_string()),
+    }
 }
 
 /// `Actor` borrows; the store's transaction closure must own what it holds.
@@ -260,7 +218,8 @@ impl Reporter {
 }
 
 /// J3: expired leases go back to the queue (the attempt counts) or die at maxAttempts.
-pub async fn rescue_expired(app: &App, now: Ts) -> Result<usize, StoreError> {
+/// Called through [`crate::ledger::settle`], which settles the rows of jobs that died.
+pub async fn rescue_expired(app: &App, now: Ts) -> Result<Vec<Job>, StoreError> {
     let jitter = jitter();
     let rescued = app
         .store()
@@ -272,31 +231,18 @@ pub async fn rescue_expired(app: &App, now: Ts) -> Result<usize, StoreError> {
     for j in &rescued {
         tracing::warn!(job = %j.id, queue = %j.queue, state = %j.state, "rescued an expired lease");
         app.metrics().job_rescues.with_label_values(&[&j.queue]).inc();
-        crate::ledger::job_ended(app, j, now).await?;
     }
-    Ok(rescued.len())
+    Ok(rescued)
 }
 
 /// A person's retry (a dead, failed or cancelled job runs again from zero attempts) or cancel.
-pub async fn admin_move(app: &App, id: &str, retry: bool, now: Ts) -> Result<Job, ApiError> {
+pub async fn admin_move(app: &App, id: &str, retry: bool, now: Ts) -> Result<Job, ServiceError> {
     app.store()
         .jobs_transaction(JobSelect::Ids(vec![id.to_string()]), move |mut found| {
-            let Some(job) = found.pop() else { return (vec![], Err(ApiError::not_found("job not found"))) };
-            let next = match (retry, job.state) {
-                (true, JobState::Dead | JobState::Failed | JobState::Cancelled) => {
-                    Job { state: JobState::Queued, attempts: 0, run_after: now, finished_at: None, ..job }
-                }
-                (false, JobState::Queued | JobState::Failed | JobState::Running) => Job {
-                    state: JobState::Cancelled,
-                    lease_token: None,
-                    lease_expires_at: None,
-                    finished_at: Some(now),
-                    ..job
-                },
-                (_, s) => {
-                    let verb = if retry { "retried" } else { "cancelled" };
-                    return (vec![], Err(ApiError::conflict(format!("a {s} job cannot be {verb}"))));
-                }
+            let Some(job) = found.pop() else { return (vec![], Err(ServiceError::not_found("job not found"))) };
+            let next = match plan_admin_move(&job, retry, now) {
+                Ok(next) => next,
+                Err(why) => return (vec![], Err(ServiceError::conflict(why))),
             };
             (vec![next.clone()], Ok(next))
         })

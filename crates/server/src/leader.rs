@@ -12,8 +12,8 @@ use pcmail_core::lease::{CONTROLLER, Leadership, attempt_every, plan_acquire, pl
 use pcmail_store::Store;
 use tokio::time::Instant;
 
-use crate::App;
-use crate::controller::Key;
+use crate::app::App;
+use crate::key::Key;
 
 /// One attempt to take or renew the lease; records the outcome on the app.
 pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> {

@@ -15,9 +15,9 @@ use pcmail_core::mail::{
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{MailSelect, MailWrites, Store};
 
-use crate::App;
-use crate::api::ApiError;
+use crate::app::App;
 use crate::auth::Caller;
+use crate::error::ServiceError;
 use crate::metrics::Parked;
 use crate::wakeups::Topic;
 
@@ -75,13 +75,13 @@ impl Moves {
     }
 }
 
-fn random_id() -> Result<String, ApiError> {
+fn random_id() -> Result<String, ServiceError> {
     let mut bytes = [0u8; 4];
-    getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut bytes).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
     Ok(ids::mail_id(bytes))
 }
 
-pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<SendResponse, ApiError> {
+pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<SendResponse, ServiceError> {
     let rt = app.runtime();
     let fresh_id = random_id()?;
     let (candidate_id, parent_id) = send_ids(&req, sender, &fresh_id);
@@ -122,7 +122,7 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
         .await??;
     moves.publish(app);
     if notice {
-        app.queue().add(crate::controller::Key::Notify);
+        app.queue().add(crate::key::Key::Notify);
     }
     Ok(SendResponse { id: plan.id, created: plan.outcome == SendOutcome::Created, conflict: false })
 }
@@ -130,19 +130,24 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
 /// I1/T4: the intent mail for `msg`, addressed to the Roster owner, stored once per key, by
 /// the IntentPolicy's recorders only. A second record with another text keeps both (an event
 /// and an `intent-conflict` alert) and answers `conflict`.
-pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now: Ts) -> Result<SendResponse, ApiError> {
+pub async fn record_intent(
+    app: &App,
+    caller: &Caller,
+    msg: InboundMessage,
+    now: Ts,
+) -> Result<SendResponse, ServiceError> {
     let rt = app.runtime();
-    let roster = rt.roster.as_ref().ok_or_else(|| ApiError::from_resolve(ResolveError::NoRoster))?;
-    let owner = resolve(Some(roster), &roster.owner).map_err(ApiError::from_resolve)?;
+    let roster = rt.roster.as_ref().ok_or_else(|| ServiceError::from_resolve(ResolveError::NoRoster))?;
+    let owner = resolve(Some(roster), &roster.owner).map_err(ServiceError::from_resolve)?;
     if !may_record(&caller.principal, &rt.intent_policy, &owner) {
         let recorders =
             if rt.intent_policy.recorders.is_empty() { owner.clone() } else { rt.intent_policy.recorders.join(", ") };
-        return Err(ApiError::forbidden(format!(
+        return Err(ServiceError::forbidden(format!(
             "only the IntentPolicy's recorders ({recorders}) may record intents; list this machine in its recorders"
         )));
     }
     if msg.channel != rt.intent_policy.channel {
-        return Err(ApiError::unprocessable(format!(
+        return Err(ServiceError::unprocessable(format!(
             "channel {:?} is not the IntentPolicy's ({:?})",
             msg.channel, rt.intent_policy.channel
         )));
@@ -157,7 +162,7 @@ pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now:
             let stored = rows.first();
             // Another mail holds the id this key derives to: say so rather than drop it.
             if let Some(other) = stored.filter(|m| m.kind != MailKind::Intent || m.external_key != mail.external_key) {
-                let e = ApiError::conflict(format!(
+                let e = ServiceError::conflict(format!(
                     "intent {} cannot be stored: its id {} is taken by another mail ({})",
                     mail.external_key.as_deref().unwrap_or_default(),
                     other.id,
@@ -184,7 +189,7 @@ pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now:
     moves.publish(app);
     if conflict {
         tracing::warn!(id = %id, recorder = caller.machine().unwrap_or("admin"), "an intent was recorded again with another text");
-        app.queue().add(crate::controller::Key::Notify);
+        app.queue().add(crate::key::Key::Notify);
     }
     Ok(SendResponse { id, created, conflict })
 }
@@ -192,15 +197,15 @@ pub async fn record_intent(app: &App, caller: &Caller, msg: InboundMessage, now:
 /// I9: a recorder's poller report. The channel must be the IntentPolicy's (so the metric's
 /// labels stay what the specs say); a conflict fires `channel-conflict` for that machine, a
 /// report without one resolves it; drops are counted in `pcmail_intents_dropped_total`.
-pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now: Ts) -> Result<(), ApiError> {
+pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now: Ts) -> Result<(), ServiceError> {
     let rt = app.runtime();
-    let roster = rt.roster.as_ref().ok_or_else(|| ApiError::from_resolve(ResolveError::NoRoster))?;
-    let owner = resolve(Some(roster), &roster.owner).map_err(ApiError::from_resolve)?;
+    let roster = rt.roster.as_ref().ok_or_else(|| ServiceError::from_resolve(ResolveError::NoRoster))?;
+    let owner = resolve(Some(roster), &roster.owner).map_err(ServiceError::from_resolve)?;
     if !may_record(&caller.principal, &rt.intent_policy, &owner) {
-        return Err(ApiError::forbidden("only the IntentPolicy's recorders run a chat poller"));
+        return Err(ServiceError::forbidden("only the IntentPolicy's recorders run a chat poller"));
     }
     if report.channel != rt.intent_policy.channel {
-        return Err(ApiError::unprocessable(format!(
+        return Err(ServiceError::unprocessable(format!(
             "channel {:?} is not the IntentPolicy's ({:?})",
             report.channel, rt.intent_policy.channel
         )));
@@ -215,13 +220,13 @@ pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now
         open.iter().find(|a| a.kind == pcmail_core::alert::AlertKind::ChannelConflict && a.subject == subject);
     if let Some(alert) = poller_alert(current, &report.channel, machine, report.conflict.as_deref(), now) {
         app.store().write_alerts(vec![alert]).await?;
-        app.queue().add(crate::controller::Key::Notify);
+        app.queue().add(crate::key::Key::Notify);
     }
     Ok(())
 }
 
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.
-pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> Result<Mail, ApiError> {
+pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> Result<Mail, ServiceError> {
     let actor = caller.machine().unwrap_or("admin").to_string();
     let principal = caller.principal.clone();
     let id_owned = id.to_string();
@@ -229,10 +234,10 @@ pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> 
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.to_string()]), move |mut rows| {
             let Some(mail) = rows.pop() else {
-                return (MailWrites::default(), Err(ApiError::not_found(format!("mail {id_owned} not found"))));
+                return (MailWrites::default(), Err(ServiceError::not_found(format!("mail {id_owned} not found"))));
             };
             if !can_move(&mail, &principal) {
-                let e = ApiError::forbidden(format!("mail {id_owned} is not addressed to you"));
+                let e = ServiceError::forbidden(format!("mail {id_owned} is not addressed to you"));
                 return (MailWrites::default(), Err(e));
             }
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
@@ -258,7 +263,7 @@ async fn poll_once(
     limit: usize,
     heartbeat: bool,
     now: Ts,
-) -> Result<PollResponse, ApiError> {
+) -> Result<PollResponse, ServiceError> {
     let who = machine.to_string();
     let select = MailSelect::After { to: who.clone(), cursor, limit };
     // Most wake-ups of a long-poll find nothing new: answer those from a reader, without
@@ -302,7 +307,7 @@ pub async fn poll(
     (cursor, client_store): (i64, Option<&str>),
     limit: usize,
     wait: Duration,
-) -> Result<PollResponse, ApiError> {
+) -> Result<PollResponse, ServiceError> {
     let last_seq = if cursor > 0 { app.store().mail_last_seq().await? } else { 0 };
     let cursor = poll_start(cursor, client_store, app.identity(), last_seq);
     let deadline = tokio::time::Instant::now() + wait;
@@ -312,7 +317,7 @@ pub async fn poll(
     let mut first = true;
     let recheck = app.recheck_every();
     loop {
-        let response = poll_once(app, machine, cursor, limit, first, crate::now()).await?;
+        let response = poll_once(app, machine, cursor, limit, first, crate::clock::now()).await?;
         first = false;
         if !response.mail.is_empty() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(response);
@@ -329,14 +334,14 @@ pub async fn poll(
 }
 
 /// M12: waits until the mail reaches `target` (or any terminal state), or `wait` passes.
-pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Duration) -> Result<Mail, ApiError> {
+pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Duration) -> Result<Mail, ServiceError> {
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before each look: a move between the look and the wait wakes it.
     let mut changes = app.wakeups().subscribe(Topic::Mail(id.to_string()));
     let mut shutdown = app.watch_shutdown();
     loop {
         let mail =
-            app.store().get_mail(id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+            app.store().get_mail(id).await?.ok_or_else(|| ServiceError::not_found(format!("mail {id} not found")))?;
         let reached = target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());
         if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);

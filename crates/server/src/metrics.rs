@@ -150,7 +150,7 @@ impl Metrics {
             "ledger-sync",
             "rebuild-view",
         ] {
-            for reason in crate::controller::ReconcileError::reasons() {
+            for reason in crate::error::ReconcileError::reasons() {
                 m.reconcile_errors.with_label_values(&[r, reason]);
             }
         }

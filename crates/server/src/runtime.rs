@@ -7,11 +7,15 @@ use pcmail_core::Ts;
 use pcmail_core::cron::parse_tz;
 use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::{
-    FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleRole, ScheduleSpec, WorkerPoolSpec,
+    FunctionMode, FunctionSpec, IntentPolicySpec, LedgerSpec, MailPolicySpec, RosterSpec, ScheduleRole, ScheduleSpec,
+    WorkerPoolSpec,
 };
 use pcmail_core::manifest::{Spec, SpecRecord, Status, check_object};
 
-use crate::controller::schedules::{CronEntry, key_for};
+use chrono_tz::Tz;
+use pcmail_core::cron::Cron;
+
+use crate::key::{Key, key_for};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Runtime {
@@ -33,6 +37,26 @@ pub struct Runtime {
     /// Stored objects this build refuses (stored by an older one before a rule existed), each
     /// with the rules it breaks: left out of the running configuration, the rest serves.
     pub fenced: Vec<String>,
+}
+
+impl Runtime {
+    /// The mode of the Function named `name`; None when no such Function is applied.
+    pub fn function_mode(&self, name: &str) -> Option<FunctionMode> {
+        self.functions.iter().find(|(n, _)| n == name).map(|(_, f)| f.mode)
+    }
+
+    /// L14: how much one pass of `role` takes (`ScheduleRole::max_per_run`); None is no cap.
+    pub fn max_per_run(&self, role: ScheduleRole) -> Option<usize> {
+        role.max_per_run(&self.max_per_run).map(|n| n as usize)
+    }
+}
+
+/// One runnable cron entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CronEntry {
+    pub tz: Tz,
+    pub cron: Cron,
+    pub key: Key,
 }
 
 /// Facts from outside the specs that conditions report on.

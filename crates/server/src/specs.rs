@@ -8,8 +8,9 @@ use pcmail_core::manifest::{
 };
 use pcmail_store::{SpecWrites, Store};
 
-use crate::api::ApiError;
-use crate::{App, runtime};
+use crate::app::App;
+use crate::error::ServiceError;
+use crate::runtime;
 
 fn parse_all(files: &[ManifestFile]) -> Result<Vec<Document>, Vec<ManifestError>> {
     let mut docs = Vec::new();
@@ -24,16 +25,21 @@ fn parse_all(files: &[ManifestFile]) -> Result<Vec<Document>, Vec<ManifestError>
 }
 
 /// Validates everything first; any error applies nothing (all-or-nothing, DESIGN §3).
-pub async fn apply(app: &App, files: Vec<ManifestFile>, dry_run: bool, now: Ts) -> Result<Vec<ApplyResult>, ApiError> {
-    let docs = parse_all(&files).map_err(ApiError::invalid_manifest)?;
+pub async fn apply(
+    app: &App,
+    files: Vec<ManifestFile>,
+    dry_run: bool,
+    now: Ts,
+) -> Result<Vec<ApplyResult>, ServiceError> {
+    let docs = parse_all(&files).map_err(ServiceError::invalid_manifest)?;
     if docs.is_empty() {
-        return Err(ApiError::bad_request("no objects found in the given manifests"));
+        return Err(ServiceError::bad_request("no objects found in the given manifests"));
     }
     let _serialized = app.lock_specs().await;
     let existing = app.store().list_specs().await?;
     let errors = validate_documents(&docs, &existing);
     if !errors.is_empty() {
-        return Err(ApiError::invalid_manifest(errors));
+        return Err(ServiceError::invalid_manifest(errors));
     }
     let steps = plan_apply(&existing, &docs, now);
     let results = steps
@@ -69,11 +75,11 @@ pub async fn apply(app: &App, files: Vec<ManifestFile>, dry_run: bool, now: Ts) 
     Ok(results)
 }
 
-pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), ApiError> {
+pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), ServiceError> {
     let _serialized = app.lock_specs().await;
     let existing = app.store().list_specs().await?;
     if !existing.iter().any(|r| r.kind == kind && r.name == name) {
-        return Err(ApiError::not_found(format!("{}/{name} not found", kind.lower())));
+        return Err(ServiceError::not_found(format!("{}/{name} not found", kind.lower())));
     }
     let event = Event {
         at: now,
@@ -99,8 +105,8 @@ pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     let pools: Vec<_> = rt.pools.iter().map(|(n, p)| (n.as_str(), p)).collect();
     let machines: Vec<String> = rt.roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect();
     app.metrics().declare_specs(&machines, &ledgers, &functions, &pools);
+    // The pools follow the new runtime on their own (`controller::pools::run`).
     app.set_runtime(rt);
-    app.converge_pools();
     // C1: statuses are the leader's to write, so replicas never overwrite each other's.
     if app.is_leader() {
         for (record, status) in statuses {

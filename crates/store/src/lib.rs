@@ -6,6 +6,7 @@
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
 mod any;
+mod cells;
 pub mod codec;
 #[cfg(test)]
 #[cfg(all(feature = "postgres", feature = "sheets"))]
@@ -31,13 +32,13 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::mpsc;
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
-pub use any::AnyStore;
+pub use any::{AnyStore, open, open_to_read};
+pub use cells::{Batch, Cell};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 #[cfg(feature = "sheets")]
 pub use sheets::SheetsStore;
 pub use sqlite::SqliteStore;
-pub use transfer::{Batch, Cell};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -437,41 +438,4 @@ pub fn redact_url(url: &str) -> String {
 /// The store `serve` keeps when given no URL: the embedded default in its data dir.
 pub fn default_url(data_dir: &std::path::Path) -> String {
     format!("sqlite:{}", data_dir.join("pcmail.db").display())
-}
-
-/// Opens a store to copy or compare it while a server may be serving it. A spreadsheet is read
-/// from the server's working copy when there is one, which holds every acknowledged write and
-/// keeps a second process from syncing the same sheet.
-#[cfg(all(feature = "postgres", feature = "sheets"))]
-pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
-    if let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
-        return SqliteStore::open_read_only(path).await.map(AnyStore::Sqlite);
-    }
-    if url.starts_with("sheets://") {
-        let copy = sheets::working_copy(url, data_dir)?;
-        if copy.exists() {
-            return SqliteStore::open_read_only(copy).await.map(AnyStore::Sqlite);
-        }
-    }
-    open(url, data_dir).await
-}
-
-/// Opens the store a URL names: `sqlite:PATH`, `postgres://…` (`postgresql://` too) or
-/// `sheets://SPREADSHEET_ID?credentials=PATH` (its working copy in `data_dir`).
-#[cfg(all(feature = "postgres", feature = "sheets"))]
-pub async fn open(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
-    if let Some(path) = url.strip_prefix("sqlite:") {
-        if path.is_empty() {
-            return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
-        }
-        return SqliteStore::open(path).await.map(AnyStore::Sqlite);
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return PgStore::open(url).await.map(AnyStore::Postgres);
-    }
-    if url.starts_with("sheets://") {
-        return SheetsStore::open(url, data_dir).await.map(AnyStore::Sheets);
-    }
-    let reason = "expected sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=PATH";
-    Err(StoreError::BadUrl { url: redact_url(url), reason: reason.into() })
 }

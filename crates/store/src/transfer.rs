@@ -7,24 +7,9 @@
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use crate::cells::{Batch, Cell};
 use crate::codec::REQUIRED;
 use crate::{Result, Store, StoreError};
-
-/// One value of a row, whatever the adapter keeps it as (a boolean is 0/1 in SQLite).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cell {
-    Null,
-    Int(i64),
-    Text(String),
-    Bool(bool),
-}
-
-/// Rows of one tab, each in [`columns`] order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch {
-    pub tab: &'static str,
-    pub rows: Vec<Vec<Cell>>,
-}
 
 /// Every tab a copy moves, in the order it moves them, with the columns that order an export
 /// (unique, so an export read page by page neither skips nor repeats a row).

@@ -27,10 +27,10 @@ pub struct Incoming {
     pub refresh: bool,
 }
 
-impl crate::api::Validate for Incoming {
+impl crate::validate::Validate for Incoming {
     /// T6: one-line cells stay one line, and no cell carries NUL or a bidirectional override.
-    fn validate(&self) -> Result<(), crate::api::Invalid> {
-        use crate::api::{line, text};
+    fn validate(&self) -> Result<(), crate::validate::Invalid> {
+        use crate::validate::{line, text};
         line("source", &self.source, 200)?;
         line("task", &self.task, 1000)?;
         text("content", &self.content)?;
@@ -38,7 +38,7 @@ impl crate::api::Validate for Incoming {
         line("due", &self.due, 100)?;
         line("assignee", &self.assignee, 200)?;
         if !self.function.is_empty() {
-            crate::api::name("function", &self.function)?;
+            crate::validate::name("function", &self.function)?;
         }
         Ok(())
     }

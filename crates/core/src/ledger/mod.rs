@@ -18,8 +18,8 @@ use unicode_normalization::UnicodeNormalization;
 use crate::Ts;
 pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
 pub use run::{
-    ClaimError, Trigger, awaits_job, build_prompt, ledger_ref, plan_claim, plan_failure, plan_handoff, plan_stale,
-    plan_success,
+    ClaimError, Edit, Trigger, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref, plan_claim, plan_edit,
+    plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
 };
 pub use view::{PurgePlan, ViewProject, is_overdue, plan_purge, render_view, sync_order};
 

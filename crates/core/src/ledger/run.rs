@@ -60,6 +60,78 @@ pub fn plan_handoff(row: &Row, job_id: &str, queue: &str) -> Row {
     }
 }
 
+/// L9: whether a run of `row` goes to the job queue: a person's run of a todo row whose
+/// Function is heavy (the claim refuses heavy rows from any other path).
+pub fn hands_off(row: &Row, mode: Option<FunctionMode>, trigger: Trigger) -> bool {
+    mode == Some(FunctionMode::Heavy) && trigger == Trigger::Manual && row.state == RowState::Todo
+}
+
+/// L9: the queue a heavy row's job goes to, of those the WorkerPools serve: `heavy` when one
+/// serves it, else the first.
+pub fn heavy_queue<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let served: Vec<&str> = served.into_iter().collect();
+    served.iter().find(|q| **q == "heavy").or(served.first()).copied()
+}
+
+/// L14: whether a pass of `trigger` takes up `row`: execute-checked the rows a person ticked,
+/// auto-execute the todo rows of generate Functions (never send or heavy ones).
+pub fn runs_in_pass(row: &Row, mode: Option<FunctionMode>, trigger: Trigger) -> bool {
+    match trigger {
+        Trigger::Manual => row.run_requested,
+        Trigger::Auto => row.state == RowState::Todo && mode == Some(FunctionMode::Generate),
+    }
+}
+
+/// L14: a ticked row a pass could not run has its tick cleared (the reason goes on its trail),
+/// so it is not tried again every pass; a running row keeps its tick for after the run.
+pub fn plan_skip(row: &Row) -> Option<Row> {
+    (row.run_requested && row.state != RowState::Running).then(|| Row { run_requested: false, ..row.clone() })
+}
+
+/// L12/L13/L10: the row once the run that claimed it at `claimed_at` ended with `outcome`
+/// (stdout, or why it failed) — None unless the row is still that claim: stale recovery or a
+/// person may have moved it meanwhile, and theirs stands.
+pub fn plan_result(current: &Row, claimed_at: Option<Ts>, outcome: Result<&str, &str>) -> Option<Row> {
+    if current.state != RowState::Running || current.executed_at != claimed_at {
+        return None;
+    }
+    Some(match outcome {
+        Ok(stdout) => plan_success(current, stdout),
+        Err(error) => plan_failure(current, error),
+    })
+}
+
+/// L16 set-row: what a person changes on a row; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Edit {
+    pub state: Option<RowState>,
+    pub instruction: Option<String>,
+    pub run: Option<bool>,
+    pub due: Option<String>,
+    pub assignee: Option<String>,
+}
+
+impl Edit {
+    /// The state a person asks for: any but running, which only the runner sets (L8).
+    pub fn state(text: Option<&str>) -> Result<Option<RowState>, String> {
+        match text.map(str::parse::<RowState>).transpose()? {
+            Some(RowState::Running) => Err("running is set by the runner, not by hand".into()),
+            state => Ok(state),
+        }
+    }
+}
+
+/// L16: the row after a person's edit.
+pub fn plan_edit(row: &Row, edit: Edit) -> Row {
+    let mut next = row.clone();
+    next.state = edit.state.unwrap_or(next.state);
+    next.instruction = edit.instruction.unwrap_or(next.instruction);
+    next.run_requested = edit.run.unwrap_or(next.run_requested);
+    next.due = edit.due.unwrap_or(next.due);
+    next.assignee = edit.assignee.unwrap_or(next.assignee);
+    next
+}
+
 /// T3: whether `row` is waiting for exactly the job `job_id` (handed off by [`plan_handoff`] and
 /// not changed since): only then may that job's end be written on it.
 pub fn awaits_job(row: &Row, job_id: &str) -> bool {
@@ -143,6 +215,62 @@ mod tests {
         r.function = "draft".into();
         r.run_requested = true;
         r
+    }
+
+    #[test]
+    fn l9_only_a_persons_run_of_a_todo_heavy_row_is_handed_off_to_the_heavy_queue_first() {
+        let heavy = Some(FunctionMode::Heavy);
+        assert!(hands_off(&runnable(), heavy, Trigger::Manual));
+        assert!(!hands_off(&runnable(), heavy, Trigger::Auto));
+        assert!(!hands_off(&runnable(), Some(FunctionMode::Generate), Trigger::Manual));
+        assert!(!hands_off(&Row { state: RowState::Review, ..runnable() }, heavy, Trigger::Manual));
+        assert_eq!(heavy_queue(["default", "heavy"]), Some("heavy"));
+        assert_eq!(heavy_queue(["default", "bulk"]), Some("default"));
+        assert_eq!(heavy_queue([]), None);
+    }
+
+    #[test]
+    fn l14_execute_checked_takes_ticked_rows_and_auto_execute_todo_generate_rows_only() {
+        let ticked = runnable();
+        let unticked = Row { run_requested: false, ..runnable() };
+        for (row, mode, trigger, runs) in [
+            (&ticked, Some(FunctionMode::Send), Trigger::Manual, true),
+            (&unticked, Some(FunctionMode::Generate), Trigger::Manual, false),
+            (&unticked, Some(FunctionMode::Generate), Trigger::Auto, true),
+            (&unticked, Some(FunctionMode::Send), Trigger::Auto, false),
+            (&unticked, Some(FunctionMode::Heavy), Trigger::Auto, false),
+            (&unticked, None, Trigger::Auto, false),
+            (&Row { state: RowState::Review, ..unticked.clone() }, Some(FunctionMode::Generate), Trigger::Auto, false),
+        ] {
+            assert_eq!(runs_in_pass(row, mode, trigger), runs, "{:?} {mode:?} {trigger:?}", row.state);
+        }
+        assert_eq!(plan_skip(&ticked).map(|r| r.run_requested), Some(false));
+        assert_eq!(plan_skip(&unticked), None);
+        assert_eq!(plan_skip(&Row { state: RowState::Running, ..ticked }), None);
+    }
+
+    #[test]
+    fn l12_a_result_is_written_only_on_the_claim_it_belongs_to() {
+        let claimed = plan_claim(&runnable(), Some(FunctionMode::Generate), Trigger::Manual, at(5)).expect("claims");
+        let done = plan_result(&claimed, Some(at(5)), Ok("the draft")).expect("same claim");
+        assert_eq!((done.state, done.result.as_str()), (RowState::Review, "the draft"));
+        let failed = plan_result(&claimed, Some(at(5)), Err("exit 1")).expect("same claim");
+        assert_eq!((failed.state, failed.failures), (RowState::Todo, 1));
+        assert_eq!(plan_result(&claimed, Some(at(4)), Ok("late")), None, "a later claim's row");
+        let moved = Row { state: RowState::Done, ..claimed };
+        assert_eq!(plan_result(&moved, Some(at(5)), Ok("late")), None, "a person moved it");
+    }
+
+    #[test]
+    fn l16_an_edit_changes_only_the_fields_it_names_and_never_sets_running() {
+        let row = runnable();
+        let edited = plan_edit(&row, Edit { instruction: Some("shorter".into()), run: Some(false), ..Edit::default() });
+        assert_eq!((edited.instruction.as_str(), edited.run_requested), ("shorter", false));
+        assert_eq!((edited.state, edited.task.as_str()), (row.state, row.task.as_str()));
+        assert_eq!(Edit::state(Some("完了")), Ok(Some(RowState::Done)));
+        assert_eq!(Edit::state(None), Ok(None));
+        assert_eq!(Edit::state(Some("running")), Err("running is set by the runner, not by hand".into()));
+        assert!(Edit::state(Some("finished")).is_err());
     }
 
     #[test]

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::Ts;
 pub use access::{Principal, can_move, can_view};
 pub use send::{
-    MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan, plan_send,
-    reply_refusal, send_ids,
+    MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan, SendRequest,
+    plan_send, reply_refusal, send_ids,
 };
 pub use state::{Step, apply_step};
 pub use sweep::{deliver_or_expire, plan_expiry, poll_start};

@@ -3,13 +3,64 @@
 
 use super::{Mail, MailKind, Step, apply_step};
 use crate::Ts;
-use crate::api::{SendRequest, Validate};
+use crate::bounds;
+use crate::duration::Dur;
 use crate::ids;
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 use crate::roster::{self, ResolveError};
+use crate::validate::{Invalid, Validate, line, opt, text};
+use serde::{Deserialize, Serialize};
 
 pub const MAX_SUBJECT_CHARS: usize = 200;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// A send or reply as a client asks for it (the body of `POST /api/v1/mail`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SendRequest {
+    /// M4: the client draws the id; on a duplicate it draws again once. Absent: the server draws.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Ignored for replies, which always go back to the parent's sender.
+    #[serde(default)]
+    pub to: String,
+    #[serde(default)]
+    pub kind: Option<MailKind>,
+    #[serde(default)]
+    pub subject: String,
+    #[serde(default)]
+    pub body: String,
+    #[serde(default)]
+    pub urgent: bool,
+    #[serde(default)]
+    pub auto: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+}
+
+impl Validate for SendRequest {
+    /// Everything a send must be whoever sends it; `plan_send` holds it for every path.
+    fn validate(&self) -> Result<(), Invalid> {
+        line("to", &self.to, 200)?;
+        line("subject", &self.subject, MAX_SUBJECT_CHARS)?;
+        text("body", &self.body)?;
+        if self.body.len() > MAX_BODY_BYTES {
+            let n = self.body.len();
+            return Err(Invalid::new("body", format!("body is {n} bytes, more than the limit of {MAX_BODY_BYTES}")));
+        }
+        opt(&self.ttl, |d| Ok(bounds::duration("ttl", *d, Dur::default(), bounds::MAX_TTL).map(drop)?))?;
+        if self.kind == Some(MailKind::Intent) {
+            let m = "kind intent is recorded with `intent record` (POST /api/v1/intents), not sent";
+            return Err(Invalid::new("kind", m));
+        }
+        if self.reply_to.is_none() && self.subject.trim().is_empty() && self.body.trim().is_empty() {
+            return Err(Invalid::new("body", "a mail needs a subject or a body"));
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {

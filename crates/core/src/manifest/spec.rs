@@ -26,6 +26,16 @@ pub struct Machine {
     pub aliases: Vec<String>,
 }
 
+impl Machine {
+    /// Every name the machine answers to, as written in the Roster.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        std::iter::once(self.label.clone())
+            .chain(std::iter::once(self.number.to_string()))
+            .chain(self.hostname.iter().cloned())
+            .chain(self.aliases.iter().cloned())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MailPolicySpec {
@@ -278,6 +288,20 @@ pub enum ScheduleRole {
     MailSweep,
 }
 
+impl ScheduleRole {
+    /// L14: how many rows (or projects, for sync) one pass of the role takes: the `maxPerRun`
+    /// of the first Schedule entry of the role that sets one, else the role's default — one
+    /// ticked row, two auto-executed rows, every project.
+    pub fn max_per_run(self, configured: &[(ScheduleRole, u32)]) -> Option<u32> {
+        let default = match self {
+            ScheduleRole::ExecuteChecked => Some(1),
+            ScheduleRole::AutoExecute => Some(2),
+            ScheduleRole::Sync | ScheduleRole::RebuildView | ScheduleRole::MailSweep => None,
+        };
+        configured.iter().find(|(r, _)| *r == self).map(|(_, n)| *n).or(default)
+    }
+}
+
 fn d_60s() -> Dur {
     Dur::from_secs(60)
 }
@@ -334,4 +358,19 @@ fn react_tool() -> String {
 }
 fn utc() -> String {
     "UTC".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScheduleRole;
+
+    #[test]
+    fn l14_max_per_run_is_the_first_configured_else_one_checked_two_auto_and_every_project() {
+        let configured = [(ScheduleRole::AutoExecute, 5), (ScheduleRole::AutoExecute, 9), (ScheduleRole::Sync, 3)];
+        assert_eq!(ScheduleRole::AutoExecute.max_per_run(&configured), Some(5));
+        assert_eq!(ScheduleRole::Sync.max_per_run(&configured), Some(3));
+        assert_eq!(ScheduleRole::ExecuteChecked.max_per_run(&configured), Some(1));
+        assert_eq!(ScheduleRole::AutoExecute.max_per_run(&[]), Some(2));
+        assert_eq!(ScheduleRole::Sync.max_per_run(&[]), None);
+    }
 }

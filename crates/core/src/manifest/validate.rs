@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::spec::*;
 use super::{Document, Kind, ManifestError, Spec, SpecRecord};
 use crate::duration::Dur;
-use crate::{bounds, roster, text};
+use crate::{bounds, text};
 
 /// Checks a whole apply set against itself and the objects already stored.
 /// Any error refuses the whole set.
@@ -287,7 +287,7 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
     let mut owners: BTreeMap<String, &str> = BTreeMap::new();
     let mut occurrences: BTreeMap<String, usize> = BTreeMap::new();
     for m in &r.machines {
-        let own: BTreeSet<String> = roster::names(m).map(|n| n.to_lowercase()).collect();
+        let own: BTreeSet<String> = m.names().map(|n| n.to_lowercase()).collect();
         for name in own {
             let nth = occurrences.entry(name.clone()).or_default();
             if let Some(first) = owners.insert(name.clone(), &m.label) {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::{MANIFEST_ROUTES, ROUTES};
-use crate::{App, ServeConfig};
+use crate::config::ServeConfig;
 
 /// The manifests the T5/T6 edge tests run against: a roster, a pool with an external worker,
 /// a function and a ledger.
@@ -69,10 +69,10 @@ fn serve() -> Served {
     let (base, admin) = rt.block_on(async {
         let config =
             ServeConfig { resync: std::time::Duration::from_secs(3600), ..ServeConfig::on(dir.path().to_path_buf()) };
-        let app = App::start(&config).await.expect("start");
+        let app = crate::serve::start(&config).await.expect("start");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move { axum::serve(listener, super::router(app)).await });
+        tokio::spawn(async move { axum::serve(listener, crate::serve::router(app)).await });
         let token = std::fs::read_to_string(dir.path().join("admin.token")).expect("token").trim().to_string();
         (base, token)
     });

@@ -7,25 +7,28 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueAnswer, EnqueueBody, EnqueueResponse, LeaseReport};
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::{Job, redact, slim};
+use pcmail_core::jobs::{Job, Report, redact, slim};
 use pcmail_store::{JobQuery, Store};
 use serde::Deserialize;
 
-use super::{ApiError, JsonBody, detached};
-use crate::App;
+use super::{JsonBody, detached};
+use crate::app::App;
 use crate::auth::Caller;
-use crate::jobs::{self, Origin, Report};
+use crate::error::ServiceError;
+use crate::jobs::{self, Origin};
+use crate::ledger::settle;
 
 /// One job or a list (P10): the answer has the body's shape.
 pub async fn enqueue(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<EnqueueBody>,
-) -> Result<Json<EnqueueAnswer>, ApiError> {
+) -> Result<Json<EnqueueAnswer>, ServiceError> {
     let origin = Origin::Caller(caller.machine().map(String::from));
     let one = matches!(body, EnqueueBody::One(_));
     let answers =
-        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), !one, origin, crate::now()).await }).await?;
+        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), !one, origin, crate::clock::now()).await })
+            .await?;
     // J6 may answer another machine's job: as that machine's, never its details (T2); in a
     // list, a holder comes slim whoever it belongs to.
     let mut answers: Vec<EnqueueResponse> = answers
@@ -57,10 +60,10 @@ pub async fn list(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Vec<Job>>, ApiError> {
-    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
+) -> Result<Json<Vec<Job>>, ServiceError> {
+    let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
     if let Some(s) = &q.state {
-        s.parse::<pcmail_core::jobs::JobState>().map_err(ApiError::bad_request)?;
+        s.parse::<pcmail_core::jobs::JobState>().map_err(ServiceError::bad_request)?;
     }
     let query = JobQuery {
         queue: q.queue,
@@ -77,13 +80,13 @@ pub async fn claim(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ClaimRequest>,
-) -> Result<Json<ClaimResponse>, ApiError> {
+) -> Result<Json<ClaimResponse>, ServiceError> {
     let claimed = {
         let app = app.clone();
         let caller = caller.clone();
         detached(async move {
             let who = (caller.actor(), req.owner.as_str());
-            jobs::claim(&app, &req.queue, req.limit as usize, who, req.lease, crate::now()).await
+            jobs::claim(&app, &req.queue, req.limit as usize, who, req.lease, crate::clock::now()).await
         })
         .await?
     };
@@ -97,7 +100,7 @@ pub async fn report(
     Path((id, action)): Path<(String, String)>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<LeaseReport>,
-) -> Result<Json<Job>, ApiError> {
+) -> Result<Json<Job>, ServiceError> {
     let report = match action.as_str() {
         "heartbeat" => Report::Heartbeat { lease: req.lease.unwrap_or(Dur::from_secs(60)) },
         "complete" => Report::Complete { result: req.result.unwrap_or_default() },
@@ -105,18 +108,19 @@ pub async fn report(
         "retry" | "cancel" => {
             caller.require_admin()?;
             let retry = action == "retry";
-            let job = detached(async move { jobs::admin_move(&app, &id, retry, crate::now()).await }).await?;
+            let job = detached(async move { jobs::admin_move(&app, &id, retry, crate::clock::now()).await }).await?;
             return Ok(Json(redact(job, caller.actor())));
         }
-        other => return Err(ApiError::not_found(format!("no job action {other:?}"))),
+        other => return Err(ServiceError::not_found(format!("no job action {other:?}"))),
     };
     let token = req.token;
     if token.is_empty() {
-        return Err(ApiError::bad_request("heartbeat, complete and fail need the lease token of the claim"));
+        return Err(ServiceError::bad_request("heartbeat, complete and fail need the lease token of the claim"));
     }
     let job = {
         let caller = caller.clone();
-        detached(async move { jobs::report(&app, &id, &token, caller.actor(), report, crate::now()).await }).await?
+        detached(async move { settle::report(&app, &id, &token, caller.actor(), report, crate::clock::now()).await })
+            .await?
     };
     Ok(Json(redact(job, caller.actor())))
 }

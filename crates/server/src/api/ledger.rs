@@ -7,13 +7,15 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use pcmail_core::api::{Kept, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest};
 use pcmail_core::ledger::{Row, Trigger};
+use pcmail_core::manifest::spec::ScheduleRole;
 use pcmail_store::Store;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, JsonBody, detached};
-use crate::App;
+use super::{JsonBody, detached};
+use crate::app::App;
 use crate::auth::Caller;
+use crate::error::ServiceError;
 use crate::ledger::{self, MergeCounts, resolve_project};
 
 #[derive(Debug, Deserialize)]
@@ -26,14 +28,14 @@ pub struct ProjectQuery {
 pub async fn list(
     State(app): State<App>,
     q: Result<Query<ProjectQuery>, QueryRejection>,
-) -> Result<Json<Vec<Row>>, ApiError> {
-    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?.0;
+) -> Result<Json<Vec<Row>>, ServiceError> {
+    let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
     let project = resolve_project(&app, q.project.as_deref())?;
     Ok(Json(app.store().ledger_rows(Some(&project)).await?))
 }
 
-pub async fn view(State(app): State<App>) -> Result<Json<Value>, ApiError> {
-    let today = crate::now().format("%Y-%m-%d").to_string();
+pub async fn view(State(app): State<App>) -> Result<Json<Value>, ServiceError> {
+    let today = crate::clock::now().format("%Y-%m-%d").to_string();
     Ok(Json(json!({"view": ledger::view(&app, &today).await?})))
 }
 
@@ -42,13 +44,16 @@ pub async fn push(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<PushRequest>,
-) -> Result<Json<MergeCounts>, ApiError> {
+) -> Result<Json<MergeCounts>, ServiceError> {
     let project = resolve_project(&app, req.project.as_deref())?;
     if let Some(bad) = req.items.iter().find(|i| i.source.trim().is_empty() || i.task.trim().is_empty()) {
-        return Err(ApiError::bad_request(format!("every item needs a source and a task (got {bad:?})")));
+        return Err(ServiceError::bad_request(format!("every item needs a source and a task (got {bad:?})")));
     }
     let actor = caller.machine().unwrap_or("admin").to_string();
-    Ok(Json(detached(async move { Ok(ledger::merge(&app, &project, req.items, &actor, crate::now()).await?) }).await?))
+    Ok(Json(
+        detached(async move { Ok(ledger::merge(&app, &project, req.items, &actor, crate::clock::now()).await?) })
+            .await?,
+    ))
 }
 
 pub async fn set_row(
@@ -56,10 +61,10 @@ pub async fn set_row(
     Path(id): Path<String>,
     Extension(caller): Extension<Caller>,
     JsonBody(edit): JsonBody<RowEdit>,
-) -> Result<Json<Row>, ApiError> {
+) -> Result<Json<Row>, ServiceError> {
     caller.require_admin()?;
     let project = resolve_project(&app, edit.project.as_deref())?;
-    Ok(Json(detached(async move { ledger::set_row(&app, &project, &id, edit, crate::now()).await }).await?))
+    Ok(Json(detached(async move { ledger::set_row(&app, &project, &id, edit, crate::clock::now()).await }).await?))
 }
 
 pub async fn run(
@@ -67,13 +72,13 @@ pub async fn run(
     Path(id): Path<String>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<RunRequest>,
-) -> Result<Json<Row>, ApiError> {
+) -> Result<Json<Row>, ServiceError> {
     caller.require_admin()?;
     let project = resolve_project(&app, req.project.as_deref())?;
-    if let Some(handed) = ledger::handoff_if_heavy(&app, &project, &id, Trigger::Manual, crate::now()).await? {
+    if let Some(handed) = ledger::handoff_if_heavy(&app, &project, &id, Trigger::Manual, crate::clock::now()).await? {
         return Ok(Json(handed));
     }
-    let claimed = ledger::claim_row(&app, &project, &id, Trigger::Manual, crate::now()).await?;
+    let claimed = ledger::claim_row(&app, &project, &id, Trigger::Manual, crate::clock::now()).await?;
     // The run belongs to the controller, not to this request: it finishes whatever the client does.
     let running = tokio::spawn({
         let (app, claimed) = (app.clone(), claimed.clone());
@@ -82,19 +87,19 @@ pub async fn run(
     if !req.wait {
         return Ok(Json(claimed));
     }
-    Ok(Json(running.await.map_err(|e| ApiError::internal(format!("run task failed: {e}")))??))
+    Ok(Json(running.await.map_err(|e| ServiceError::internal(format!("run task failed: {e}")))??))
 }
 
 pub async fn sync(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(q): JsonBody<ProjectBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, ServiceError> {
     caller.require_admin()?;
     let project = resolve_project(&app, q.project.as_deref())?;
     let spec = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
-    let spec = spec.ok_or_else(|| ApiError::not_found(format!("no Ledger for {project}")))?;
-    let report = detached(async move { Ok(ledger::sync_project(&app, &spec, crate::now()).await?) }).await?;
+    let spec = spec.ok_or_else(|| ServiceError::not_found(format!("no Ledger for {project}")))?;
+    let report = detached(async move { Ok(ledger::sync_project(&app, &spec, crate::clock::now()).await?) }).await?;
     Ok(Json(serde_json::to_value(report).unwrap_or_default()))
 }
 
@@ -102,11 +107,12 @@ pub async fn purge(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<PurgeRequest>,
-) -> Result<Json<PurgeReport>, ApiError> {
+) -> Result<Json<PurgeReport>, ServiceError> {
     caller.require_admin()?;
     let project = resolve_project(&app, req.project.as_deref())?;
     let (source, yes) = (req.source.clone(), req.yes);
-    let plan = detached(async move { Ok(ledger::purge(&app, &project, &source, yes, crate::now()).await?) }).await?;
+    let plan =
+        detached(async move { Ok(ledger::purge(&app, &project, &source, yes, crate::clock::now()).await?) }).await?;
     let kept = plan.kept.into_iter().map(|(id, reason)| Kept { id, reason }).collect();
     Ok(Json(PurgeReport { dry_run: !req.yes, delete: plan.delete, kept }))
 }
@@ -115,15 +121,11 @@ pub async fn purge(
 pub async fn execute_checked(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<Row>>, ApiError> {
+) -> Result<Json<Vec<Row>>, ServiceError> {
     caller.require_admin()?;
-    let limit = app
-        .runtime()
-        .max_per_run
-        .iter()
-        .find(|(r, _)| *r == pcmail_core::manifest::spec::ScheduleRole::ExecuteChecked)
-        .map_or(1, |(_, n)| *n as usize);
+    let limit = app.runtime().max_per_run(ScheduleRole::ExecuteChecked).unwrap_or(usize::MAX);
     let ran =
-        detached(async move { Ok(ledger::execute_pass(&app, Trigger::Manual, limit, crate::now()).await?) }).await?;
+        detached(async move { Ok(ledger::execute_pass(&app, Trigger::Manual, limit, crate::clock::now()).await?) })
+            .await?;
     Ok(Json(ran))
 }

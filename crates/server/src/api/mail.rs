@@ -16,39 +16,41 @@ use pcmail_core::mail::{Mail, MailState, Step, can_view};
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
-use super::{ApiError, JsonBody, detached, parse_json};
+use super::{JsonBody, detached, parse_json};
+use crate::app::App;
 use crate::auth::Caller;
-use crate::{App, mailbox};
+use crate::error::ServiceError;
+use crate::mailbox;
 
 /// Long-polls are capped so that a proxy or client timeout never cuts one off mid-answer.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 const MAX_LIMIT: usize = 500;
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ServiceError> {
+    q.map(|Query(v)| v).map_err(|e| ServiceError::bad_request(format!("invalid query string: {}", e.body_text())))
 }
 
 /// T5 for a query's wait: at most [`MAX_WAIT`] (a client repeats a longer wait).
-fn wait(field: &str, d: Option<Dur>) -> Result<Option<Duration>, ApiError> {
+fn wait(field: &str, d: Option<Dur>) -> Result<Option<Duration>, ServiceError> {
     let max = Dur::from_millis(MAX_WAIT.as_millis() as u64);
-    d.map(|d| bounds::duration(field, d, Dur::default(), max).map(Dur::to_std)).transpose().map_err(ApiError::from)
+    d.map(|d| bounds::duration(field, d, Dur::default(), max).map(Dur::to_std)).transpose().map_err(ServiceError::from)
 }
 
 /// T5 for a query's limit: 1 to [`MAX_LIMIT`], `default` when absent.
-fn limit(n: Option<usize>, default: usize) -> Result<usize, ApiError> {
+fn limit(n: Option<usize>, default: usize) -> Result<usize, ServiceError> {
     let n = n.unwrap_or(default) as u64;
     Ok(bounds::count("limit", n, 1, MAX_LIMIT as u64)? as usize)
 }
 
-fn check_id(id: &str) -> Result<(), ApiError> {
+fn check_id(id: &str) -> Result<(), ServiceError> {
     if is_mail_id(id) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!("{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)")))
+        Err(ServiceError::bad_request(format!("{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)")))
     }
 }
 
-pub async fn whoami(Extension(caller): Extension<Caller>) -> Result<Json<WhoAmI>, ApiError> {
+pub async fn whoami(Extension(caller): Extension<Caller>) -> Result<Json<WhoAmI>, ServiceError> {
     Ok(Json(WhoAmI { machine: caller.machine().map(String::from), admin: caller.admin }))
 }
 
@@ -56,9 +58,9 @@ pub async fn send(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<SendRequest>,
-) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
+) -> Result<(StatusCode, Json<SendResponse>), ServiceError> {
     let sender = caller.require_machine()?.to_string();
-    let response = detached(async move { mailbox::send(&app, &sender, req, crate::now()).await }).await?;
+    let response = detached(async move { mailbox::send(&app, &sender, req, crate::clock::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }
@@ -80,7 +82,7 @@ pub async fn list(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Vec<Mail>>, ApiError> {
+) -> Result<Json<Vec<Mail>>, ServiceError> {
     let q = query(q)?;
     let mut filter = MailQuery { limit: limit(q.limit, 100)?, ..Default::default() };
     match q.mailbox.as_deref().unwrap_or("inbox") {
@@ -88,7 +90,7 @@ pub async fn list(
         "sent" => filter.from = Some(caller.require_machine()?.to_string()),
         "all" => caller.require_admin()?,
         other => {
-            return Err(ApiError::bad_request(format!("box must be inbox, sent or all, not {other:?}")));
+            return Err(ServiceError::bad_request(format!("box must be inbox, sent or all, not {other:?}")));
         }
     }
     if !q.all {
@@ -111,12 +113,13 @@ pub async fn status(
     Path(id): Path<String>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<StatusQuery>, QueryRejection>,
-) -> Result<Json<MailStatus>, ApiError> {
+) -> Result<Json<MailStatus>, ServiceError> {
     let q = query(q)?;
     check_id(&id)?;
-    let mail = app.store().get_mail(&id).await?.ok_or_else(|| ApiError::not_found(format!("mail {id} not found")))?;
+    let mail =
+        app.store().get_mail(&id).await?.ok_or_else(|| ServiceError::not_found(format!("mail {id} not found")))?;
     if !can_view(&mail, &caller.principal) {
-        return Err(ApiError::forbidden(format!("mail {id} is neither from nor to you")));
+        return Err(ServiceError::forbidden(format!("mail {id} is neither from nor to you")));
     }
     let mail = match q.wait_for {
         Some(target) => {
@@ -134,7 +137,7 @@ pub async fn step(
     Path((id, step)): Path<(String, String)>,
     Extension(caller): Extension<Caller>,
     body: Bytes,
-) -> Result<Json<Mail>, ApiError> {
+) -> Result<Json<Mail>, ServiceError> {
     check_id(&id)?;
     let req: StepRequest = if body.is_empty() { StepRequest::default() } else { parse_json(&body)? };
     let step = match step.as_str() {
@@ -142,13 +145,13 @@ pub async fn step(
         "ack" => Step::Done { result: req.result },
         "fail" => match req.reason.filter(|r| !r.trim().is_empty()) {
             Some(reason) => Step::Fail { reason },
-            None => return Err(ApiError::bad_request("fail needs a non-empty reason")),
+            None => return Err(ServiceError::bad_request("fail needs a non-empty reason")),
         },
         other => {
-            return Err(ApiError::not_found(format!("no mail action {other:?}; use seen, ack or fail")));
+            return Err(ServiceError::not_found(format!("no mail action {other:?}; use seen, ack or fail")));
         }
     };
-    Ok(Json(detached(async move { mailbox::step(&app, &caller, &id, step, crate::now()).await }).await?))
+    Ok(Json(detached(async move { mailbox::step(&app, &caller, &id, step, crate::clock::now()).await }).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,7 +172,7 @@ pub async fn poll(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<PollQuery>, QueryRejection>,
-) -> Result<Json<PollResponse>, ApiError> {
+) -> Result<Json<PollResponse>, ServiceError> {
     let q = query(q)?;
     let machine = caller.require_machine()?;
     let wait = wait("wait", q.wait)?.unwrap_or(Duration::ZERO);
@@ -183,8 +186,9 @@ pub async fn record_intent(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(msg): JsonBody<pcmail_core::intent::InboundMessage>,
-) -> Result<(StatusCode, Json<SendResponse>), ApiError> {
-    let response = detached(async move { mailbox::record_intent(&app, &caller, msg, crate::now()).await }).await?;
+) -> Result<(StatusCode, Json<SendResponse>), ServiceError> {
+    let response =
+        detached(async move { mailbox::record_intent(&app, &caller, msg, crate::clock::now()).await }).await?;
     let status = if response.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(response)))
 }
@@ -194,12 +198,14 @@ pub async fn poller_report(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(report): JsonBody<pcmail_core::api::PollerReport>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    detached(async move { mailbox::poller_report(&app, &caller, report, crate::now()).await }).await?;
+) -> Result<Json<serde_json::Value>, ServiceError> {
+    detached(async move { mailbox::poller_report(&app, &caller, report, crate::clock::now()).await }).await?;
     Ok(Json(serde_json::json!({"ok": true})))
 }
 
 /// The IntentPolicy the PC's hooks follow (they cannot ask the server themselves).
-pub async fn policy(State(app): State<App>) -> Result<Json<pcmail_core::manifest::spec::IntentPolicySpec>, ApiError> {
+pub async fn policy(
+    State(app): State<App>,
+) -> Result<Json<pcmail_core::manifest::spec::IntentPolicySpec>, ServiceError> {
     Ok(Json(app.runtime().intent_policy.clone()))
 }

@@ -18,9 +18,9 @@ use pcmail_core::api::Validate;
 use pcmail_store::Store;
 use serde::de::DeserializeOwned;
 
-pub use error::ApiError;
+use crate::error::ServiceError;
 
-use crate::App;
+use crate::app::App;
 
 /// Requests are small JSON documents; manifests get more room on their own routes.
 pub const BODY_LIMIT: usize = 256 * 1024;
@@ -72,14 +72,15 @@ routes!(ROUTES, api_routes:
 /// The OpenAPI 3.1 description of the HTTP API, served at `/api/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
-pub fn router(app: App) -> Router {
+/// Every route of the API, behind the token check where it needs one.
+pub fn routes(app: App) -> Router<App> {
     let manifests = manifest_routes().layer(DefaultBodyLimit::max(MANIFEST_BODY_LIMIT));
     let api = api_routes()
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .merge(manifests)
         // Every API route needs a valid token before its body is even read (an unknown caller
         // learns nothing from a 400 about its body); handlers get the `Caller` it found.
-        .route_layer(axum::middleware::from_fn_with_state(app.clone(), require_token));
+        .route_layer(axum::middleware::from_fn_with_state(app, require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -89,9 +90,6 @@ pub fn router(app: App) -> Router {
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
         .merge(api)
-        .merge(crate::console::routes(std::sync::Arc::default()))
-        .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1/") })
-        .with_state(app)
 }
 
 /// Authenticates once per request; handlers take the `Caller` from the request's extensions.
@@ -109,7 +107,7 @@ async fn require_token(
     }
 }
 
-async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
+async fn readyz(State(app): State<App>) -> Result<&'static str, ServiceError> {
     app.store().last_polls().await?;
     if let Some(problem) = app.store().problem() {
         return Err(pcmail_store::StoreError::Unavailable(problem).into());
@@ -119,7 +117,7 @@ async fn readyz(State(app): State<App>) -> Result<&'static str, ApiError> {
 
 /// Prometheus text format. Counts that live in the store are read here, at scrape time, from
 /// the trigger-kept count table (never a scan of the mail tab).
-async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResponse, ApiError> {
+async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResponse, ServiceError> {
     let counts = app.store().mail_counts().await?;
     let m = app.metrics();
     let by_state: Vec<_> = counts.iter().map(|c| (c.state, c.count)).collect();
@@ -134,16 +132,16 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     m.workqueue_depth.set(app.queue().depth() as i64);
     crate::ledger::refresh_metrics(&app).await?;
     crate::jobs::refresh_metrics(&app).await?;
-    let body = m.encode().map_err(|e| ApiError::internal(format!("encoding metrics: {e}")))?;
+    let body = m.encode().map_err(|e| ServiceError::internal(format!("encoding metrics: {e}")))?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }
 
 /// Runs a mail change to completion even if the client goes away mid-request: its commit is
 /// then always followed by its wake-ups and notices.
 pub async fn detached<T: Send + 'static>(
-    change: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(change).await.map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+    change: impl std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
+) -> Result<T, ServiceError> {
+    tokio::spawn(change).await.map_err(|e| ServiceError::internal(format!("request task failed: {e}")))?
 }
 
 /// A JSON body parsed strictly, with errors that name the problem: too large, not UTF-8,
@@ -152,37 +150,40 @@ pub async fn detached<T: Send + 'static>(
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for JsonBody<T> {
-    type Rejection = ApiError;
+    type Rejection = ServiceError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ServiceError> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(format!("request body is larger than this route's limit ({e})"))
+                ServiceError::too_large(format!("request body is larger than this route's limit ({e})"))
             } else {
-                ApiError::bad_request(format!("cannot read request body: {e}"))
+                ServiceError::bad_request(format!("cannot read request body: {e}"))
             }
         })?;
         parse_json(&bytes).map(JsonBody)
     }
 }
 
-pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
+pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ServiceError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        ApiError::bad_request(format!("request body is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()))
+        ServiceError::bad_request(format!(
+            "request body is not valid UTF-8 (first bad byte at offset {})",
+            e.valid_up_to()
+        ))
     })?;
     let mut json = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let at = e.path().to_string();
         let inner = e.into_inner();
         if at == "." || inner.is_syntax() || inner.is_eof() {
-            ApiError::bad_request(format!("invalid JSON body: {inner}"))
+            ServiceError::bad_request(format!("invalid JSON body: {inner}"))
         } else {
-            ApiError::bad_request(format!("invalid JSON body at {at}: {inner}"))
+            ServiceError::bad_request(format!("invalid JSON body at {at}: {inner}"))
         }
     })?;
     // One JSON value per body: what follows it (a second job of a JSON-lines file) would be
     // dropped without a word.
-    json.end().map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e} after the first JSON value")))?;
+    json.end().map_err(|e| ServiceError::bad_request(format!("invalid JSON body: {e} after the first JSON value")))?;
     value.validate()?;
     Ok(value)
 }

@@ -10,14 +10,15 @@ use pcmail_core::roster;
 use pcmail_store::Store;
 use serde_json::Value;
 
-use super::{ApiError, JsonBody};
-use crate::App;
+use super::JsonBody;
+use crate::app::App;
 use crate::auth::{Caller, new_token};
+use crate::error::ServiceError;
 
-fn kind(s: &str) -> Result<Kind, ApiError> {
+fn kind(s: &str) -> Result<Kind, ServiceError> {
     Kind::from_cli(s).ok_or_else(|| {
         let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
-        ApiError::not_found(format!("unknown kind {s:?}; known kinds: {}", known.join(", ")))
+        ServiceError::not_found(format!("unknown kind {s:?}; known kinds: {}", known.join(", ")))
     })
 }
 
@@ -25,9 +26,9 @@ pub async fn apply(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ApplyRequest>,
-) -> Result<Json<Vec<ApplyResult>>, ApiError> {
+) -> Result<Json<Vec<ApplyResult>>, ServiceError> {
     caller.require_admin()?;
-    Ok(Json(crate::specs::apply(&app, req.files, req.dry_run, crate::now()).await?))
+    Ok(Json(crate::specs::apply(&app, req.files, req.dry_run, crate::clock::now()).await?))
 }
 
 /// `apply` forced to a dry run: the diff path is the apply path.
@@ -35,12 +36,15 @@ pub async fn diff(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ApplyRequest>,
-) -> Result<Json<Vec<ApplyResult>>, ApiError> {
+) -> Result<Json<Vec<ApplyResult>>, ServiceError> {
     apply(State(app), Extension(caller), JsonBody(ApplyRequest { dry_run: true, ..req })).await
 }
 
 /// Every object as Kubernetes-shaped JSON, with its recent events for `describe`.
-pub async fn list(State(app): State<App>, Extension(caller): Extension<Caller>) -> Result<Json<Vec<Value>>, ApiError> {
+pub async fn list(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<Value>>, ServiceError> {
     caller.require_admin()?;
     let specs = app.store().list_specs().await?;
     Ok(Json(specs.iter().map(|r| r.to_object()).collect()))
@@ -50,14 +54,14 @@ pub async fn get_one(
     State(app): State<App>,
     Path((k, name)): Path<(String, String)>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, ServiceError> {
     caller.require_admin()?;
     let k = kind(&k)?;
     let specs = app.store().list_specs().await?;
     let record = specs
         .iter()
         .find(|r| r.kind == k && r.name == name)
-        .ok_or_else(|| ApiError::not_found(format!("{}/{name} not found", k.lower())))?;
+        .ok_or_else(|| ServiceError::not_found(format!("{}/{name} not found", k.lower())))?;
     let events = app.store().events_for(&format!("{}/{name}", k.lower())).await?;
     let mut object = record.to_object();
     object["events"] = serde_json::to_value(events).unwrap_or_default();
@@ -68,10 +72,10 @@ pub async fn delete(
     State(app): State<App>,
     Path((k, name)): Path<(String, String)>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, ServiceError> {
     caller.require_admin()?;
     let k = kind(&k)?;
-    crate::specs::delete(&app, k, &name, crate::now()).await?;
+    crate::specs::delete(&app, k, &name, crate::clock::now()).await?;
     Ok(Json(serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"})))
 }
 
@@ -79,7 +83,7 @@ pub async fn delete(
 pub async fn alerts(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<pcmail_core::alert::Alert>>, ApiError> {
+) -> Result<Json<Vec<pcmail_core::alert::Alert>>, ServiceError> {
     caller.require_admin()?;
     Ok(Json(app.store().list_alerts(500).await?))
 }
@@ -89,11 +93,11 @@ pub async fn issue_token(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<TokenRequest>,
-) -> Result<Json<TokenResponse>, ApiError> {
+) -> Result<Json<TokenResponse>, ServiceError> {
     caller.require_admin()?;
     let rt = app.runtime();
-    let machine = roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ApiError::from_resolve)?;
-    let token = new_token("pcm_").map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
-    app.store().put_token(&machine, &sha256_hex(&token), crate::now()).await?;
+    let machine = roster::resolve(rt.roster.as_ref(), &req.machine).map_err(ServiceError::from_resolve)?;
+    let token = new_token("pcm_").map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
+    app.store().put_token(&machine, &sha256_hex(&token), crate::clock::now()).await?;
     Ok(Json(TokenResponse { machine, token }))
 }

@@ -20,7 +20,7 @@ use pcmail_core::ledger::{RowState, Trigger, is_overdue};
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
-use crate::App;
+use crate::app::App;
 use html::{Lang, esc, lang, page, seg, t, table};
 pub use session::Sessions;
 
@@ -164,7 +164,7 @@ async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let lang = language(&headers);
-    if let Err(wait) = sessions.sign_in_attempt(&client, crate::now()) {
+    if let Err(wait) = sessions.sign_in_attempt(&client, crate::clock::now()) {
         tracing::warn!(%client, "console sign-in refused: too many failed sign-ins from this address");
         let message = match lang {
             Lang::Ja => format!("サインインの失敗が多すぎます。{wait} 秒後にもう一度どうぞ。"),
@@ -220,7 +220,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
         Ok(r) => r,
         Err(e) => return failure(&ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     };
-    let today = crate::now().format("%Y-%m-%d").to_string();
+    let today = crate::clock::now().format("%Y-%m-%d").to_string();
     let l = ctx.lang;
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -357,11 +357,11 @@ async fn row_edit(
         ..Default::default()
     };
     let outcome = async {
-        crate::ledger::set_row(&app, &project, &id, edit, crate::now()).await?;
+        crate::ledger::set_row(&app, &project, &id, edit, crate::clock::now()).await?;
         if form.run.is_some() {
-            crate::ledger::run_row(&app, &project, &id, Trigger::Manual, crate::now()).await?;
+            crate::ledger::run_row(&app, &project, &id, Trigger::Manual, crate::clock::now()).await?;
         }
-        Ok::<_, crate::api::ApiError>(())
+        Ok::<_, crate::error::ServiceError>(())
     }
     .await;
     match outcome {
@@ -377,7 +377,7 @@ async fn mail(State(app): State<App>, ctx: Ctx) -> Response {
         Err(e) => return failure(&ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     };
     let policy = app.runtime().mail_policy.clone();
-    let now = crate::now();
+    let now = crate::clock::now();
     let mut by_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for m in &all {
         let late = pcmail_core::alert::is_unread_past_sla(m, &policy, now);

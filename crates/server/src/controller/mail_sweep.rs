@@ -8,8 +8,8 @@ use pcmail_core::alert::{AlertInputs, AlertKind, plan_alerts};
 use pcmail_core::mail::plan_expiry;
 use pcmail_store::{MailSelect, MailWrites, Store, StoreError};
 
-use super::Key;
-use crate::App;
+use crate::app::App;
+use crate::key::Key;
 use crate::mailbox::Moves;
 
 /// Expiry is written in transactions of at most this many mails (P2: 10k in one).

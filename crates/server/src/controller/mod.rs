@@ -9,7 +9,6 @@ pub mod mail_sweep;
 mod notifier;
 pub mod pools;
 mod prune;
-pub mod queue;
 pub mod schedules;
 
 use std::num::NonZeroU32;
@@ -18,58 +17,12 @@ use std::time::Duration;
 use governor::{Quota, RateLimiter};
 use pcmail_core::ledger::Trigger;
 use pcmail_core::manifest::spec::ScheduleRole;
-use pcmail_store::{Store, StoreError};
+use pcmail_store::Store;
 use tokio::task::JoinSet;
 
-use crate::App;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Key {
-    /// M8 expiry and M9 alerts, and the gauges they feed.
-    MailSweep,
-    /// M10: post what is not yet notified.
-    Notify,
-    /// Rebuild the runtime from the specs and write each object's status.
-    Specs,
-    /// J3: rescue jobs whose lease expired.
-    JobReaper,
-    /// L14: run the rows people ticked (1 a pass by default).
-    ExecuteChecked,
-    /// L14: run todo rows of generate functions (2 a pass by default).
-    AutoExecute,
-    /// L14: pull every Ledger's sources, round-robin.
-    LedgerSync,
-    /// L14/L15: store a fresh cross-project view.
-    RebuildView,
-    /// E7: prune what retention lets go.
-    Prune,
-}
-
-impl Key {
-    /// The keys the resync runs. The ledger roles run on their Schedule only: executing rows
-    /// or pulling sources every few seconds is not what anyone scheduled.
-    pub const ALL: [Key; 5] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper, Key::Prune];
-
-    /// C1: only the lease holder runs these; every replica rebuilds its own runtime.
-    pub fn leader_only(self) -> bool {
-        self != Key::Specs
-    }
-
-    /// Also the `reconciler` label of the metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Key::MailSweep => "mail-sweep",
-            Key::Notify => "notify",
-            Key::Specs => "specs",
-            Key::JobReaper => "job-reaper",
-            Key::ExecuteChecked => "execute-checked",
-            Key::AutoExecute => "auto-execute",
-            Key::LedgerSync => "ledger-sync",
-            Key::RebuildView => "rebuild-view",
-            Key::Prune => "prune",
-        }
-    }
-}
+use crate::app::App;
+use crate::error::ReconcileError;
+use crate::key::Key;
 
 /// Reconciles per second across all keys, whatever asks for them.
 const GLOBAL_RATE: u32 = 50;
@@ -120,52 +73,27 @@ async fn reconcile(app: &App, key: Key) -> bool {
     }
 }
 
-/// Why a reconcile failed. `reason` labels `pcmail_reconcile_errors_total`, so a dashboard
-/// tells a full disk from a dead webhook.
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("posting {count} notification(s) to {url}: {message}")]
-    Webhook { count: usize, url: String, message: String },
-}
-
-impl ReconcileError {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ReconcileError::Store(e) => e.kind(),
-            ReconcileError::Webhook { .. } => "webhook",
-        }
-    }
-
-    /// Every value [`ReconcileError::reason`] answers, for the metric's zero series.
-    pub fn reasons() -> impl Iterator<Item = &'static str> {
-        StoreError::KINDS.into_iter().chain(["webhook"])
-    }
-}
-
 async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
     if key.leader_only() && !app.is_leader() {
         return Ok(());
     }
-    let now = crate::now();
+    let now = crate::clock::now();
     match key {
         Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ())?,
         Key::Notify => notifier::run(app, now).await?,
         Key::Specs => crate::specs::sync(app, now).await?,
-        Key::JobReaper => crate::jobs::rescue_expired(app, now).await.map(|_| ())?,
+        Key::JobReaper => crate::ledger::settle::rescue_expired(app, now).await.map(|_| ())?,
         Key::Prune => prune::run(app, now).await.map(|_| ())?,
         Key::ExecuteChecked | Key::AutoExecute => {
-            let (trigger, role, default) = match key {
-                Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked, 1),
-                _ => (Trigger::Auto, ScheduleRole::AutoExecute, 2),
+            let (trigger, role) = match key {
+                Key::ExecuteChecked => (Trigger::Manual, ScheduleRole::ExecuteChecked),
+                _ => (Trigger::Auto, ScheduleRole::AutoExecute),
             };
-            let limit = app.runtime().max_per_run.iter().find(|(r, _)| *r == role).map_or(default, |(_, n)| *n);
-            crate::ledger::execute_pass(app, trigger, limit as usize, now).await.map(|_| ())?
+            let limit = app.runtime().max_per_run(role).unwrap_or(usize::MAX);
+            crate::ledger::execute_pass(app, trigger, limit, now).await.map(|_| ())?
         }
         Key::LedgerSync => {
-            let cap =
-                app.runtime().max_per_run.iter().find(|(r, _)| *r == ScheduleRole::Sync).map(|(_, n)| *n as usize);
+            let cap = app.runtime().max_per_run(ScheduleRole::Sync);
             crate::ledger::sync_pass(app, cap, now).await.map(|_| ())?
         }
         Key::RebuildView => {

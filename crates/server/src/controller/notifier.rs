@@ -12,8 +12,9 @@ use pcmail_core::alert::{AlertState, alertmanager_api_body, webhook_body};
 use pcmail_core::manifest::spec::NotifyFormat;
 use pcmail_store::Store;
 
-use super::{Key, ReconcileError};
-use crate::App;
+use crate::app::App;
+use crate::error::ReconcileError;
+use crate::key::Key;
 
 /// Alerts per post; more are posted by the next run, which is queued at once.
 const BATCH: usize = 100;
@@ -69,7 +70,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
             app.set_notify_error(None);
             let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
             tracing::info!(count = batch.len(), ?sent_states, "notified");
-            store.mark_notified(batch, crate::now()).await?;
+            store.mark_notified(batch, crate::clock::now()).await?;
             requeue_if(app, more)
         }
         Err(e) => {

@@ -11,13 +11,15 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::{Actor, Job, check_lease};
+use pcmail_core::jobs::{Actor, Job, Report, check_lease};
 use pcmail_store::Store;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::jobs::{self, Report};
-use crate::{App, exec};
+use crate::app::App;
+use crate::exec;
+use crate::jobs;
+use crate::ledger::settle;
 
 struct Runner {
     /// `true` stops the runner; any send makes it read its spec again.
@@ -26,14 +28,14 @@ struct Runner {
 }
 
 #[derive(Default)]
-pub struct Pools {
+struct Pools {
     running: Mutex<BTreeMap<String, Runner>>,
 }
 
 impl Pools {
     /// Starts a runner for every pool that has none and stops those of deleted pools; answers
     /// how many workers (slots) each pool runs now.
-    pub fn converge(&self, app: &App) -> BTreeMap<String, u32> {
+    fn converge(&self, app: &App) -> BTreeMap<String, u32> {
         let rt = app.runtime();
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.retain(|name, runner| {
@@ -56,6 +58,18 @@ impl Pools {
             app.metrics().workers.with_label_values(&[name]).set(i64::from(spec.workers));
         }
         ready
+    }
+}
+
+/// J5: keeps every pool's workers at its spec, from start-up and after every spec change.
+pub async fn run(app: App) {
+    let pools = Pools::default();
+    let mut specs = app.watch_specs();
+    loop {
+        app.set_ready_workers(pools.converge(&app));
+        if specs.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -158,7 +172,7 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
                     break;
                 }
                 let lease = spec.lease_duration;
-                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, crate::now()).await {
+                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, crate::clock::now()).await {
                     Ok(jobs) => {
                         for job in jobs {
                             got += 1;
@@ -194,7 +208,7 @@ async fn record_ends(app: App, mut reports: mpsc::UnboundedReceiver<Ended>) {
     let mut batch = Vec::new();
     while reports.recv_many(&mut batch, 1000).await > 0 {
         let sent: Vec<String> = batch.iter().map(|(id, _, _)| id.clone()).collect();
-        match jobs::report_many(&app, std::mem::take(&mut batch), Actor::Pool, crate::now()).await {
+        match settle::report_many(&app, std::mem::take(&mut batch), Actor::Pool, crate::clock::now()).await {
             Ok(outcomes) => {
                 for (id, outcome) in sent.iter().zip(outcomes) {
                     if let Err(e) = outcome {
@@ -218,7 +232,7 @@ async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, e
             loop {
                 tokio::time::sleep(every).await;
                 let beat = Report::Heartbeat { lease };
-                if let Err(e) = jobs::report(&app, &id, &token, Actor::Pool, beat, crate::now()).await {
+                if let Err(e) = settle::report(&app, &id, &token, Actor::Pool, beat, crate::clock::now()).await {
                     tracing::warn!(job = %id, error = %e, "heartbeat refused: the lease is gone");
                     return;
                 }

@@ -6,7 +6,7 @@ use pcmail_core::Ts;
 use pcmail_core::retention::cutoffs;
 use pcmail_store::{Prune, Store, StoreError};
 
-use crate::App;
+use crate::app::App;
 
 /// Rows per transaction, and transactions per tab in one pass.
 const BATCH: usize = 1000;

@@ -1,32 +1,11 @@
 //! Schedule crons (L14): each entry fires in its Schedule's time zone and enqueues the key of
 //! its role.
 
-use chrono_tz::Tz;
 use pcmail_core::Ts;
-use pcmail_core::cron::Cron;
-use pcmail_core::manifest::spec::ScheduleRole;
 
-use super::Key;
-use crate::App;
-
-/// The key a role runs.
-pub fn key_for(role: ScheduleRole) -> Key {
-    match role {
-        ScheduleRole::MailSweep => Key::MailSweep,
-        ScheduleRole::ExecuteChecked => Key::ExecuteChecked,
-        ScheduleRole::Sync => Key::LedgerSync,
-        ScheduleRole::AutoExecute => Key::AutoExecute,
-        ScheduleRole::RebuildView => Key::RebuildView,
-    }
-}
-
-/// One runnable cron entry.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CronEntry {
-    pub tz: Tz,
-    pub cron: Cron,
-    pub key: Key,
-}
+use crate::app::App;
+use crate::key::Key;
+use crate::runtime::CronEntry;
 
 /// The next time any entry fires after `after`, and the keys that fire then.
 pub fn next_fire(entries: &[CronEntry], after: Ts) -> Option<(Ts, Vec<Key>)> {
@@ -42,7 +21,7 @@ pub async fn run(app: App) {
     let mut specs = app.watch_specs();
     loop {
         specs.mark_unchanged();
-        let now = crate::now();
+        let now = crate::clock::now();
         let next = next_fire(&app.runtime().crons, now);
         let sleep = match &next {
             Some((at, _)) => (*at - now).to_std().unwrap_or_default(),

@@ -7,15 +7,18 @@ use pcmail_core::api::Event;
 use pcmail_core::jobs::LEDGER_UNIQUE_PREFIX;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
-    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, awaits_job, build_prompt, ledger_ref,
-    merge_plan, plan_claim, plan_failure, plan_handoff, plan_purge, plan_stale, plan_success, render_view, sync_order,
+    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, hands_off, heavy_queue,
+    ledger_ref, merge_plan, plan_claim, plan_edit, plan_handoff, plan_purge, plan_result, plan_skip, plan_stale,
+    render_view, runs_in_pass, sync_order,
 };
-use pcmail_core::manifest::spec::{FunctionMode, LedgerSource, LedgerSpec};
+use pcmail_core::manifest::spec::{LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::App;
-use crate::api::ApiError;
+use crate::app::App;
+use crate::error::ServiceError;
+
+pub mod settle;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MergeCounts {
@@ -29,16 +32,16 @@ fn event(project: &str, id: &str, reason: &str, message: String, actor: &str, no
 }
 
 /// The project a request means: the one named (it must have a Ledger), or the only one.
-pub fn resolve_project(app: &App, project: Option<&str>) -> Result<String, ApiError> {
+pub fn resolve_project(app: &App, project: Option<&str>) -> Result<String, ServiceError> {
     let rt = app.runtime();
     let known: Vec<&str> = rt.ledgers.iter().map(|l| l.project.as_str()).collect();
     match project {
         Some(p) if known.contains(&p) => Ok(p.to_string()),
-        Some(p) => Err(ApiError::not_found(format!("no Ledger for project {p:?}; known: {}", known.join(", ")))),
+        Some(p) => Err(ServiceError::not_found(format!("no Ledger for project {p:?}; known: {}", known.join(", ")))),
         None => match known.as_slice() {
             [only] => Ok(only.to_string()),
-            [] => Err(ApiError::bad_request("no Ledger is applied; apply one with `pcmail-ctl apply -f`")),
-            many => Err(ApiError::bad_request(format!("several projects: pass --project ({})", many.join(", ")))),
+            [] => Err(ServiceError::bad_request("no Ledger is applied; apply one with `pcmail-ctl apply -f`")),
+            many => Err(ServiceError::bad_request(format!("several projects: pass --project ({})", many.join(", ")))),
         },
     }
 }
@@ -147,7 +150,7 @@ pub async fn sync_pass(app: &App, cap: Option<usize>, now: Ts) -> Result<(Vec<Sy
 
 /// L8–L13: claims a row, runs its function, writes the result; a heavy row goes to the job
 /// queue instead (L9).
-pub async fn run_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ApiError> {
+pub async fn run_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ServiceError> {
     if let Some(row) = handoff_if_heavy(app, project, id, trigger, now).await? {
         return Ok(row);
     }
@@ -163,20 +166,19 @@ pub async fn handoff_if_heavy(
     id: &str,
     trigger: Trigger,
     now: Ts,
-) -> Result<Option<Row>, ApiError> {
+) -> Result<Option<Row>, ServiceError> {
     let rt = app.runtime();
     let rows = app
         .store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), |s| (LedgerWrites::default(), s.rows))
         .await?;
     let Some(row) = rows.into_iter().next() else { return Ok(None) };
-    let heavy = rt.functions.iter().any(|(n, f)| *n == row.function && f.mode == FunctionMode::Heavy);
-    if !heavy || trigger != Trigger::Manual || row.state != RowState::Todo {
+    if !hands_off(&row, rt.function_mode(&row.function), trigger) {
         return Ok(None);
     }
-    let queues: Vec<&String> = rt.pools.iter().flat_map(|(_, p)| &p.queues).collect();
-    let Some(queue) = queues.iter().find(|q| q.as_str() == "heavy").or(queues.first()).map(|q| q.to_string()) else {
-        return Err(ApiError::conflict(format!(
+    let served = rt.pools.iter().flat_map(|(_, p)| p.queues.iter().map(String::as_str));
+    let Some(queue) = heavy_queue(served).map(String::from) else {
+        return Err(ServiceError::conflict(format!(
             "{id}: {:?} is heavy and runs from the job queue, but no WorkerPool has a queue; apply one",
             row.function
         )));
@@ -192,7 +194,7 @@ pub async fn handoff_if_heavy(
     let job = crate::jobs::enqueue(app, request, crate::jobs::Origin::Ledger(reference.clone()), now).await?.job;
     // A live job holding the row's key must be the row's own (T3): never adopt another's.
     if job.ledger_ref.as_deref() != Some(reference.as_str()) {
-        return Err(ApiError::conflict(format!(
+        return Err(ServiceError::conflict(format!(
             "{id}: the job queue key of this row is held by job {} that is not this row's; cancel it first",
             job.id
         )));
@@ -210,47 +212,18 @@ pub async fn handoff_if_heavy(
     Ok(handed)
 }
 
-/// L9/L13/L10 for heavy rows: when a row's job ends, its result or its failure is written on
-/// the row (a job that will retry leaves the row as it is).
-pub async fn job_ended(app: &App, job: &pcmail_core::jobs::Job, now: Ts) -> Result<(), StoreError> {
-    use pcmail_core::jobs::JobState;
-    let Some((project, id)) = job.ledger_ref.as_deref().and_then(|r| r.split_once('/')) else { return Ok(()) };
-    let outcome = match job.state {
-        JobState::Succeeded => Ok(job.result.clone().unwrap_or_default()),
-        JobState::Dead => Err(job.last_error.clone().unwrap_or_else(|| "the job died".into())),
-        _ => return Ok(()),
-    };
-    let (p, job_id) = (project.to_string(), job.id.clone());
-    app.store()
-        .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
-            // T3: only the job this row was handed to writes on it.
-            let Some(row) = s.rows.first().filter(|r| awaits_job(r, &job_id)) else {
-                return (LedgerWrites::default(), ());
-            };
-            let (next, reason) = match &outcome {
-                Ok(stdout) => (Row { executed_at: Some(now), ..plan_success(row, stdout) }, "Succeeded"),
-                Err(e) => (plan_failure(row, e), "Failed"),
-            };
-            let ev = event(&p, &next.id, reason, format!("job {job_id} ended"), "job-queue", now);
-            (LedgerWrites { replace: vec![next], events: vec![ev], ..Default::default() }, ())
-        })
-        .await
-}
-
 /// L8: commits the claim (running, executedAt, runRequested cleared) before anything runs.
-pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ApiError> {
+pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now: Ts) -> Result<Row, ServiceError> {
     let rt = app.runtime();
-    let functions = rt.functions.clone();
     let (p, actor) = (project.to_string(), if trigger == Trigger::Auto { "auto-execute" } else { "admin" });
     let id_owned = id.to_string();
     let claimed = app
         .store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |state| {
             let Some(row) = state.rows.first() else {
-                return (LedgerWrites::default(), Err(ApiError::not_found(format!("{p}/{id_owned} not found"))));
+                return (LedgerWrites::default(), Err(ServiceError::not_found(format!("{p}/{id_owned} not found"))));
             };
-            let mode = functions.iter().find(|(n, _)| *n == row.function).map(|(_, f)| f.mode);
-            match plan_claim(row, mode, trigger, now) {
+            match plan_claim(row, rt.function_mode(&row.function), trigger, now) {
                 Ok(claimed) => {
                     let ev = event(&p, &claimed.id, "Claimed", format!("running {}", claimed.function), actor, now);
                     (
@@ -258,7 +231,7 @@ pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now
                         Ok(claimed),
                     )
                 }
-                Err(reason) => (LedgerWrites::default(), Err(ApiError::conflict(reason))),
+                Err(reason) => (LedgerWrites::default(), Err(ServiceError::conflict(reason))),
             }
         })
         .await??;
@@ -267,12 +240,12 @@ pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now
 
 /// L12/L13/L10: runs a claimed row's function and writes its result, but only if the row is
 /// still that claim (stale recovery or a person may have moved it meanwhile).
-pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
+pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ServiceError> {
     let rt = app.runtime();
     let project = claimed.project.clone();
     let project = project.as_str();
     let Some((name, function)) = rt.functions.iter().find(|(n, _)| *n == claimed.function).cloned() else {
-        return Err(ApiError::internal("function vanished between claim and run"));
+        return Err(ServiceError::internal("function vanished between claim and run"));
     };
     let mut vars = vec![
         ("PCMAIL_PROJECT", claimed.project.clone()),
@@ -294,25 +267,25 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ApiError> {
     if outcome.is_err() {
         metrics.ledger_failures.with_label_values(&[project]).inc();
     }
-    let (p, done_at) = (project.to_string(), crate::now());
+    let (p, done_at) = (project.to_string(), crate::clock::now());
     let executed_at = claimed.executed_at;
     let row = app
         .store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![claimed.id.clone()]), move |state| {
             let Some(current) = state.rows.first() else { return (LedgerWrites::default(), None) };
-            // Stale recovery or a person may have moved the row meanwhile: theirs stands.
-            if current.state != RowState::Running || current.executed_at != executed_at {
+            let (reason, message) = match &outcome {
+                Ok(_) => ("Succeeded", "result written; review it".to_string()),
+                Err(e) => ("Failed", e.to_string()),
+            };
+            let ran = outcome.as_deref().map_err(|_| message.as_str());
+            let Some(next) = plan_result(current, executed_at, ran) else {
                 return (LedgerWrites::default(), Some(current.clone()));
-            }
-            let (next, reason, message) = match &outcome {
-                Ok(stdout) => (plan_success(current, stdout), "Succeeded", "result written; review it".to_string()),
-                Err(e) => (plan_failure(current, &e.to_string()), "Failed", e.to_string()),
             };
             let ev = event(&p, &next.id, reason, message, "runner", done_at);
             (LedgerWrites { replace: vec![next.clone()], events: vec![ev], ..Default::default() }, Some(next))
         })
         .await?;
-    row.ok_or_else(|| ApiError::not_found("the row was deleted during its run"))
+    row.ok_or_else(|| ServiceError::not_found("the row was deleted during its run"))
 }
 
 /// L11: rows left running past `staleAfter` count one timeout failure (any project).
@@ -354,16 +327,12 @@ pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) ->
         };
         let rows =
             app.store().ledger_transaction(&ledger.project, select, |s| (LedgerWrites::default(), s.rows)).await?;
-        let generate = |r: &Row| rt.functions.iter().any(|(n, f)| *n == r.function && f.mode == FunctionMode::Generate);
-        let candidates = rows.into_iter().filter(|r| match trigger {
-            Trigger::Manual => r.run_requested,
-            Trigger::Auto => r.state == RowState::Todo && generate(r),
-        });
+        let candidates = rows.into_iter().filter(|r| runs_in_pass(r, rt.function_mode(&r.function), trigger));
         for row in candidates {
             if ran.len() >= limit {
                 break;
             }
-            match run_row(app, &ledger.project, &row.id, trigger, crate::now()).await {
+            match run_row(app, &ledger.project, &row.id, trigger, crate::clock::now()).await {
                 Ok(r) => ran.push(r),
                 // Not claimable (already claimed by a concurrent pass, a send row for auto…):
                 // say why on the row's trail and go on.
@@ -373,14 +342,7 @@ pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) ->
                         let (p, id, why) = (ledger.project.clone(), row.id.clone(), e.to_string());
                         app.store()
                             .ledger_transaction(&ledger.project, LedgerSelect::Ids(vec![row.id.clone()]), move |s| {
-                                let mut replace = Vec::new();
-                                // A request that cannot run is cleared, with the reason, so it
-                                // is not retried every pass.
-                                if let Some(r) =
-                                    s.rows.first().filter(|r| r.run_requested && r.state != RowState::Running)
-                                {
-                                    replace.push(Row { run_requested: false, ..r.clone() });
-                                }
+                                let replace = s.rows.first().and_then(plan_skip).into_iter().collect();
                                 let ev = event(&p, &id, "Skipped", why, "controller", now);
                                 (LedgerWrites { replace, events: vec![ev], ..Default::default() }, ())
                             })
@@ -400,32 +362,14 @@ pub async fn set_row(
     id: &str,
     edit: pcmail_core::api::RowEdit,
     now: Ts,
-) -> Result<Row, ApiError> {
-    let state = edit.state.as_deref().map(str::parse::<RowState>).transpose().map_err(ApiError::bad_request)?;
-    if state == Some(RowState::Running) {
-        return Err(ApiError::bad_request("running is set by the runner, not by hand"));
-    }
+) -> Result<Row, ServiceError> {
+    let edit = edit.edit().map_err(ServiceError::bad_request)?;
     let (p, id_owned) = (project.to_string(), id.to_string());
     app.store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
-            let Some(mut row) = s.rows.first().cloned() else {
-                return (LedgerWrites::default(), Err(ApiError::not_found(format!("{p}/{id_owned} not found"))));
+            let Some(row) = s.rows.first().map(|r| plan_edit(r, edit)) else {
+                return (LedgerWrites::default(), Err(ServiceError::not_found(format!("{p}/{id_owned} not found"))));
             };
-            if let Some(st) = state {
-                row.state = st;
-            }
-            if let Some(i) = edit.instruction {
-                row.instruction = i;
-            }
-            if let Some(r) = edit.run {
-                row.run_requested = r;
-            }
-            if let Some(d) = edit.due {
-                row.due = d;
-            }
-            if let Some(a) = edit.assignee {
-                row.assignee = a;
-            }
             let ev = event(&p, &row.id, "Edited", "set-row".into(), "admin", now);
             (LedgerWrites { replace: vec![row], events: vec![ev], ..Default::default() }, Ok(()))
         })
@@ -434,7 +378,7 @@ pub async fn set_row(
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), |s| (LedgerWrites::default(), s.rows))
         .await?
         .pop()
-        .ok_or_else(|| ApiError::not_found(format!("{project}/{id} not found after writing")))
+        .ok_or_else(|| ServiceError::not_found(format!("{project}/{id} not found after writing")))
 }
 
 /// L16 purge-source: a dry run unless `yes`; deletes only untouched rows, bottom-up.

@@ -9,8 +9,9 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
+use crate::cells::Cell;
 use crate::codec::{Columns, Value};
-use crate::{Cell, Result, StoreError};
+use crate::{Result, StoreError};
 
 pub type Param<'a> = &'a (dyn ToSql + Sync);
 

@@ -22,11 +22,12 @@ use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::cells::{Batch, Cell};
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, Value, from_ms, json, ms,
 };
-use crate::transfer::{self, Batch, Cell};
+use crate::transfer;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, Store, StoreError,

@@ -31,8 +31,8 @@ use pcmail_core::sheet::plan::{Fields, plan_sync, row_key};
 use super::client::{Client, SheetsConfig};
 use super::render::{FieldRow, fields, names};
 use super::wire::{ValueRange, delete_rows};
+use crate::cells::Batch;
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
-use crate::transfer::Batch;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,

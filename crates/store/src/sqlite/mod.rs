@@ -15,11 +15,12 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::mpsc;
 
+use crate::cells::{Batch, Cell};
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, from_ms, json, ms,
 };
-use crate::transfer::{self, Batch, Cell};
+use crate::transfer;
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
     Prune, Result, SpecWrites, Store, StoreError,

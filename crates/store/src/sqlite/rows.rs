@@ -2,8 +2,9 @@
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
+use crate::cells::Cell;
 use crate::codec::{Columns, Value};
-use crate::{Cell, Result, StoreError};
+use crate::{Result, StoreError};
 
 impl Columns for rusqlite::Row<'_> {
     fn text(&self, i: usize) -> Result<String> {

@@ -71,6 +71,7 @@ impl<K: Ord + Clone> QueueState<K> {
         }
     }
 
+    #[cfg(test)]
     pub fn failures(&self, key: &K) -> u32 {
         self.failures.get(key).copied().unwrap_or(0)
     }

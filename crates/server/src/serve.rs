@@ -1,0 +1,140 @@
+//! The top of the server: start-up wires the state, the leader lease, the spec sync and the
+//! pools; `serve` adds the controller loop and the HTTP edge (API and console) on one listener.
+
+use pcmail_store::{Change, Store};
+
+use crate::app::{App, Parts};
+use crate::config::{ServeConfig, ServeError};
+use crate::error::ServiceError;
+use crate::key::Key;
+use crate::wakeups::Topic;
+use crate::{api, auth, conns, console, controller, leader, manifests, specs, tls};
+
+/// Opens the store and builds the shared state, then wires what keeps it true: other
+/// replicas' announcements, the leader lease's first attempt, the first spec sync and the
+/// pools' workers. `serve` and the benchmarks start here.
+pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
+    let dir = &config.data_dir;
+    pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
+    let admin_token_hash = auth::ensure_admin_token(dir)?;
+    let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
+    let store = pcmail_store::open(&url, dir).await?;
+    pcmail_store::transfer::check_finished(&store).await?;
+    let identity = store.kv_get(pcmail_store::IDENTITY_KEY).await?.ok_or_else(|| {
+        pcmail_store::StoreError::Schema("the store has no identity (E5); was it changed outside pcmail?".into())
+    })?;
+    let changes = store.changes();
+    let parts =
+        Parts { store, identity, admin_token_hash, replica: leader::replica_name(), shared_store: changes.is_some() };
+    let app = App::new(parts, config)?;
+    if let Some(changes) = changes {
+        tokio::spawn(follow_changes(app.clone(), changes));
+    }
+    // Before the first sync, so a sole replica writes statuses from its first moment.
+    leader::attempt(&app).await?;
+    specs::sync(&app, crate::clock::now()).await?;
+    tokio::spawn(controller::pools::run(app.clone()));
+    // Objects an older build stored that today's rules refuse: said once at start, and
+    // on their status; everything else serves.
+    for problem in &app.runtime().fenced {
+        tracing::warn!("{problem}");
+    }
+    Ok(app)
+}
+
+/// Runs until `shutdown` resolves, then stops taking requests, wakes every long-poll and
+/// returns once in-flight requests are answered.
+pub async fn serve(
+    config: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if !config.listen.ip().is_loopback() && !config.insecure_listen && config.tls.is_none() {
+        return Err(ServeError::InsecureListen(config.listen));
+    }
+    let certificate = match &config.tls {
+        Some((cert, key)) => Some(tls::Certificate::load(cert, key)?),
+        None => None,
+    };
+    let app = start(&config).await?;
+    if let Some(path) = &config.apply {
+        let files =
+            manifests::read_path(path).map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
+        specs::apply(&app, files, false, crate::clock::now())
+            .await
+            .map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let connections = conns::Settings {
+        limit: pcmail_core::conns::limit(config.max_connections, conns::file_limit()),
+        timeouts: pcmail_core::conns::Timeouts {
+            header_ms: ms(config.header_timeout),
+            idle_ms: ms(config.idle_timeout),
+        },
+    };
+    let local = listener.local_addr()?;
+    app.set_listen_addr(local);
+    // Tests and scripts read this line to find a port chosen with :0.
+    let scheme = if certificate.is_some() { "https" } else { "http" };
+    println!("pcmail-ctl serve listening on {scheme}://{local}");
+    tracing::info!(%local, data_dir = %config.data_dir.display(), connections = connections.limit, "serving");
+
+    let controller = tokio::spawn(controller::run(app.clone()));
+    let leader = tokio::spawn(leader::run(app.clone()));
+    let stopping = app.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopping.begin_shutdown();
+    });
+    let acceptor = certificate.map(|c| {
+        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2)));
+        c.acceptor()
+    });
+    conns::serve(listener, router(app.clone()), connections, acceptor, app.watch_shutdown()).await;
+    // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
+    for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "{name} task failed");
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The API and the console on one router; what neither serves is a JSON 404.
+pub(crate) fn router(app: App) -> axum::Router {
+    api::routes(app.clone())
+        .merge(console::routes(std::sync::Arc::default()))
+        .fallback(|| async { ServiceError::not_found("no such route; the API lives under /api/v1/") })
+        .with_state(app)
+}
+
+/// Turns other replicas' announced commits into the same wake-ups this replica's own writes
+/// ring: long-polls, status waits, idle workers, the spec reconciler.
+async fn follow_changes(app: App, mut changes: tokio::sync::broadcast::Receiver<Change>) {
+    loop {
+        let change = match changes.recv().await {
+            Ok(c) => c,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Change::Missed,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        match change {
+            Change::Mail { to } => {
+                app.wakeups().wake(&Topic::Inbox(to));
+                // Arrival notices (M10) are the leader's to post, whichever replica took the send.
+                app.queue().add(Key::Notify);
+            }
+            // Another replica's announcement names no mail: every status wait looks again.
+            Change::MailMoved => app.wakeups().wake_all(|t| matches!(t, Topic::Mail(_))),
+            Change::Jobs => app.ring_job_bell(),
+            Change::Specs => app.queue().add(Key::Specs),
+            Change::Missed => {
+                app.wakeups().wake_all(|_| true);
+                app.ring_job_bell();
+                app.queue().add(Key::Specs);
+            }
+        }
+    }
+}
