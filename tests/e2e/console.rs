@@ -225,3 +225,32 @@ fn u_the_root_and_paths_with_a_trailing_slash_lead_to_the_console_pages() {
     assert!(r.url().path().starts_with("/ui/login"), "{}", r.url());
     assert!(r.text().expect("body").contains("<form"), "the sign-in form");
 }
+
+/// Issue 21: a store that cannot answer shows as an error page (503) that says why — never as
+/// an empty list, nor as "not found" for a mail or row that may well exist.
+#[test]
+fn console_a_store_that_cannot_answer_shows_an_error_page_never_an_empty_list() {
+    let pg = PgScratch::new();
+    let s = Server::start_opts(None, "127.0.0.1:0", &["--store", pg.url.as_str()]);
+    let client =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let login = client.post(format!("{}/ui/login", s.url)).form(&[("token", s.admin_token())]).send().expect("login");
+    let session = login.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("cookie").to_string();
+    let session = session.split(';').next().expect("pair").to_string();
+    let get = |path: &str| {
+        let r = client.get(format!("{}{path}", s.url)).header("cookie", &session).send().expect("get");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    };
+    let lists = ["/ui/ledger", "/ui/mail", "/ui/alerts", "/ui/jobs", "/ui/specs"];
+    for path in lists {
+        assert_eq!(get(path).0, 200, "{path} with the store answering");
+    }
+    assert_eq!(get("/ui/mail/m-none").0, 404, "an unknown mail while the store answers");
+    drop(pg);
+    for path in lists.iter().chain(&["/ui/mail/m-none", "/ui/ledger/office/T-0001"]) {
+        let (status, body) = get(path);
+        assert_eq!(status, 503, "{path} with the store gone: {body}");
+        assert!(body.contains("class=\"error\""), "{path} says why: {body}");
+        assert!(!body.contains("<table"), "{path} shows no empty list: {body}");
+    }
+}

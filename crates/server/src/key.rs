@@ -29,6 +29,19 @@ impl Key {
     /// or pulling sources every few seconds is not what anyone scheduled.
     pub const ALL: [Key; 5] = [Key::MailSweep, Key::Notify, Key::Specs, Key::JobReaper, Key::Prune];
 
+    /// Every key, for the metrics' zero series.
+    pub const EVERY: [Key; 9] = [
+        Key::MailSweep,
+        Key::Notify,
+        Key::Specs,
+        Key::JobReaper,
+        Key::ExecuteChecked,
+        Key::AutoExecute,
+        Key::LedgerSync,
+        Key::RebuildView,
+        Key::Prune,
+    ];
+
     /// C1: only the lease holder runs these; every replica rebuilds its own runtime.
     pub fn leader_only(self) -> bool {
         self != Key::Specs

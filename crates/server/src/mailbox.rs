@@ -18,7 +18,7 @@ use pcmail_store::{MailSelect, MailWrites, Store};
 use crate::app::App;
 use crate::auth::Caller;
 use crate::error::ServiceError;
-use crate::metrics::Parked;
+use crate::metrics::Wait;
 use crate::wakeups::Topic;
 
 /// The event that records one mail's move, for `status`'s timeline.
@@ -324,7 +324,7 @@ pub async fn poll(
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
         let next_look = deadline.min(tokio::time::Instant::now() + recheck);
-        let _parked = Parked::new(app.metrics().waits_parked.with_label_values(&["poll"]));
+        let _parked = app.metrics().parked(Wait::Poll);
         tokio::select! {
             _ = tokio::time::sleep_until(next_look) => {}
             _ = shutdown.changed() => {}
@@ -346,7 +346,7 @@ pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Dura
         if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);
         }
-        let _parked = Parked::new(app.metrics().waits_parked.with_label_values(&["status"]));
+        let _parked = app.metrics().parked(Wait::Status);
         tokio::select! {
             _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + app.recheck_every())) => {}
             _ = changes.changed() => {}

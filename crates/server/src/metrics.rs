@@ -8,10 +8,14 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use pcmail_core::alert::{AlertKind, Breaches};
+use pcmail_core::alert::{AlertKind, Breaches, Urgency};
+use pcmail_core::jobs::JobState;
+use pcmail_core::ledger::RowState;
 use pcmail_core::mail::MailState;
 use pcmail_core::manifest::spec::{FunctionSpec, LedgerSpec, WorkerPoolSpec};
 use prometheus::GaugeVec;
+
+use crate::key::Key;
 
 pub struct Metrics {
     registry: Registry,
@@ -20,11 +24,11 @@ pub struct Metrics {
     pub mail_unread_sla_breached: IntGaugeVec,
     pub mail_transitions: IntCounterVec,
     pub alerts_firing: IntGaugeVec,
-    pub notifications: IntCounterVec,
+    notifications: IntCounterVec,
     pub machine_last_poll: GaugeVec,
     pub intents_pending: IntGaugeVec,
     pub ledger_rows: IntGaugeVec,
-    pub ledger_runs: IntCounterVec,
+    ledger_runs: IntCounterVec,
     pub ledger_failures: IntCounterVec,
     pub jobs: IntGaugeVec,
     pub job_claims: IntCounterVec,
@@ -38,13 +42,40 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub pruned: IntCounterVec,
     pub intents_dropped: IntCounterVec,
-    pub waits_parked: IntGaugeVec,
+    waits_parked: IntGaugeVec,
 }
 
-/// The ledger states of DESIGN L2 and job states of §8, for zero-valued series until the
-/// ledger and job controllers fill them.
-const LEDGER_STATES: [&str; 6] = ["todo", "running", "review", "done", "dropped", "needs-human"];
-const JOB_STATES: [&str; 6] = ["queued", "running", "succeeded", "failed", "dead", "cancelled"];
+/// A closed set of label values: code names a variant, the registry declares every one at 0.
+macro_rules! label_values {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            pub const ALL: &[$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+    };
+}
+
+label_values! {
+    /// How notification posts ended (`pcmail_notifications_total{outcome}`).
+    Notified { Sent => "sent", Failed => "failed", Skipped => "skipped" }
+}
+
+label_values! {
+    /// How a ledger row's Function run ended (`pcmail_ledger_runs_total{outcome}`).
+    RunOutcome { Ok => "ok", Failed => "failed", Timeout => "timeout" }
+}
+
+label_values! {
+    /// What a parked request waits for (`pcmail_waits_parked{kind}`).
+    Wait { Poll => "poll", Status => "status" }
+}
 
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
@@ -129,8 +160,11 @@ impl Metrics {
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        for outcome in ["sent", "failed", "skipped"] {
-            m.notifications.with_label_values(&[outcome]);
+        for outcome in Notified::ALL {
+            m.notifications.with_label_values(&[outcome.as_str()]);
+        }
+        for wait in Wait::ALL {
+            m.waits_parked.with_label_values(&[wait.as_str()]);
         }
         // Every forward move of M1 (and "none" for a new mail), so rates exist from the start.
         let from =
@@ -140,21 +174,25 @@ impl Metrics {
                 m.mail_transitions.with_label_values(&[f, t.as_str()]);
             }
         }
-        for r in [
-            "mail-sweep",
-            "notify",
-            "specs",
-            "job-reaper",
-            "execute-checked",
-            "auto-execute",
-            "ledger-sync",
-            "rebuild-view",
-        ] {
+        for key in Key::EVERY {
             for reason in crate::error::ReconcileError::reasons() {
-                m.reconcile_errors.with_label_values(&[r, reason]);
+                m.reconcile_errors.with_label_values(&[key.name(), reason]);
             }
         }
         Ok(m)
+    }
+
+    pub fn notified(&self, outcome: Notified, posts: u64) {
+        self.notifications.with_label_values(&[outcome.as_str()]).inc_by(posts);
+    }
+
+    pub fn ledger_ran(&self, function: &str, outcome: RunOutcome) {
+        self.ledger_runs.with_label_values(&[function, outcome.as_str()]).inc();
+    }
+
+    /// Counts a wait in `pcmail_waits_parked` for as long as the answer lives.
+    pub fn parked(&self, wait: Wait) -> Parked {
+        Parked::new(self.waits_parked.with_label_values(&[wait.as_str()]))
     }
 
     pub fn encode(&self) -> Result<String, prometheus::Error> {
@@ -177,15 +215,15 @@ impl Metrics {
         self.mail_unread_sla_breached.reset();
         for m in machines {
             self.mail_undelivered.with_label_values(&[m]).set(0);
-            for u in ["urgent", "normal"] {
-                self.mail_unread_sla_breached.with_label_values(&[m, u]).set(0);
+            for u in Urgency::ALL {
+                self.mail_unread_sla_breached.with_label_values(&[m, u.as_str()]).set(0);
             }
         }
         for (to, n) in &b.undelivered {
             self.mail_undelivered.with_label_values(&[to]).set(*n as i64);
         }
         for ((to, urgency), n) in &b.unread {
-            self.mail_unread_sla_breached.with_label_values(&[to, urgency]).set(*n as i64);
+            self.mail_unread_sla_breached.with_label_values(&[to, urgency.as_str()]).set(*n as i64);
         }
         for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
             let n = b.firing.get(&kind).copied().unwrap_or(0);
@@ -202,34 +240,34 @@ impl Metrics {
         functions: &[(&str, &FunctionSpec)],
         pools: &[(&str, &WorkerPoolSpec)],
     ) {
-        for tab in ["mail", "jobs", "events", "alerts"] {
+        for tab in pcmail_store::Prune::TABS {
             self.pruned.with_label_values(&[tab]).inc_by(0);
         }
         for m in machines {
             self.mail_undelivered.with_label_values(&[m]).add(0);
-            for u in ["urgent", "normal"] {
-                self.mail_unread_sla_breached.with_label_values(&[m, u]).add(0);
+            for u in Urgency::ALL {
+                self.mail_unread_sla_breached.with_label_values(&[m, u.as_str()]).add(0);
             }
         }
         for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
             self.alerts_firing.with_label_values(&[kind.as_str()]).add(0);
         }
         for l in ledgers {
-            for s in LEDGER_STATES {
-                self.ledger_rows.with_label_values(&[&l.project, s]).add(0);
+            for s in RowState::ALL {
+                self.ledger_rows.with_label_values(&[&l.project, s.as_str()]).add(0);
             }
             self.ledger_failures.with_label_values(&[&l.project]);
         }
         for (name, _) in functions {
-            for outcome in ["ok", "failed", "timeout"] {
-                self.ledger_runs.with_label_values(&[name, outcome]);
+            for outcome in RunOutcome::ALL {
+                self.ledger_runs.with_label_values(&[name, outcome.as_str()]);
             }
         }
         for (name, pool) in pools {
             self.workers.with_label_values(&[name]).add(0);
             for q in &pool.queues {
-                for s in JOB_STATES {
-                    self.jobs.with_label_values(&[q, s]).add(0);
+                for s in JobState::ALL {
+                    self.jobs.with_label_values(&[q, s.as_str()]).add(0);
                 }
                 self.job_claims.with_label_values(&[q]);
                 self.job_rescues.with_label_values(&[q]);
@@ -244,7 +282,7 @@ impl Metrics {
 pub struct Parked(prometheus::IntGauge);
 
 impl Parked {
-    pub fn new(gauge: prometheus::IntGauge) -> Parked {
+    fn new(gauge: prometheus::IntGauge) -> Parked {
         gauge.inc();
         Parked(gauge)
     }

@@ -249,7 +249,10 @@ pub enum Prune {
 }
 
 impl Prune {
-    /// The tab it prunes, for `pcmail_pruned_total{tab}`.
+    /// Every tab a prune may name, for the metric's zero series.
+    pub const TABS: [&str; 4] = ["mail", "jobs", "events", "alerts"];
+
+    /// The tab it prunes, for `pcmail_pruned_total{tab}`; one of [`Prune::TABS`].
     pub fn tab(&self) -> &'static str {
         match self {
             Prune::ClosedMail { .. } => "mail",

@@ -187,8 +187,7 @@ pub struct AlertInputs<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Breaches {
     pub undelivered: BTreeMap<String, u64>,
-    /// (recipient, "urgent" | "normal")
-    pub unread: BTreeMap<(String, String), u64>,
+    pub unread: BTreeMap<(String, Urgency), u64>,
     pub firing: BTreeMap<AlertKind, u64>,
 }
 
@@ -198,8 +197,26 @@ pub struct AlertPlan {
     pub breaches: Breaches,
 }
 
-fn urgency(m: &Mail) -> &'static str {
-    if m.urgent { "urgent" } else { "normal" }
+/// Which unread SLA a mail is held to; the `urgency` label of alerts and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Urgency {
+    Urgent,
+    Normal,
+}
+
+impl Urgency {
+    pub const ALL: [Urgency; 2] = [Urgency::Urgent, Urgency::Normal];
+
+    pub fn of(m: &Mail) -> Urgency {
+        if m.urgent { Urgency::Urgent } else { Urgency::Normal }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Urgency::Urgent => "urgent",
+            Urgency::Normal => "normal",
+        }
+    }
 }
 
 /// M9: fires what breaches and is not yet firing, resolves what fires and no longer breaches.
@@ -227,11 +244,11 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             firing.push((AlertKind::IntentUnanswered, m.id.clone(), crate::present::cut(&summary, 300), labels));
         }
         if is_unread_past_sla(m, policy, now) {
-            *breaches.unread.entry((m.to.clone(), urgency(m).to_string())).or_default() += 1;
+            *breaches.unread.entry((m.to.clone(), Urgency::of(m))).or_default() += 1;
             let labels = BTreeMap::from([
                 ("to".to_string(), m.to.clone()),
                 ("from".to_string(), m.from.clone()),
-                ("urgency".to_string(), urgency(m).to_string()),
+                ("urgency".to_string(), Urgency::of(m).as_str().to_string()),
             ]);
             let age = format_age(now - m.delivered_at.unwrap_or(now));
             firing.push((
@@ -337,7 +354,7 @@ fn title(m: &Mail) -> String {
 
 /// O6: how loud an alert is — `critical` for urgent mail, `warning` for everything else.
 pub fn severity(a: &Alert) -> &'static str {
-    if a.labels.get("urgency").is_some_and(|u| u == "urgent") { "critical" } else { "warning" }
+    if a.labels.get("urgency").is_some_and(|u| u == Urgency::Urgent.as_str()) { "critical" } else { "warning" }
 }
 
 /// M10: decision and work requests and urgent mail notify the humans once per id on arrival.
@@ -358,7 +375,7 @@ pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
         labels: BTreeMap::from([
             ("to".to_string(), m.to.clone()),
             ("from".to_string(), m.from.clone()),
-            ("urgency".to_string(), urgency(m).to_string()),
+            ("urgency".to_string(), Urgency::of(m).as_str().to_string()),
         ]),
         firing_since: now,
         resolved_at: None,
@@ -409,7 +426,7 @@ mod tests {
         let at_2h = plan(&[urgent.clone(), normal.clone()], &[], at(2 * H));
         assert_eq!(at_2h.upsert.len(), 1);
         assert_eq!((at_2h.upsert[0].kind, at_2h.upsert[0].subject.as_str()), (AlertKind::UnreadSla, "mail--00000001"));
-        assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), "urgent".into())), Some(&1));
+        assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), Urgency::Urgent)), Some(&1));
         assert!(plan(std::slice::from_ref(&normal), &[], at(6 * H - 1)).upsert.is_empty());
         assert_eq!(plan(&[normal], &[], at(6 * H)).upsert.len(), 1);
     }

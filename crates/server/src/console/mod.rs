@@ -116,6 +116,15 @@ impl Ctx {
     }
 }
 
+/// A page, or the error page that stands in for it.
+type Page = Result<Response, Response>;
+
+/// A store that cannot answer shows as an error page (503) naming why, never as an empty list
+/// or a "not found".
+fn unavailable(ctx: &Ctx) -> impl Fn(pcmail_store::StoreError) -> Response + '_ {
+    move |e| failure(ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+}
+
 fn failure(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
     let body = format!("<p class=\"error\">{}</p>", esc(message));
     (status, Html(page(ctx.lang, t(ctx.lang, "Error", "エラー"), Some(&ctx.csrf), &body))).into_response()
@@ -215,11 +224,8 @@ fn state_label(lang: Lang, s: RowState) -> &'static str {
     }
 }
 
-async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
-    let rows = match app.store().ledger_rows(None).await {
-        Ok(r) => r,
-        Err(e) => return failure(&ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    };
+async fn ledger(State(app): State<App>, ctx: Ctx) -> Page {
+    let rows = app.store().ledger_rows(None).await.map_err(unavailable(&ctx))?;
     let today = crate::clock::now().format("%Y-%m-%d").to_string();
     let l = ctx.lang;
     let cells: Vec<Vec<String>> = rows
@@ -257,23 +263,21 @@ async fn ledger(State(app): State<App>, ctx: Ctx) -> Response {
         t(l, "Waiting for review", "要確認"),
         t(l, "Overdue", "期限超過")
     );
-    Html(page(l, t(l, "Ledger", "台帳"), Some(&ctx.csrf), &(summary + &table(&headers_row, &cells)))).into_response()
+    Ok(Html(page(l, t(l, "Ledger", "台帳"), Some(&ctx.csrf), &(summary + &table(&headers_row, &cells))))
+        .into_response())
 }
 
-async fn row_page(State(app): State<App>, ctx: Ctx, Path((project, id)): Path<(String, String)>) -> Response {
+async fn row_page(State(app): State<App>, ctx: Ctx, Path((project, id)): Path<(String, String)>) -> Page {
     render_row(&app, &ctx, &project, &id, None).await
 }
 
-async fn render_row(app: &App, ctx: &Ctx, project: &str, id: &str, error: Option<&str>) -> Response {
+async fn render_row(app: &App, ctx: &Ctx, project: &str, id: &str, error: Option<&str>) -> Page {
     let l = ctx.lang;
-    let rows = match app.store().ledger_rows(Some(project)).await {
-        Ok(r) => r,
-        Err(e) => return failure(ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    };
+    let rows = app.store().ledger_rows(Some(project)).await.map_err(unavailable(ctx))?;
     let Some(row) = rows.into_iter().find(|r| r.id == id) else {
-        return failure(ctx, StatusCode::NOT_FOUND, &format!("{project}/{id} not found"));
+        return Err(failure(ctx, StatusCode::NOT_FOUND, &format!("{project}/{id} not found")));
     };
-    let history = app.store().events_for(&format!("ledger/{project}/{id}")).await.unwrap_or_default();
+    let history = app.store().events_for(&format!("ledger/{project}/{id}")).await.map_err(unavailable(ctx))?;
     let fields: Vec<Vec<String>> = [
         (t(l, "State", "状態"), format!("<span id=\"state\">{}</span>", esc(state_label(l, row.state)))),
         (t(l, "Task", "タスク"), esc(&row.task)),
@@ -326,7 +330,7 @@ async fn render_row(app: &App, ctx: &Ctx, project: &str, id: &str, error: Option
         t(l, "History", "履歴")
     );
     let status = if error.is_empty() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    (status, Html(page(l, &format!("{project} / {id}"), Some(&ctx.csrf), &body))).into_response()
+    Ok((status, Html(page(l, &format!("{project} / {id}"), Some(&ctx.csrf), &body))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -346,9 +350,9 @@ async fn row_edit(
     ctx: Ctx,
     Path((project, id)): Path<(String, String)>,
     Form(form): Form<RowForm>,
-) -> Response {
+) -> Page {
     if let Some(refused) = ctx.forged(&form.csrf) {
-        return refused;
+        return Err(refused);
     }
     let edit = pcmail_core::api::RowEdit {
         project: Some(project.clone()),
@@ -365,17 +369,14 @@ async fn row_edit(
     }
     .await;
     match outcome {
-        Ok(()) => Redirect::to(&format!("/ui/ledger/{project}/{id}")).into_response(),
+        Ok(()) => Ok(Redirect::to(&format!("/ui/ledger/{project}/{id}")).into_response()),
         Err(e) => render_row(&app, &ctx, &project, &id, Some(e.message())).await,
     }
 }
 
-async fn mail(State(app): State<App>, ctx: Ctx) -> Response {
+async fn mail(State(app): State<App>, ctx: Ctx) -> Page {
     let l = ctx.lang;
-    let all = match app.store().list_mail(MailQuery { limit: 500, ..Default::default() }).await {
-        Ok(m) => m,
-        Err(e) => return failure(&ctx, StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    };
+    let all = app.store().list_mail(MailQuery { limit: 500, ..Default::default() }).await.map_err(unavailable(&ctx))?;
     let policy = app.runtime().mail_policy.clone();
     let now = crate::clock::now();
     let mut by_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -407,15 +408,15 @@ async fn mail(State(app): State<App>, ctx: Ctx) -> Response {
             )
         })
         .collect();
-    Html(page(l, t(l, "Mail", "メール"), Some(&ctx.csrf), &body)).into_response()
+    Ok(Html(page(l, t(l, "Mail", "メール"), Some(&ctx.csrf), &body)).into_response())
 }
 
-async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>) -> Response {
+async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>) -> Page {
     let l = ctx.lang;
-    let Ok(Some(m)) = app.store().get_mail(&id).await else {
-        return failure(&ctx, StatusCode::NOT_FOUND, &format!("mail {id} not found"));
+    let Some(m) = app.store().get_mail(&id).await.map_err(unavailable(&ctx))? else {
+        return Err(failure(&ctx, StatusCode::NOT_FOUND, &format!("mail {id} not found")));
     };
-    let events = app.store().events_for(&format!("mail/{id}")).await.unwrap_or_default();
+    let events = app.store().events_for(&format!("mail/{id}")).await.map_err(unavailable(&ctx))?;
     let stamps: Vec<Vec<String>> = [
         ("created", Some(m.created_at)),
         ("delivered", m.delivered_at),
@@ -439,12 +440,12 @@ async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>)
         t(l, "Timeline", "経過"),
         table(&[t(l, "At", "日時"), t(l, "Reason", "理由"), t(l, "Message", "内容"), t(l, "By", "操作者")], &rows)
     );
-    Html(page(l, &id, Some(&ctx.csrf), &body)).into_response()
+    Ok(Html(page(l, &id, Some(&ctx.csrf), &body)).into_response())
 }
 
-async fn alerts(State(app): State<App>, ctx: Ctx) -> Response {
+async fn alerts(State(app): State<App>, ctx: Ctx) -> Page {
     let l = ctx.lang;
-    let alerts = app.store().list_alerts(200).await.unwrap_or_default();
+    let alerts = app.store().list_alerts(200).await.map_err(unavailable(&ctx))?;
     let rows: Vec<Vec<String>> = alerts
         .iter()
         .map(|a| {
@@ -466,15 +467,18 @@ async fn alerts(State(app): State<App>, ctx: Ctx) -> Response {
         t(l, "Notified", "通知済み"),
         t(l, "Changed", "更新"),
     ];
-    Html(page(l, t(l, "Alerts", "アラート"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response()
+    Ok(Html(page(l, t(l, "Alerts", "アラート"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response())
 }
 
-async fn jobs(State(app): State<App>, ctx: Ctx) -> Response {
+async fn jobs(State(app): State<App>, ctx: Ctx) -> Page {
     let l = ctx.lang;
-    let counts = app.store().job_counts().await.unwrap_or_default();
+    let counts = app.store().job_counts().await.map_err(unavailable(&ctx))?;
     let rows: Vec<Vec<String>> = counts.iter().map(|(q, s, n)| vec![esc(q), esc(s), n.to_string()]).collect();
-    let recent =
-        app.store().list_jobs(pcmail_store::JobQuery { limit: 50, ..Default::default() }).await.unwrap_or_default();
+    let recent = app
+        .store()
+        .list_jobs(pcmail_store::JobQuery { limit: 50, ..Default::default() })
+        .await
+        .map_err(unavailable(&ctx))?;
     let recent: Vec<Vec<String>> = recent
         .iter()
         .map(|j| {
@@ -504,12 +508,12 @@ async fn jobs(State(app): State<App>, ctx: Ctx) -> Response {
             &recent
         )
     );
-    Html(page(l, t(l, "Jobs", "ジョブ"), Some(&ctx.csrf), &body)).into_response()
+    Ok(Html(page(l, t(l, "Jobs", "ジョブ"), Some(&ctx.csrf), &body)).into_response())
 }
 
-async fn specs(State(app): State<App>, ctx: Ctx) -> Response {
+async fn specs(State(app): State<App>, ctx: Ctx) -> Page {
     let l = ctx.lang;
-    let specs = app.store().list_specs().await.unwrap_or_default();
+    let specs = app.store().list_specs().await.map_err(unavailable(&ctx))?;
     let rows: Vec<Vec<String>> = specs
         .iter()
         .map(|s| {
@@ -525,5 +529,5 @@ async fn specs(State(app): State<App>, ctx: Ctx) -> Response {
         .collect();
     let headers_row =
         [t(l, "Kind", "種類"), t(l, "Name", "名前"), t(l, "Generation", "世代"), t(l, "Conditions", "状態")];
-    Html(page(l, t(l, "Specs", "設定"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response()
+    Ok(Html(page(l, t(l, "Specs", "設定"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response())
 }

@@ -15,6 +15,7 @@ use pcmail_store::Store;
 use crate::app::App;
 use crate::error::ReconcileError;
 use crate::key::Key;
+use crate::metrics::Notified;
 
 /// Alerts per post; more are posted by the next run, which is queued at once.
 const BATCH: usize = 100;
@@ -38,7 +39,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     let Some(notify) = rt.mail_policy.notify.clone() else {
         // No webhook: the alerts tab and metrics are the record (DESIGN M10).
         if !batch.is_empty() {
-            app.metrics().notifications.with_label_values(&["skipped"]).inc_by(batch.len() as u64);
+            app.metrics().notified(Notified::Skipped, batch.len() as u64);
             store.mark_notified(batch, now).await?;
         }
         return requeue_if(app, more);
@@ -66,7 +67,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     app.notify_limiter(notify.min_interval).until_ready().await;
     match post(app, &url, &body).await {
         Ok(()) => {
-            app.metrics().notifications.with_label_values(&["sent"]).inc_by(batch.len() as u64);
+            app.metrics().notified(Notified::Sent, batch.len() as u64);
             app.set_notify_error(None);
             let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
             tracing::info!(count = batch.len(), ?sent_states, "notified");
@@ -115,9 +116,9 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
         .when(|e: &PostError| e.retryable)
         .adjust(|e: &PostError, d| e.retry_after.or(d))
         .notify(|e: &PostError, d| {
-            app.metrics().notifications.with_label_values(&["failed"]).inc();
+            app.metrics().notified(Notified::Failed, 1);
             tracing::warn!(error = %e.message, retry_in = ?d, "notification post failed");
         })
         .await
-        .inspect_err(|_| app.metrics().notifications.with_label_values(&["failed"]).inc())
+        .inspect_err(|_| app.metrics().notified(Notified::Failed, 1))
 }

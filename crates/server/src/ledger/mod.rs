@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::error::ServiceError;
+use crate::metrics::RunOutcome;
 
 pub mod settle;
 
@@ -258,12 +259,14 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ServiceError> {
     }
     let outcome = crate::exec::run(&name, &function, &vars, build_prompt(&claimed)).await;
     let metrics = app.metrics();
-    let label = match &outcome {
-        Ok(_) => "ok",
-        Err(crate::exec::ExecError::Timeout(_)) => "timeout",
-        Err(_) => "failed",
-    };
-    metrics.ledger_runs.with_label_values(&[&name, label]).inc();
+    metrics.ledger_ran(
+        &name,
+        match &outcome {
+            Ok(_) => RunOutcome::Ok,
+            Err(crate::exec::ExecError::Timeout(_)) => RunOutcome::Timeout,
+            Err(_) => RunOutcome::Failed,
+        },
+    );
     if outcome.is_err() {
         metrics.ledger_failures.with_label_values(&[project]).inc();
     }
