@@ -1,9 +1,11 @@
 //! `ledger …`: the task ledger from the command line (L7, L15, L16).
 
 use pcmail_agent::client::Client;
-use pcmail_core::api::{ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest};
+use pcmail_core::api::{
+    LedgerView, MergeCounts, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest, SyncReport,
+};
 use pcmail_core::ledger::{Incoming, Row, RowState};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::args::{LedgerCommand, Output};
 use crate::exit::Exit;
@@ -40,8 +42,8 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             print_rows(&rows, output)?;
         }
         LedgerCommand::View => {
-            let v: Value = client.get("/api/v1/ledger/view", &[]).await?;
-            print!("{}", v["view"].as_str().unwrap_or_default());
+            let v: LedgerView = client.get("/api/v1/ledger/view", &[]).await?;
+            print!("{}", v.view);
         }
         LedgerCommand::SetRow { id, state, instruction, run, due, assignee, output } => {
             let body = RowEdit { project, state, instruction, run: run.then_some(true), due, assignee };
@@ -64,14 +66,14 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             let item = Incoming { source, task, content, evidence, due, assignee, function, refresh: false };
             let body = PushRequest { project, items: vec![item] };
             // L7: a push never breaks its caller: the answer is always one JSON line, exit 0.
-            let answer = match client.post::<_, Value>("/api/v1/ledger/push", &body).await {
-                Ok(v) => v,
+            let answer = match client.post::<_, MergeCounts>("/api/v1/ledger/push", &body).await {
+                Ok(counts) => serde_json::to_value(counts)?,
                 Err(e) => json!({"error": e.to_string()}),
             };
             println!("{answer}");
         }
         LedgerCommand::Sync => {
-            let report: Value = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;
+            let report: SyncReport = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         LedgerCommand::PurgeSource { source, yes } => {

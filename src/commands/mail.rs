@@ -5,7 +5,7 @@ use std::io::Read;
 use anyhow::Context;
 use pcmail_agent::client::{Client, home};
 use pcmail_agent::mail::{self, Action};
-use pcmail_core::api::SendRequest;
+use pcmail_core::api::{SendRequest, StepRequest};
 use pcmail_core::duration::Dur;
 use pcmail_core::mail::{Mail, MailState};
 
@@ -95,7 +95,7 @@ pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyho
 }
 
 pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32> {
-    let mail = mail::step(client, id, Action::Seen, serde_json::json!({})).await?;
+    let mail = mail::step(client, id, Action::Seen, &StepRequest::default()).await?;
     if !output::structured(out, &mail)? {
         println!("id:      {}", mail.id);
         println!("from:    {}", mail.from);
@@ -112,8 +112,8 @@ pub async fn read(client: &Client, id: &str, out: Output) -> anyhow::Result<i32>
     Ok(0)
 }
 
-pub async fn step(client: &Client, id: &str, action: Action, body: serde_json::Value) -> anyhow::Result<i32> {
-    let mail = mail::step(client, id, action, body).await?;
+pub async fn step(client: &Client, id: &str, action: Action, body: StepRequest) -> anyhow::Result<i32> {
+    let mail = mail::step(client, id, action, &body).await?;
     println!("{} {}", mail.id, mail.state);
     Ok(0)
 }

@@ -10,7 +10,7 @@ mod specs;
 mod store;
 
 use anyhow::Context;
-use pcmail_core::api::{TokenRequest, TokenResponse, WhoAmI};
+use pcmail_core::api::{StepRequest, TokenRequest, TokenResponse, WhoAmI};
 
 use pcmail_agent::client::{Client, ClientConfig, config_path, home, read_ca, write_private};
 use pcmail_agent::mail::Action;
@@ -58,9 +58,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Send(args) => mail::send(&client, args).await,
                 Command::Inbox { all, sent, output } => mail::inbox(&client, all, sent, output).await,
                 Command::Read { id, output } => mail::read(&client, &id, output).await,
-                Command::Ack { id } => mail::step(&client, &id, Action::Ack, serde_json::json!({})).await,
+                Command::Ack { id } => mail::step(&client, &id, Action::Ack, StepRequest::default()).await,
                 Command::Fail { id, reason } => {
-                    mail::step(&client, &id, Action::Fail, serde_json::json!({"reason": reason})).await
+                    let body = StepRequest { reason: Some(reason), ..Default::default() };
+                    mail::step(&client, &id, Action::Fail, body).await
                 }
                 Command::Reply { id, body, auto } => mail::reply(&client, &id, &body, auto).await,
                 Command::Status { id, wait_for, timeout, output } => {

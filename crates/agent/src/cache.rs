@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
+use pcmail_core::api::StepRequest;
 use pcmail_core::mail::{Mail, Step, apply_step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_core::present::{Limits, Tally};
@@ -314,7 +315,10 @@ impl Cache {
                             tx,
                             "fail",
                             &polled.id,
-                            &serde_json::json!({"reason": format!("quarantined by the agent on {me}: {why}")}),
+                            &StepRequest {
+                                result: None,
+                                reason: Some(format!("quarantined by the agent on {me}: {why}")),
+                            },
                             now,
                         )?;
                         report.quarantined.push(polled.id);
@@ -479,12 +483,11 @@ impl Cache {
 }
 
 /// The server route for a local step.
-fn server_call(step: &Step) -> (&'static str, serde_json::Value) {
+fn server_call(step: &Step) -> (&'static str, StepRequest) {
     match step {
-        Step::See | Step::Deliver => ("seen", serde_json::json!({})),
-        Step::Done { result } => ("ack", serde_json::json!({"result": result})),
-        Step::Fail { reason } => ("fail", serde_json::json!({"reason": reason})),
-        Step::Expire => ("seen", serde_json::json!({})),
+        Step::See | Step::Deliver | Step::Expire => ("seen", StepRequest::default()),
+        Step::Done { result } => ("ack", StepRequest { result: result.clone(), reason: None }),
+        Step::Fail { reason } => ("fail", StepRequest { result: None, reason: Some(reason.clone()) }),
     }
 }
 
@@ -537,9 +540,10 @@ fn update(tx: &Transaction, m: &Mail) -> rusqlite::Result<()> {
     .map(|_| ())
 }
 
-fn queue(tx: &Transaction, action: &str, target: &str, body: &serde_json::Value, now: Ts) -> rusqlite::Result<()> {
+fn queue(tx: &Transaction, action: &str, target: &str, body: &impl serde::Serialize, now: Ts) -> rusqlite::Result<()> {
+    let body = serde_json::to_string(body).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     tx.prepare_cached("INSERT INTO pending (action, target, body, next_at, created_at) VALUES (?1, ?2, ?3, ?4, ?4)")?
-        .execute(params![action, target, body.to_string(), ms(now)])
+        .execute(params![action, target, body, ms(now)])
         .map(|_| ())
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, SendResponse};
+use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, SendResponse, StepRequest};
 use pcmail_core::ids;
 use pcmail_core::mail::{Mail, MailState, reply_refusal};
 
@@ -104,8 +104,8 @@ pub async fn list(client: &Client, sent: bool, all: bool) -> Result<Vec<Mail>, M
 
 /// Moves one mail a step at the server (`body`: `{"result"}` for ack, `{"reason"}` for fail)
 /// and in the cache; answers the server's copy.
-pub async fn step(client: &Client, id: &str, action: Action, body: serde_json::Value) -> Result<Mail, MailError> {
-    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{}", action.route()), &body).await?;
+pub async fn step(client: &Client, id: &str, action: Action, body: &StepRequest) -> Result<Mail, MailError> {
+    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{}", action.route()), body).await?;
     refresh_cache(&mail);
     Ok(mail)
 }

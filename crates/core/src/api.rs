@@ -397,6 +397,29 @@ impl Validate for PushRequest {
     }
 }
 
+/// The answer of `POST /api/v1/ledger/push` (L7): what one merge did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeCounts {
+    pub added: usize,
+    pub updated: usize,
+    pub skipped: usize,
+}
+
+/// The answer of `POST /api/v1/ledger/sync`: one project's pull.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncReport {
+    pub project: String,
+    pub counts: MergeCounts,
+    /// Sources that could not be read, with why; the others were merged.
+    pub errors: Vec<String>,
+}
+
+/// The answer of `GET /api/v1/ledger/view` (L14/L15): the cross-project view as text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerView {
+    pub view: String,
+}
+
 /// `POST /api/v1/ledger/rows/{id}` (L3, L16): the fields a person may change with `set-row`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pcmail_core::api::{ErrorCode, MailStatus, SendRequest};
+use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, StepRequest};
 use pcmail_core::ids;
 use pcmail_core::intent::{external_key, listing};
 use pcmail_core::mail::{Mail, MailKind, MailState, Step};
@@ -233,16 +233,16 @@ pub async fn call(
             Ok(format!("sent {} to {to}", sent.id))
         }
         "inbox" => Ok(inbox_text(&mail::list(client, false, args.flag("all")?).await?)),
-        "read" => Ok(read_text(&mail::step(client, &args.id()?, Action::Seen, json!({})).await?)),
+        "read" => Ok(read_text(&mail::step(client, &args.id()?, Action::Seen, &StepRequest::default()).await?)),
         "reply" => {
             let id = args.id()?;
             let sent = mail::reply(client, &id, args.str("body")?, false, None).await?;
             Ok(format!("replied {}; {id} is done", sent.id))
         }
-        "ack" => Ok(step_text(&mail::step(client, &args.id()?, Action::Ack, json!({})).await?)),
+        "ack" => Ok(step_text(&mail::step(client, &args.id()?, Action::Ack, &StepRequest::default()).await?)),
         "fail" => {
-            let body = json!({"reason": args.str("reason")?});
-            Ok(step_text(&mail::step(client, &args.id()?, Action::Fail, body).await?))
+            let body = StepRequest { reason: Some(args.str("reason")?.to_string()), ..Default::default() };
+            Ok(step_text(&mail::step(client, &args.id()?, Action::Fail, &body).await?))
         }
         "status" => {
             let wait_for = match args.opt_str("wait_for")?.as_deref() {

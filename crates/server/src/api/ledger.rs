@@ -5,18 +5,19 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use pcmail_core::api::{Kept, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest};
+use pcmail_core::api::{
+    Kept, LedgerView, MergeCounts, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest, SyncReport,
+};
 use pcmail_core::ledger::{Row, Trigger};
 use pcmail_core::manifest::spec::ScheduleRole;
 use pcmail_store::Store;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::{JsonBody, detached};
 use crate::app::App;
 use crate::auth::Caller;
 use crate::error::ServiceError;
-use crate::ledger::{self, MergeCounts, resolve_project};
+use crate::ledger::{self, resolve_project};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,9 +35,9 @@ pub async fn list(
     Ok(Json(app.store().ledger_rows(Some(&project)).await?))
 }
 
-pub async fn view(State(app): State<App>) -> Result<Json<Value>, ServiceError> {
+pub async fn view(State(app): State<App>) -> Result<Json<LedgerView>, ServiceError> {
     let today = crate::clock::now().format("%Y-%m-%d").to_string();
-    Ok(Json(json!({"view": ledger::view(&app, &today).await?})))
+    Ok(Json(LedgerView { view: ledger::view(&app, &today).await? }))
 }
 
 /// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
@@ -94,13 +95,13 @@ pub async fn sync(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     JsonBody(q): JsonBody<ProjectBody>,
-) -> Result<Json<Value>, ServiceError> {
+) -> Result<Json<SyncReport>, ServiceError> {
     caller.require_admin()?;
     let project = resolve_project(&app, q.project.as_deref())?;
     let spec = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
     let spec = spec.ok_or_else(|| ServiceError::not_found(format!("no Ledger for {project}")))?;
     let report = detached(async move { Ok(ledger::sync_project(&app, &spec, crate::clock::now()).await?) }).await?;
-    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+    Ok(Json(report))
 }
 
 pub async fn purge(

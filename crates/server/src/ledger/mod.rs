@@ -3,7 +3,7 @@
 //! planner of `pcmail_core::ledger`; a function runs between its claim and its result.
 
 use pcmail_core::Ts;
-use pcmail_core::api::Event;
+use pcmail_core::api::{Event, MergeCounts, SyncReport};
 use pcmail_core::jobs::LEDGER_UNIQUE_PREFIX;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
@@ -13,20 +13,12 @@ use pcmail_core::ledger::{
 };
 use pcmail_core::manifest::spec::{LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
-use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::error::ServiceError;
 use crate::metrics::RunOutcome;
 
 pub mod settle;
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MergeCounts {
-    pub added: usize,
-    pub updated: usize,
-    pub skipped: usize,
-}
 
 fn event(project: &str, id: &str, reason: &str, message: String, actor: &str, now: Ts) -> Event {
     Event { at: now, object: format!("ledger/{project}/{id}"), reason: reason.into(), message, actor: actor.into() }
@@ -103,14 +95,6 @@ async fn pull(source: &LedgerSource) -> Result<Vec<Incoming>, String> {
         Some(agg) => vec![aggregate(&source.name, &agg.title, items.len(), source.file.as_deref().unwrap_or(""))],
         None => items.into_iter().map(|i| i.into_incoming(&source.name)).collect(),
     })
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SyncReport {
-    pub project: String,
-    pub counts: MergeCounts,
-    /// Sources that could not be read, with why; the others were merged.
-    pub errors: Vec<String>,
 }
 
 /// L7 pull for one project: every source read, all merged in one transaction.
