@@ -228,6 +228,10 @@ pub fn alert_params<'a>(a: &'a Alert, labels: &'a str) -> Vec<Value<'a>> {
 pub const LEDGER_COLUMNS: &str = "project, id, state, run_requested, task, content, source, evidence, due, assignee, \
     function, result, executed_at, instruction, key, failures, refresh, seq";
 
+/// A ledger row is found by (project, id); its `seq` is fixed when it is added.
+pub const LEDGER_KEY: &[&str] = &["project", "id"];
+pub const LEDGER_FIXED: &[&str] = &["seq"];
+
 pub fn ledger_row(r: &dyn Columns) -> Result<LedgerRow> {
     let id = r.text(1)?;
     Ok(LedgerRow {
@@ -279,6 +283,34 @@ pub fn ledger_params(row: &LedgerRow) -> Vec<Value<'_>> {
 pub const JOB_COLUMNS: &str = "id, queue, function, payload, state, priority, attempts, max_attempts, run_after, \
     lease_owner, lease_token, lease_expires_at, heartbeat_at, rescues, last_error, result, unique_key, ledger_ref, \
     created_at, finished_at, enqueued_by";
+
+/// A job is found by its id; what it is (queue, function, payload, keys, origin, creation)
+/// never changes after it is enqueued.
+pub const JOB_KEY: &[&str] = &["id"];
+pub const JOB_FIXED: &[&str] =
+    &["queue", "function", "payload", "unique_key", "ledger_ref", "created_at", "enqueued_by"];
+
+/// An upsert into `table` of rows in `columns` order, taken from `rows` (`VALUES (?1, …)` in
+/// SQLite, `VALUES ($1, …)` or `SELECT * FROM unnest(…)` in PostgreSQL): a row whose `key`
+/// exists takes every new value but the key's and the `fixed` columns'. Both dialects spell it
+/// alike, so it is written once, from the codec's column list.
+pub fn upsert_sql(table: &str, columns: &str, key: &[&str], fixed: &[&str], rows: &str) -> String {
+    let updates: Vec<String> = columns
+        .split(", ")
+        .filter(|c| !key.contains(c) && !fixed.contains(c))
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {table} ({columns}) {rows} ON CONFLICT ({}) DO UPDATE SET {}",
+        key.join(", "),
+        updates.join(", ")
+    )
+}
+
+/// The number of columns in a codec column list.
+pub fn arity(columns: &str) -> usize {
+    columns.split(", ").count()
+}
 
 pub fn job(r: &dyn Columns) -> Result<Job> {
     let id = r.text(0)?;
@@ -483,4 +515,26 @@ pub const MAIL_TABLE_COLUMNS: &[&str] = &[
 
 pub fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l7_j1_an_upsert_updates_every_column_but_its_key_and_fixed_ones_named_from_the_codec() {
+        for (columns, key, fixed) in [(LEDGER_COLUMNS, LEDGER_KEY, LEDGER_FIXED), (JOB_COLUMNS, JOB_KEY, JOB_FIXED)] {
+            let all: Vec<&str> = columns.split(", ").collect();
+            for c in key.iter().chain(fixed) {
+                assert!(all.contains(c), "{c} is not a column of {columns}");
+            }
+            let sql = upsert_sql("t", columns, key, fixed, "VALUES (?1)");
+            let (_, set) = sql.split_once("DO UPDATE SET ").expect("an update clause");
+            let updated: Vec<&str> = set.split(", ").map(|a| a.split(" = ").next().unwrap_or_default()).collect();
+            assert_eq!(updated.len() + key.len() + fixed.len(), all.len(), "{sql}");
+            assert!(updated.iter().all(|c| !key.contains(c) && !fixed.contains(c)), "{sql}");
+            assert!(sql.contains(&format!("ON CONFLICT ({})", key.join(", "))), "{sql}");
+        }
+        assert_eq!(arity(LEDGER_COLUMNS), 18);
+    }
 }

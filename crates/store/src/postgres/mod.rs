@@ -226,25 +226,16 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
 }
 
 async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
-    let upsert = format!(
-        "INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({}) ON CONFLICT (project, id) DO UPDATE SET state = excluded.state, \
-         run_requested = excluded.run_requested, task = excluded.task, content = excluded.content, source = excluded.source, \
-         evidence = excluded.evidence, due = excluded.due, assignee = excluded.assignee, function = excluded.function, \
-         result = excluded.result, executed_at = excluded.executed_at, instruction = excluded.instruction, \
-         key = excluded.key, failures = excluded.failures, refresh = excluded.refresh",
-        placeholders(18)
-    );
+    let ledger_upsert =
+        |rows: &str| codec::upsert_sql("ledger", LEDGER_COLUMNS, codec::LEDGER_KEY, codec::LEDGER_FIXED, rows);
     let whole: Vec<LedgerRow> = w.add.iter().chain(&w.replace).cloned().collect();
     if !whole.is_empty() {
         let rows: Vec<Vec<Value>> = last_per_key(&whole, |r| &r.id).map(codec::ledger_params).collect();
         let columns = transpose(&rows);
-        let bulk = upsert.replacen(
-            &format!("VALUES ({})", placeholders(18)),
-            &format!("SELECT * FROM {}", unnest(&columns)),
-            1,
-        );
+        let bulk = ledger_upsert(&format!("SELECT * FROM {}", unnest(&columns)));
         c.execute(&bulk, &column_params(&columns)).await?;
     }
+    let upsert = ledger_upsert(&format!("VALUES ({})", placeholders(codec::arity(LEDGER_COLUMNS))));
     for p in &w.patch {
         let mut current = select_ledger(c, project, &LedgerSelect::Ids(vec![p.id.clone()])).await?;
         if let Some(row) = current.first_mut() {
@@ -551,15 +542,8 @@ impl Store for PgStore {
             }
             let rows: Vec<Vec<Value>> = last_per_key(&writes, |j| &j.id).map(codec::job_params).collect();
             let columns = transpose(&rows);
-            let sql = format!(
-                "INSERT INTO jobs ({JOB_COLUMNS}) SELECT * FROM {} ON CONFLICT (id) DO UPDATE SET state = excluded.state, \
-                 priority = excluded.priority, attempts = excluded.attempts, max_attempts = excluded.max_attempts, \
-                 run_after = excluded.run_after, lease_owner = excluded.lease_owner, lease_token = excluded.lease_token, \
-                 lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at, \
-                 rescues = excluded.rescues, last_error = excluded.last_error, result = excluded.result, \
-                 finished_at = excluded.finished_at",
-                unnest(&columns)
-            );
+            let rows_from = format!("SELECT * FROM {}", unnest(&columns));
+            let sql = codec::upsert_sql("jobs", JOB_COLUMNS, codec::JOB_KEY, codec::JOB_FIXED, &rows_from);
             c.execute(&sql, &column_params(&columns)).await?;
             Ok(out)
         }

@@ -276,16 +276,7 @@ fn select_ledger(conn: &Connection, project: &str, select: &LedgerSelect) -> Res
 }
 
 fn apply_ledger_writes(conn: &Connection, project: &str, w: &LedgerWrites) -> Result<()> {
-    let placeholders: Vec<String> = (1..=18).map(|i| format!("?{i}")).collect();
-    let upsert = format!(
-        "INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({}) ON CONFLICT(project, id) DO UPDATE SET state = excluded.state, \
-         run_requested = excluded.run_requested, task = excluded.task, content = excluded.content, source = excluded.source, \
-         evidence = excluded.evidence, due = excluded.due, assignee = excluded.assignee, function = excluded.function, \
-         result = excluded.result, executed_at = excluded.executed_at, instruction = excluded.instruction, \
-         key = excluded.key, failures = excluded.failures, refresh = excluded.refresh",
-        placeholders.join(", ")
-    );
-    let mut stmt = conn.prepare_cached(&upsert).map_err(map_err)?;
+    let mut stmt = conn.prepare_cached(&LEDGER_UPSERT).map_err(map_err)?;
     for row in w.add.iter().chain(&w.replace) {
         stmt.execute(rusqlite::params_from_iter(codec::ledger_params(row))).map_err(map_err)?;
     }
@@ -347,21 +338,20 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 
 /// Columns a job keeps from its insert on: no plan changes them, and an upsert of a known id
 /// leaves them alone.
-const JOB_IDENTITY: [&str; 8] =
-    ["id", "queue", "function", "payload", "unique_key", "ledger_ref", "created_at", "enqueued_by"];
+/// `VALUES (?1, …, ?n)` for a row of `columns`.
+fn values(columns: &str) -> String {
+    let placeholders: Vec<String> = (1..=codec::arity(columns)).map(|i| format!("?{i}")).collect();
+    format!("VALUES ({})", placeholders.join(", "))
+}
 
 /// A job the transaction did not load: inserted, or (a row another path wrote meanwhile)
-/// updated in every column but its identity. Built once from the codec's column list.
+/// updated in every column but its identity.
 static JOB_UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let columns: Vec<&str> = JOB_COLUMNS.split(", ").collect();
-    let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
-    let updates: Vec<String> =
-        columns.iter().filter(|c| !JOB_IDENTITY.contains(c)).map(|c| format!("{c} = excluded.{c}")).collect();
-    format!(
-        "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({}) ON CONFLICT(id) DO UPDATE SET {}",
-        placeholders.join(", "),
-        updates.join(", ")
-    )
+    codec::upsert_sql("jobs", JOB_COLUMNS, codec::JOB_KEY, codec::JOB_FIXED, &values(JOB_COLUMNS))
+});
+
+static LEDGER_UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    codec::upsert_sql("ledger", LEDGER_COLUMNS, codec::LEDGER_KEY, codec::LEDGER_FIXED, &values(LEDGER_COLUMNS))
 });
 
 /// Writes only the columns of `new` that differ from `old`, as loaded in this transaction: a
@@ -371,7 +361,7 @@ fn update_changed(conn: &Connection, old: &Job, new: &Job) -> Result<()> {
     let changed: Vec<(&str, codec::Value)> = JOB_COLUMNS
         .split(", ")
         .zip(before.into_iter().zip(after))
-        .filter(|(c, (b, a))| !JOB_IDENTITY.contains(c) && b != a)
+        .filter(|(c, (b, a))| !codec::JOB_KEY.contains(c) && !codec::JOB_FIXED.contains(c) && b != a)
         .map(|(c, (_, a))| (c, a))
         .collect();
     if changed.is_empty() {
