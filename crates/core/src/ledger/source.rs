@@ -62,58 +62,68 @@ pub fn parse_items(format: SourceFormat, text: &str) -> Result<Vec<Item>, String
     }
 }
 
-/// RFC 4180 CSV with a header row naming the item fields (others ignored).
+/// RFC 4180 CSV with a header row naming the item fields (others ignored); a problem names
+/// where it is.
 fn parse_csv(text: &str) -> Result<Vec<Item>, String> {
-    let records = csv_records(text.trim_start_matches('\u{feff}'))?;
-    let Some((header, rows)) = records.split_first() else { return Ok(vec![]) };
+    let text = text.trim_start_matches('\u{feff}');
+    if let Some((line, column)) = unclosed_quote(text) {
+        return Err(format!("CSV line {line}, column {column}: a quoted field opened here is never closed"));
+    }
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
+    let header = reader.headers().map_err(positioned)?.clone();
     let col = |name: &str| header.iter().position(|h| h.trim().eq_ignore_ascii_case(name));
-    let task = col("task").ok_or("CSV: the header row has no `task` column")?;
+    let task = col("task").ok_or("CSV line 1: the header row has no `task` column")?;
     let cols = [col("content"), col("evidence"), col("due"), col("assignee"), col("function")];
-    let cell = |r: &[String], c: Option<usize>| c.and_then(|c| r.get(c)).cloned().unwrap_or_default();
-    Ok(rows
-        .iter()
-        .filter(|r| r.iter().any(|c| !c.trim().is_empty()))
-        .map(|r| Item {
-            task: cell(r, Some(task)),
-            content: cell(r, cols[0]),
-            evidence: cell(r, cols[1]),
-            due: cell(r, cols[2]),
-            assignee: cell(r, cols[3]),
-            function: cell(r, cols[4]),
-        })
-        .collect())
+    let mut items = Vec::new();
+    for record in reader.records() {
+        let r = record.map_err(positioned)?;
+        if r.iter().all(|c| c.trim().is_empty()) {
+            continue;
+        }
+        let cell = |c: Option<usize>| c.and_then(|c| r.get(c)).unwrap_or_default().to_string();
+        items.push(Item {
+            task: cell(Some(task)),
+            content: cell(cols[0]),
+            evidence: cell(cols[1]),
+            due: cell(cols[2]),
+            assignee: cell(cols[3]),
+            function: cell(cols[4]),
+        });
+    }
+    Ok(items)
 }
 
-fn csv_records(text: &str) -> Result<Vec<Vec<String>>, String> {
-    let mut records = Vec::new();
-    let (mut record, mut field) = (Vec::new(), String::new());
-    let (mut quoted, mut chars) = (false, text.chars().peekable());
+/// A csv error as a person finds it in the file: by its line.
+fn positioned(e: csv::Error) -> String {
+    match e.position() {
+        Some(p) => format!("CSV line {}: {e}", p.line()),
+        None => format!("CSV: {e}"),
+    }
+}
+
+/// Where (line, column) a quoted field opens and never closes, if one does: csv reads such a
+/// field to the end of the text without a word, which would turn the rest of the file into one
+/// cell.
+fn unclosed_quote(text: &str) -> Option<(usize, usize)> {
+    let (mut line, mut column, mut opened, mut at_field_start) = (1, 0, None, true);
+    let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
+        column += 1;
+        match (opened, c) {
+            (Some(_), '"') if chars.peek() == Some(&'"') => {
                 chars.next();
-                field.push('"');
+                column += 1;
             }
-            (true, '"') => quoted = false,
-            (true, c) => field.push(c),
-            (false, '"') if field.is_empty() => quoted = true,
-            (false, ',') => record.push(std::mem::take(&mut field)),
-            (false, '\r') => {}
-            (false, '\n') => {
-                record.push(std::mem::take(&mut field));
-                records.push(std::mem::take(&mut record));
-            }
-            (false, c) => field.push(c),
+            (Some(_), '"') => opened = None,
+            (None, '"') if at_field_start => opened = Some((line, column)),
+            _ => {}
         }
+        if c == '\n' {
+            (line, column) = (line + 1, 0);
+        }
+        at_field_start = opened.is_none() && matches!(c, ',' | '\n' | '\r');
     }
-    if quoted {
-        return Err("CSV: a quoted field is not closed".into());
-    }
-    if !field.is_empty() || !record.is_empty() {
-        record.push(field);
-        records.push(record);
-    }
-    Ok(records)
+    opened
 }
 
 #[cfg(test)]
@@ -130,7 +140,23 @@ mod tests {
             ("見積書, A社", "line1\nline2", "2026-12-01")
         );
         assert_eq!(items[1].task, "say \"hi\"");
-        assert!(parse_items(SourceFormat::Csv, "content\nx\n").is_err_and(|e| e.contains("no `task` column")));
+        assert_eq!(
+            parse_items(SourceFormat::Csv, "content\nx\n"),
+            Err("CSV line 1: the header row has no `task` column".into())
+        );
+    }
+
+    #[test]
+    fn l7_csv_keeps_crlf_inside_quotes_takes_a_bom_and_names_the_line_of_an_unclosed_quote() {
+        let text = "\u{feff}task,content\r\na,\"one\r\ntwo\"\r\nb,plain\r\n";
+        let items = parse_items(SourceFormat::Csv, text).expect("parses");
+        assert_eq!(items.iter().map(|i| i.content.as_str()).collect::<Vec<_>>(), ["one\r\ntwo", "plain"]);
+        assert_eq!(items[0].task, "a", "the BOM is not part of the first header");
+        let broken = "task,content\na,ok\nb,\"never closed\nc,lost\n";
+        assert_eq!(
+            parse_items(SourceFormat::Csv, broken),
+            Err("CSV line 3, column 3: a quoted field opened here is never closed".into())
+        );
     }
 
     #[test]
