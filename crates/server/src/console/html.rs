@@ -1,21 +1,8 @@
-//! The console's HTML: one escape function every interpolation goes through, the page layout,
-//! and the labels in Japanese and English.
+//! The console's layout and labels. Pages are maud templates: every interpolated value is
+//! escaped by its type, so task text full of markup and script shows as text; only `Markup`
+//! (a template's own output) goes in unescaped.
 
-/// Text as HTML: `& < > " '` escaped, so task text full of markup and script shows as text.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use maud::{DOCTYPE, Markup, html};
 
 /// A value as one URL path segment (T9): everything but `A-Z a-z 0-9 - . _ ~` percent-encoded,
 /// so a name with `/ ? #` stays one segment of its own link.
@@ -55,32 +42,48 @@ pub fn t(lang: Lang, en: &'static str, ja: &'static str) -> &'static str {
     }
 }
 
-/// A whole page: navigation (with the logout form and its CSRF token) and `body`.
-pub fn page(lang: Lang, title: &str, csrf: Option<&str>, body: &str) -> String {
-    let nav = match csrf {
-        Some(csrf) => format!(
-            "<nav><a href=\"/ui/ledger\">{}</a> <a href=\"/ui/mail\">{}</a> <a href=\"/ui/alerts\">{}</a> \
-             <a href=\"/ui/jobs\">{}</a> <a href=\"/ui/specs\">{}</a> \
-             <form method=\"post\" action=\"/ui/logout\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>{}</button></form></nav>",
-            t(lang, "Ledger", "台帳"),
-            t(lang, "Mail", "メール"),
-            t(lang, "Alerts", "アラート"),
-            t(lang, "Jobs", "ジョブ"),
-            t(lang, "Specs", "設定"),
-            esc(csrf),
-            t(lang, "Log out", "ログアウト"),
-        ),
-        None => String::new(),
-    };
-    let html_lang = if lang == Lang::Ja { "ja" } else { "en" };
-    format!(
-        "<!doctype html><html lang=\"{html_lang}\"><head><meta charset=\"utf-8\"><title>{} — pcmail</title>\
-         <meta name=\"viewport\" content=\"width=device-width\"><link rel=\"stylesheet\" href=\"/ui/style.css\"></head>\
-         <body>{nav}<main><h1>{}</h1>{body}</main></body></html>",
-        esc(title),
-        esc(title)
-    )
+/// A whole page: navigation (with the logout form and its CSRF token) when signed in, and `body`.
+pub fn page(lang: Lang, title: &str, csrf: Option<&str>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang=(if lang == Lang::Ja { "ja" } else { "en" }) {
+            head {
+                meta charset="utf-8";
+                title { (title) " — pcmail" }
+                meta name="viewport" content="width=device-width";
+                link rel="stylesheet" href="/ui/style.css";
+            }
+            body {
+                @if let Some(csrf) = csrf {
+                    nav {
+                        a href="/ui/ledger" { (t(lang, "Ledger", "台帳")) } " "
+                        a href="/ui/mail" { (t(lang, "Mail", "メール")) } " "
+                        a href="/ui/alerts" { (t(lang, "Alerts", "アラート")) } " "
+                        a href="/ui/jobs" { (t(lang, "Jobs", "ジョブ")) } " "
+                        a href="/ui/specs" { (t(lang, "Specs", "設定")) } " "
+                        form.inline method="post" action="/ui/logout" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button { (t(lang, "Log out", "ログアウト")) }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// A table with a header row.
+pub fn table(headers: &[&str], rows: impl IntoIterator<Item = Vec<Markup>>) -> Markup {
+    html! {
+        table {
+            thead { tr { @for h in headers { th { (h) } } } }
+            tbody { @for row in rows { tr { @for cell in row { td { (cell) } } } } }
+        }
+    }
 }
 
 /// The stylesheet, served at `/ui/style.css`: the pages' CSP allows no inline style (T9).
@@ -90,16 +93,6 @@ table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;pad
 .review{background:#fff6d6}.overdue{color:#b00020;font-weight:bold}.error{color:#b00020}pre{white-space:pre-wrap}\
 label{display:block;margin:.5em 0}textarea{width:100%;min-height:5em}";
 
-/// A table with a header row; cells are already HTML.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let head: String = headers.iter().map(|h| format!("<th>{}</th>", esc(h))).collect();
-    let body: String = rows
-        .iter()
-        .map(|r| format!("<tr>{}</tr>", r.iter().map(|c| format!("<td>{c}</td>")).collect::<String>()))
-        .collect();
-    format!("<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,14 +100,20 @@ mod tests {
     #[test]
     fn console_text_full_of_markup_and_script_is_shown_escaped() {
         let hostile = "<script>alert('x')</script><img src=x onerror=\"steal()\">&amp;";
-        let shown = esc(hostile);
-        assert!(!shown.contains('<') && !shown.contains('>') && !shown.contains('"'), "{shown}");
-        assert_eq!(
-            shown,
-            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&lt;img src=x onerror=&quot;steal()&quot;&gt;&amp;amp;"
+        let cell = html! { (hostile) };
+        let whole = page(Lang::En, hostile, Some("\"><script>"), table(&[hostile], [vec![cell]])).into_string();
+        assert!(!whole.contains("<script>"), "{whole}");
+        assert!(!whole.contains("<img"), "{whole}");
+        assert!(
+            whole.contains(
+                "&lt;script&gt;alert('x')&lt;/script&gt;&lt;img src=x onerror=&quot;steal()&quot;&gt;&amp;amp;"
+            ),
+            "{whole}"
         );
-        let whole = page(Lang::En, hostile, Some("\"><script>"), "");
-        assert!(!whole.contains("<script>alert"), "{whole}");
+        assert!(
+            whole.contains("value=\"&quot;&gt;&lt;script&gt;\""),
+            "the CSRF token stays inside its attribute: {whole}"
+        );
     }
 
     #[test]

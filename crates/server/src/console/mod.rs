@@ -2,12 +2,12 @@
 //! (review and correct rows, tick ▶ run), mail per machine with each mail's timeline, alerts,
 //! job queues and every spec object's status. Forms work without JavaScript. Behind the admin
 //! token through a login form; an HttpOnly SameSite=Strict session cookie; a CSRF token in
-//! every form. Every value shown goes through `html::esc`.
+//! every form. Handlers read; `views` renders, through maud templates that escape by type.
 
 mod html;
 mod session;
+mod views;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Form, Path, State};
@@ -16,12 +16,12 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use pcmail_core::ids::sha256_hex;
-use pcmail_core::ledger::{RowState, Trigger, is_overdue};
+use pcmail_core::ledger::Trigger;
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
 use crate::app::App;
-use html::{Lang, esc, lang, page, seg, t, table};
+use html::{Lang, lang, page, t};
 pub use session::Sessions;
 
 pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
@@ -98,21 +98,23 @@ impl axum::extract::FromRequestParts<App> for Ctx {
 }
 
 impl Ctx {
+    /// A signed-in page: the navigation carries the session's CSRF token for logging out.
+    fn page(&self, title: &str, body: maud::Markup) -> Html<String> {
+        Html(page(self.lang, title, Some(&self.csrf), body).into_string())
+    }
+
     /// A posted form's CSRF token must be the session's: otherwise a 403 to answer, and
     /// nothing changes.
     fn forged(&self, posted: &str) -> Option<Response> {
         if !posted.is_empty() && crate::auth::constant_time_eq(posted, &self.csrf) {
             return None;
         }
-        let body = format!(
-            "<p class=\"error\">{}</p>",
-            t(
-                self.lang,
-                "This form was not sent from this console (its CSRF token is missing or wrong); nothing was changed.",
-                "このフォームはコンソールから送られていません（CSRF トークンがないか不正です）。何も変更していません。"
-            )
-        );
-        Some((StatusCode::FORBIDDEN, Html(page(self.lang, "403", Some(&self.csrf), &body))).into_response())
+        let body = views::message(t(
+            self.lang,
+            "This form was not sent from this console (its CSRF token is missing or wrong); nothing was changed.",
+            "このフォームはコンソールから送られていません（CSRF トークンがないか不正です）。何も変更していません。",
+        ));
+        Some((StatusCode::FORBIDDEN, self.page("403", body)).into_response())
     }
 }
 
@@ -126,8 +128,7 @@ fn unavailable(ctx: &Ctx) -> impl Fn(pcmail_store::StoreError) -> Response + '_ 
 }
 
 fn failure(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
-    let body = format!("<p class=\"error\">{}</p>", esc(message));
-    (status, Html(page(ctx.lang, t(ctx.lang, "Error", "エラー"), Some(&ctx.csrf), &body))).into_response()
+    (status, ctx.page(t(ctx.lang, "Error", "エラー"), views::message(message))).into_response()
 }
 
 async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
@@ -140,8 +141,8 @@ async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> Response {
         return Redirect::permanent(&format!("{canonical}{query}")).into_response();
     }
     let lang = language(&headers);
-    let body = format!("<p class=\"error\">{}</p>", t(lang, "No such page.", "そのページはありません。"));
-    (StatusCode::NOT_FOUND, Html(page(lang, "404", None, &body))).into_response()
+    let body = views::message(t(lang, "No such page.", "そのページはありません。"));
+    (StatusCode::NOT_FOUND, Html(page(lang, "404", None, body).into_string())).into_response()
 }
 
 async fn login_form(headers: HeaderMap) -> Html<String> {
@@ -149,14 +150,7 @@ async fn login_form(headers: HeaderMap) -> Html<String> {
 }
 
 fn login_page(lang: Lang, error: Option<&str>) -> String {
-    let error = error.map(|e| format!("<p class=\"error\">{}</p>", esc(e))).unwrap_or_default();
-    let body = format!(
-        "{error}<form method=\"post\" action=\"/ui/login\"><label>{} <input type=\"password\" name=\"token\" id=\"token\" \
-         autocomplete=\"current-password\"></label><button id=\"login\">{}</button></form>",
-        t(lang, "Admin token (the contents of admin.token)", "管理トークン（admin.token の中身）"),
-        t(lang, "Sign in", "ログイン"),
-    );
-    page(lang, t(lang, "Sign in", "ログイン"), None, &body)
+    page(lang, t(lang, "Sign in", "ログイン"), None, views::login(lang, error)).into_string()
 }
 
 #[derive(Deserialize)]
@@ -217,54 +211,10 @@ async fn logout(
     ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/ui/login")).into_response()
 }
 
-fn state_label(lang: Lang, s: RowState) -> &'static str {
-    match lang {
-        Lang::Ja => s.ja(),
-        Lang::En => s.as_str(),
-    }
-}
-
 async fn ledger(State(app): State<App>, ctx: Ctx) -> Page {
     let rows = app.store().ledger_rows(None).await.map_err(unavailable(&ctx))?;
     let today = crate::clock::now().format("%Y-%m-%d").to_string();
-    let l = ctx.lang;
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let (review, overdue) = (r.state == RowState::Review, is_overdue(r, &today));
-            vec![
-                esc(&r.project),
-                format!("<a href=\"/ui/ledger/{}/{}\">{}</a>", seg(&r.project), seg(&r.id), esc(&r.id)),
-                format!(
-                    "<span class=\"{}\">{}</span>",
-                    if review { "review" } else { "" },
-                    esc(state_label(l, r.state))
-                ),
-                esc(&r.task),
-                format!("<span class=\"{}\">{}</span>", if overdue { "overdue" } else { "" }, esc(&r.due)),
-                r.failures.to_string(),
-                if r.run_requested { "▶".into() } else { String::new() },
-            ]
-        })
-        .collect();
-    let headers_row = [
-        t(l, "Project", "案件"),
-        t(l, "Task ID", "タスクID"),
-        t(l, "State", "状態"),
-        t(l, "Task", "タスク"),
-        t(l, "Due", "期限"),
-        t(l, "Failures", "失敗回数"),
-        t(l, "▶Run", "▶AI実行"),
-    ];
-    let review = rows.iter().filter(|r| r.state == RowState::Review).count();
-    let overdue = rows.iter().filter(|r| is_overdue(r, &today)).count();
-    let summary = format!(
-        "<p id=\"summary\">{}: {review} · {}: {overdue}</p>",
-        t(l, "Waiting for review", "要確認"),
-        t(l, "Overdue", "期限超過")
-    );
-    Ok(Html(page(l, t(l, "Ledger", "台帳"), Some(&ctx.csrf), &(summary + &table(&headers_row, &cells))))
-        .into_response())
+    Ok(ctx.page(t(ctx.lang, "Ledger", "台帳"), views::ledger(ctx.lang, &rows, &today)).into_response())
 }
 
 async fn row_page(State(app): State<App>, ctx: Ctx, Path((project, id)): Path<(String, String)>) -> Page {
@@ -272,65 +222,14 @@ async fn row_page(State(app): State<App>, ctx: Ctx, Path((project, id)): Path<(S
 }
 
 async fn render_row(app: &App, ctx: &Ctx, project: &str, id: &str, error: Option<&str>) -> Page {
-    let l = ctx.lang;
     let rows = app.store().ledger_rows(Some(project)).await.map_err(unavailable(ctx))?;
     let Some(row) = rows.into_iter().find(|r| r.id == id) else {
         return Err(failure(ctx, StatusCode::NOT_FOUND, &format!("{project}/{id} not found")));
     };
     let history = app.store().events_for(&format!("ledger/{project}/{id}")).await.map_err(unavailable(ctx))?;
-    let fields: Vec<Vec<String>> = [
-        (t(l, "State", "状態"), format!("<span id=\"state\">{}</span>", esc(state_label(l, row.state)))),
-        (t(l, "Task", "タスク"), esc(&row.task)),
-        (t(l, "Content", "内容"), format!("<pre>{}</pre>", esc(&row.content))),
-        (t(l, "Source", "発生源"), esc(&row.source)),
-        (t(l, "Evidence", "根拠"), esc(&row.evidence)),
-        (t(l, "Due", "期限"), esc(&row.due)),
-        (t(l, "AI function", "AI機能"), esc(&row.function)),
-        (t(l, "Result", "実行結果"), format!("<pre id=\"result\">{}</pre>", esc(&row.result))),
-        (t(l, "Executed at", "実行日時"), row.executed_at.map(|t| esc(&t.to_rfc3339())).unwrap_or_default()),
-        (t(l, "Failures", "失敗回数"), row.failures.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| vec![esc(k), v])
-    .collect();
-    let options: String = RowState::ALL
-        .iter()
-        .filter(|s| **s != RowState::Running)
-        .map(|s| {
-            let selected = if *s == row.state { " selected" } else { "" };
-            format!("<option value=\"{}\"{selected}>{}</option>", s.as_str(), esc(state_label(l, *s)))
-        })
-        .collect();
-    let form = format!(
-        "<form method=\"post\" action=\"/ui/ledger/{}/{}\" id=\"edit\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <label>{} <select name=\"state\" id=\"state-input\">{options}</select></label>\
-         <label>{}<textarea name=\"instruction\" id=\"instruction\">{}</textarea></label>\
-         <label><input type=\"checkbox\" name=\"run\" id=\"run\" value=\"on\"> {}</label>\
-         <button id=\"save\">{}</button></form>",
-        seg(project),
-        seg(id),
-        esc(&ctx.csrf),
-        t(l, "State", "状態"),
-        t(l, "Correction instruction (goes to this row's next run)", "修正指示（この行の次の実行に渡ります）"),
-        esc(&row.instruction),
-        t(l, "▶ Run now (waits for the result)", "▶ いま実行する（結果を待ちます）"),
-        t(l, "Save", "保存"),
-    );
-    let events: Vec<Vec<String>> = history
-        .iter()
-        .rev()
-        .map(|e| vec![esc(&e.at.to_rfc3339()), esc(&e.reason), esc(&e.message), esc(&e.actor)])
-        .collect();
-    let history =
-        table(&[t(l, "At", "日時"), t(l, "Reason", "理由"), t(l, "Message", "内容"), t(l, "By", "操作者")], &events);
-    let error = error.map(|e| format!("<p class=\"error\" id=\"error\">{}</p>", esc(e))).unwrap_or_default();
-    let body = format!(
-        "{error}{}{form}<h2>{}</h2>{history}",
-        table(&[t(l, "Field", "項目"), t(l, "Value", "値")], &fields),
-        t(l, "History", "履歴")
-    );
-    let status = if error.is_empty() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    Ok((status, Html(page(l, &format!("{project} / {id}"), Some(&ctx.csrf), &body))).into_response())
+    let status = if error.is_none() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+    let body = views::row(ctx.lang, &ctx.csrf, &row, history, error);
+    Ok((status, ctx.page(&format!("{project} / {id}"), body)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -375,159 +274,36 @@ async fn row_edit(
 }
 
 async fn mail(State(app): State<App>, ctx: Ctx) -> Page {
-    let l = ctx.lang;
     let all = app.store().list_mail(MailQuery { limit: 500, ..Default::default() }).await.map_err(unavailable(&ctx))?;
     let policy = app.runtime().mail_policy.clone();
-    let now = crate::clock::now();
-    let mut by_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for m in &all {
-        let late = pcmail_core::alert::is_unread_past_sla(m, &policy, now);
-        let row = format!(
-            "<tr><td><a href=\"/ui/mail/{}\">{}</a></td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
-            seg(&m.id),
-            esc(&m.id),
-            esc(&m.from),
-            if late { "overdue" } else { "" },
-            esc(m.state.as_str()),
-            esc(&m.subject),
-            esc(&m.created_at.to_rfc3339()),
-        );
-        by_machine.entry(m.to.clone()).or_default().push(row);
-    }
-    let body: String = by_machine
-        .iter()
-        .map(|(machine, rows)| {
-            format!(
-                "<h2>{}</h2><table><thead><tr><th>id</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
-                esc(machine),
-                t(l, "From", "送信元"),
-                t(l, "State (red: unread past SLA)", "状態（赤: 未読 SLA 超過）"),
-                t(l, "Subject", "件名"),
-                t(l, "Sent", "送信日時"),
-                rows.concat()
-            )
-        })
-        .collect();
-    Ok(Html(page(l, t(l, "Mail", "メール"), Some(&ctx.csrf), &body)).into_response())
+    let body = views::mail(ctx.lang, &all, &policy, crate::clock::now());
+    Ok(ctx.page(t(ctx.lang, "Mail", "メール"), body).into_response())
 }
 
 async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>) -> Page {
-    let l = ctx.lang;
     let Some(m) = app.store().get_mail(&id).await.map_err(unavailable(&ctx))? else {
         return Err(failure(&ctx, StatusCode::NOT_FOUND, &format!("mail {id} not found")));
     };
     let events = app.store().events_for(&format!("mail/{id}")).await.map_err(unavailable(&ctx))?;
-    let stamps: Vec<Vec<String>> = [
-        ("created", Some(m.created_at)),
-        ("delivered", m.delivered_at),
-        ("seen", m.seen_at),
-        ("done", m.done_at),
-        ("expires", Some(m.expires_at)),
-    ]
-    .into_iter()
-    .filter_map(|(k, v)| Some(vec![esc(k), esc(&v?.to_rfc3339())]))
-    .collect();
-    let rows: Vec<Vec<String>> =
-        events.iter().map(|e| vec![esc(&e.at.to_rfc3339()), esc(&e.reason), esc(&e.message), esc(&e.actor)]).collect();
-    let body = format!(
-        "<p>{} → {} · <b>{}</b></p><h2>{}</h2><pre>{}</pre>{}<h2>{}</h2>{}",
-        esc(&m.from),
-        esc(&m.to),
-        esc(m.state.as_str()),
-        esc(&m.subject),
-        esc(&m.body),
-        table(&[t(l, "Stamp", "時刻"), ""], &stamps),
-        t(l, "Timeline", "経過"),
-        table(&[t(l, "At", "日時"), t(l, "Reason", "理由"), t(l, "Message", "内容"), t(l, "By", "操作者")], &rows)
-    );
-    Ok(Html(page(l, &id, Some(&ctx.csrf), &body)).into_response())
+    Ok(ctx.page(&id, views::timeline(ctx.lang, &m, events)).into_response())
 }
 
 async fn alerts(State(app): State<App>, ctx: Ctx) -> Page {
-    let l = ctx.lang;
     let alerts = app.store().list_alerts(200).await.map_err(unavailable(&ctx))?;
-    let rows: Vec<Vec<String>> = alerts
-        .iter()
-        .map(|a| {
-            vec![
-                esc(a.kind.as_str()),
-                esc(&a.subject),
-                esc(a.state.as_str()),
-                esc(&a.summary),
-                esc(a.notified.map(|n| n.as_str()).unwrap_or("")),
-                esc(&a.updated_at.to_rfc3339()),
-            ]
-        })
-        .collect();
-    let headers_row = [
-        t(l, "Kind", "種類"),
-        t(l, "Subject", "対象"),
-        t(l, "State", "状態"),
-        t(l, "Summary", "概要"),
-        t(l, "Notified", "通知済み"),
-        t(l, "Changed", "更新"),
-    ];
-    Ok(Html(page(l, t(l, "Alerts", "アラート"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response())
+    Ok(ctx.page(t(ctx.lang, "Alerts", "アラート"), views::alerts(ctx.lang, &alerts)).into_response())
 }
 
 async fn jobs(State(app): State<App>, ctx: Ctx) -> Page {
-    let l = ctx.lang;
     let counts = app.store().job_counts().await.map_err(unavailable(&ctx))?;
-    let rows: Vec<Vec<String>> = counts.iter().map(|(q, s, n)| vec![esc(q), esc(s), n.to_string()]).collect();
     let recent = app
         .store()
         .list_jobs(pcmail_store::JobQuery { limit: 50, ..Default::default() })
         .await
         .map_err(unavailable(&ctx))?;
-    let recent: Vec<Vec<String>> = recent
-        .iter()
-        .map(|j| {
-            vec![
-                esc(&j.id),
-                esc(&j.queue),
-                esc(&j.function),
-                esc(j.state.as_str()),
-                j.attempts.to_string(),
-                esc(j.last_error.as_deref().unwrap_or("")),
-            ]
-        })
-        .collect();
-    let body = format!(
-        "{}<h2>{}</h2>{}",
-        table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], &rows),
-        t(l, "Latest jobs", "最近のジョブ"),
-        table(
-            &[
-                "id",
-                t(l, "Queue", "キュー"),
-                t(l, "Function", "機能"),
-                t(l, "State", "状態"),
-                t(l, "Attempts", "試行"),
-                t(l, "Last error", "直近のエラー")
-            ],
-            &recent
-        )
-    );
-    Ok(Html(page(l, t(l, "Jobs", "ジョブ"), Some(&ctx.csrf), &body)).into_response())
+    Ok(ctx.page(t(ctx.lang, "Jobs", "ジョブ"), views::jobs(ctx.lang, &counts, &recent)).into_response())
 }
 
 async fn specs(State(app): State<App>, ctx: Ctx) -> Page {
-    let l = ctx.lang;
     let specs = app.store().list_specs().await.map_err(unavailable(&ctx))?;
-    let rows: Vec<Vec<String>> = specs
-        .iter()
-        .map(|s| {
-            let conditions: String = s
-                .status
-                .conditions
-                .iter()
-                .map(|c| format!("{}={} ({}) {}", esc(&c.type_), esc(&c.status), esc(&c.reason), esc(&c.message)))
-                .collect::<Vec<_>>()
-                .join("<br>");
-            vec![esc(s.kind.as_str()), esc(&s.name), s.generation.to_string(), conditions]
-        })
-        .collect();
-    let headers_row =
-        [t(l, "Kind", "種類"), t(l, "Name", "名前"), t(l, "Generation", "世代"), t(l, "Conditions", "状態")];
-    Ok(Html(page(l, t(l, "Specs", "設定"), Some(&ctx.csrf), &table(&headers_row, &rows))).into_response())
+    Ok(ctx.page(t(ctx.lang, "Specs", "設定"), views::specs(ctx.lang, &specs)).into_response())
 }

@@ -1,0 +1,259 @@
+//! The console's pages as templates over what the handlers read: no IO, no clock (the time a
+//! page judges by comes in), so each renders the same for the same data.
+
+use std::collections::BTreeMap;
+
+use maud::{Markup, html};
+use pcmail_core::Ts;
+use pcmail_core::alert::{Alert, is_unread_past_sla};
+use pcmail_core::api::Event;
+use pcmail_core::jobs::Job;
+use pcmail_core::ledger::{Row, RowState, is_overdue};
+use pcmail_core::mail::Mail;
+use pcmail_core::manifest::SpecRecord;
+use pcmail_core::manifest::spec::MailPolicySpec;
+
+use super::html::{Lang, seg, t, table};
+
+/// One sentence in the error colour.
+pub fn message(text: &str) -> Markup {
+    html! { p.error { (text) } }
+}
+
+pub fn login(l: Lang, error: Option<&str>) -> Markup {
+    html! {
+        @if let Some(e) = error { (message(e)) }
+        form method="post" action="/ui/login" {
+            label {
+                (t(l, "Admin token (the contents of admin.token)", "管理トークン（admin.token の中身）")) " "
+                input #token type="password" name="token" autocomplete="current-password";
+            }
+            button #login { (t(l, "Sign in", "ログイン")) }
+        }
+    }
+}
+
+fn state_label(l: Lang, s: RowState) -> &'static str {
+    match l {
+        Lang::Ja => s.ja(),
+        Lang::En => s.as_str(),
+    }
+}
+
+fn events_table(l: Lang, events: impl IntoIterator<Item = Event>) -> Markup {
+    let rows = events
+        .into_iter()
+        .map(|e| vec![html! { (e.at.to_rfc3339()) }, html! { (e.reason) }, html! { (e.message) }, html! { (e.actor) }]);
+    table(&[t(l, "At", "日時"), t(l, "Reason", "理由"), t(l, "Message", "内容"), t(l, "By", "操作者")], rows)
+}
+
+/// Every project's rows, review rows and overdue dates marked; `today` judges what is overdue.
+pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
+    let review = rows.iter().filter(|r| r.state == RowState::Review).count();
+    let overdue = rows.iter().filter(|r| is_overdue(r, today)).count();
+    let cells = rows.iter().map(|r| {
+        vec![
+            html! { (r.project) },
+            html! { a href={ "/ui/ledger/" (seg(&r.project)) "/" (seg(&r.id)) } { (r.id) } },
+            html! { span.review[r.state == RowState::Review] { (state_label(l, r.state)) } },
+            html! { (r.task) },
+            html! { span.overdue[is_overdue(r, today)] { (r.due) } },
+            html! { (r.failures) },
+            html! { @if r.run_requested { "▶" } },
+        ]
+    });
+    let headers = [
+        t(l, "Project", "案件"),
+        t(l, "Task ID", "タスクID"),
+        t(l, "State", "状態"),
+        t(l, "Task", "タスク"),
+        t(l, "Due", "期限"),
+        t(l, "Failures", "失敗回数"),
+        t(l, "▶Run", "▶AI実行"),
+    ];
+    html! {
+        p #summary { (t(l, "Waiting for review", "要確認")) ": " (review) " · " (t(l, "Overdue", "期限超過")) ": " (overdue) }
+        (table(&headers, cells))
+    }
+}
+
+/// One row: its fields, the correction form (with the session's CSRF token) and its history,
+/// newest first; `error` says why the last correction was refused.
+pub fn row(l: Lang, csrf: &str, row: &Row, history: Vec<Event>, error: Option<&str>) -> Markup {
+    let fields = [
+        (t(l, "State", "状態"), html! { span #state { (state_label(l, row.state)) } }),
+        (t(l, "Task", "タスク"), html! { (row.task) }),
+        (t(l, "Content", "内容"), html! { pre { (row.content) } }),
+        (t(l, "Source", "発生源"), html! { (row.source) }),
+        (t(l, "Evidence", "根拠"), html! { (row.evidence) }),
+        (t(l, "Due", "期限"), html! { (row.due) }),
+        (t(l, "AI function", "AI機能"), html! { (row.function) }),
+        (t(l, "Result", "実行結果"), html! { pre #result { (row.result) } }),
+        (t(l, "Executed at", "実行日時"), html! { @if let Some(at) = row.executed_at { (at.to_rfc3339()) } }),
+        (t(l, "Failures", "失敗回数"), html! { (row.failures) }),
+    ];
+    html! {
+        @if let Some(e) = error { p.error #error { (e) } }
+        (table(&[t(l, "Field", "項目"), t(l, "Value", "値")], fields.into_iter().map(|(k, v)| vec![html! { (k) }, v])))
+        form #edit method="post" action={ "/ui/ledger/" (seg(&row.project)) "/" (seg(&row.id)) } {
+            input type="hidden" name="csrf" value=(csrf);
+            label {
+                (t(l, "State", "状態")) " "
+                select #state-input name="state" {
+                    @for s in RowState::ALL.iter().filter(|s| **s != RowState::Running) {
+                        option value=(s.as_str()) selected[*s == row.state] { (state_label(l, *s)) }
+                    }
+                }
+            }
+            label {
+                (t(l, "Correction instruction (goes to this row's next run)", "修正指示（この行の次の実行に渡ります）"))
+                textarea #instruction name="instruction" { (row.instruction) }
+            }
+            label {
+                input #run type="checkbox" name="run" value="on";
+                " " (t(l, "▶ Run now (waits for the result)", "▶ いま実行する（結果を待ちます）"))
+            }
+            button #save { (t(l, "Save", "保存")) }
+        }
+        h2 { (t(l, "History", "履歴")) }
+        (events_table(l, history.into_iter().rev()))
+    }
+}
+
+/// Mail by recipient; red where unread past its SLA at `now`.
+pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts) -> Markup {
+    let mut by_machine: BTreeMap<&str, Vec<&Mail>> = BTreeMap::new();
+    for m in mails {
+        by_machine.entry(&m.to).or_default().push(m);
+    }
+    let headers = [
+        "id",
+        t(l, "From", "送信元"),
+        t(l, "State (red: unread past SLA)", "状態（赤: 未読 SLA 超過）"),
+        t(l, "Subject", "件名"),
+        t(l, "Sent", "送信日時"),
+    ];
+    html! {
+        @for (machine, mails) in by_machine {
+            h2 { (machine) }
+            (table(&headers, mails.into_iter().map(|m| vec![
+                html! { a href={ "/ui/mail/" (seg(&m.id)) } { (m.id) } },
+                html! { (m.from) },
+                html! { span.overdue[is_unread_past_sla(m, policy, now)] { (m.state.as_str()) } },
+                html! { (m.subject) },
+                html! { (m.created_at.to_rfc3339()) },
+            ])))
+        }
+    }
+}
+
+/// One mail: who to whom, its stamps and its timeline.
+pub fn timeline(l: Lang, m: &Mail, events: Vec<Event>) -> Markup {
+    let stamps = [
+        ("created", Some(m.created_at)),
+        ("delivered", m.delivered_at),
+        ("seen", m.seen_at),
+        ("done", m.done_at),
+        ("expires", Some(m.expires_at)),
+    ];
+    let stamps = stamps.into_iter().filter_map(|(k, v)| Some(vec![html! { (k) }, html! { (v?.to_rfc3339()) }]));
+    html! {
+        p { (m.from) " → " (m.to) " · " b { (m.state.as_str()) } }
+        h2 { (m.subject) }
+        pre { (m.body) }
+        (table(&[t(l, "Stamp", "時刻"), ""], stamps))
+        h2 { (t(l, "Timeline", "経過")) }
+        (events_table(l, events))
+    }
+}
+
+pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
+    let rows = alerts.iter().map(|a| {
+        vec![
+            html! { (a.kind.as_str()) },
+            html! { (a.subject) },
+            html! { (a.state.as_str()) },
+            html! { (a.summary) },
+            html! { @if let Some(n) = a.notified { (n.as_str()) } },
+            html! { (a.updated_at.to_rfc3339()) },
+        ]
+    });
+    let headers = [
+        t(l, "Kind", "種類"),
+        t(l, "Subject", "対象"),
+        t(l, "State", "状態"),
+        t(l, "Summary", "概要"),
+        t(l, "Notified", "通知済み"),
+        t(l, "Changed", "更新"),
+    ];
+    table(&headers, rows)
+}
+
+/// Job counts by queue and state, then the latest jobs.
+pub fn jobs(l: Lang, counts: &[(String, String, u64)], recent: &[Job]) -> Markup {
+    let counts = counts.iter().map(|(q, s, n)| vec![html! { (q) }, html! { (s) }, html! { (n) }]);
+    let recent = recent.iter().map(|j| {
+        vec![
+            html! { (j.id) },
+            html! { (j.queue) },
+            html! { (j.function) },
+            html! { (j.state.as_str()) },
+            html! { (j.attempts) },
+            html! { @if let Some(e) = &j.last_error { (e) } },
+        ]
+    });
+    let headers = [
+        "id",
+        t(l, "Queue", "キュー"),
+        t(l, "Function", "機能"),
+        t(l, "State", "状態"),
+        t(l, "Attempts", "試行"),
+        t(l, "Last error", "直近のエラー"),
+    ];
+    html! {
+        (table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], counts))
+        h2 { (t(l, "Latest jobs", "最近のジョブ")) }
+        (table(&headers, recent))
+    }
+}
+
+/// Every spec object with its generation and conditions.
+pub fn specs(l: Lang, specs: &[SpecRecord]) -> Markup {
+    let rows = specs.iter().map(|s| {
+        let conditions = html! {
+            @for (i, c) in s.status.conditions.iter().enumerate() {
+                @if i > 0 { br; }
+                (c.type_) "=" (c.status) " (" (c.reason) ") " (c.message)
+            }
+        };
+        vec![html! { (s.kind.as_str()) }, html! { (s.name) }, html! { (s.generation) }, conditions]
+    });
+    let headers = [t(l, "Kind", "種類"), t(l, "Name", "名前"), t(l, "Generation", "世代"), t(l, "Conditions", "状態")];
+    table(&headers, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(project: &str, task: &str, state: RowState, due: &str) -> Row {
+        serde_json::from_value(serde_json::json!({
+            "project": project, "id": "T-0001", "state": state, "runRequested": true, "task": task,
+            "content": "", "source": "s", "evidence": "", "due": due, "assignee": "", "function": "draft",
+            "result": "", "executedAt": null, "instruction": "", "key": "k", "failures": 0, "refresh": false,
+        }))
+        .expect("a row")
+    }
+
+    #[test]
+    fn t9_the_ledger_shows_hostile_text_as_text_and_keeps_each_name_one_link_segment() {
+        let rows = [row("a/b?c", "<script>steal()</script>", RowState::Review, "2026-12-01")];
+        let page = ledger(Lang::Ja, &rows, "2026-12-02").into_string();
+        assert!(!page.contains("<script>"), "{page}");
+        assert!(page.contains("&lt;script&gt;steal()&lt;/script&gt;"), "{page}");
+        assert!(page.contains("href=\"/ui/ledger/a%2Fb%3Fc/T-0001\""), "{page}");
+        assert!(page.contains("要確認: 1 · 期限超過: 1"), "review and overdue counted: {page}");
+        assert!(page.contains("<span class=\"review\">AI実行済(要確認)</span>"), "{page}");
+        assert!(page.contains("<span class=\"overdue\">2026-12-01</span>"), "{page}");
+    }
+}
