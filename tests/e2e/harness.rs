@@ -163,6 +163,17 @@ impl Server {
         });
     }
 
+    /// Until `reconciler` (`notify`, `mail-sweep`, …) has finished `passes` more passes than when
+    /// asked: a test that checks "nothing more happens" then knows the controller looked again,
+    /// instead of hoping a sleep was long enough.
+    pub fn await_passes(&self, reconciler: &str, passes: u32) {
+        let series = format!("pcmail_reconcile_duration_seconds_count{{reconciler=\"{reconciler}\"}}");
+        let from = self.metric(&series).unwrap_or(0.0);
+        eventually(30, &format!("{passes} more {reconciler} pass(es)"), || {
+            (self.metric(&series).unwrap_or(0.0) >= from + f64::from(passes)).then_some(())
+        });
+    }
+
     /// Starts `serve` again on the same data dir (and the same port, if it was fixed).
     pub fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);

@@ -120,14 +120,14 @@ fn m9_m10_undelivered_fires_once_resolves_once_across_sigkill_and_prometheus_see
 
     s.kill9();
     s.restart();
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    s.await_passes("notify", 2);
     assert_eq!(undelivered(&receiver, &id), ["firing"], "a restart posts no duplicate");
 
     ok(s.ctl(&builder, &["poll"]));
     eventually(20, "the resolved notification", || {
         (undelivered(&receiver, &id) == ["firing", "resolved"]).then_some(())
     });
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    s.await_passes("notify", 2);
     assert_eq!(undelivered(&receiver, &id), ["firing", "resolved"], "each state posted exactly once");
     eventually(20, "the gauge back at 0", || {
         let r = prom.query("pcmail_mail_undelivered{to=\"builder\"}");
@@ -192,7 +192,7 @@ fn m10_a_webhook_that_is_down_slow_or_rate_limited_delays_but_loses_nothing() {
         .and_then(|v| v.parse().ok())
         .expect("failed counter");
     assert!(failed >= 4.0, "{failed}");
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    s.await_passes("notify", 2);
     assert_eq!(undelivered(&receiver, &id), ["firing"], "posted once, not once per retry");
 }
 
@@ -222,7 +222,7 @@ fn m10_decision_and_urgent_mail_notify_once_on_arrival() {
         receiver.alerts().into_iter().filter(|(name, _, _)| name == "PcmailArrival").map(|(_, s, _)| s).collect()
     };
     eventually(20, "both arrival notices", || (arrivals().len() == 2).then_some(()));
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    s.await_passes("notify", 2);
     let mut got = arrivals();
     got.sort();
     let mut want = vec![decision, urgent];

@@ -81,7 +81,12 @@ fn a4_queued_seen_and_ack_reach_the_server_once_it_is_back_once_each() {
         let done = json(s.ctl(&laptop, &["status", &answer, "-o", "json"]))["mail"]["state"] == "done";
         (seen && done).then_some(())
     });
-    std::thread::sleep(Duration::from_secs(3));
+    // Once its queue is empty the agent holds nothing it could send again.
+    let queued = || {
+        let db = rusqlite::Connection::open(s.home_of(&laptop).join("cache.db")).ok()?;
+        db.query_row("SELECT count(*) FROM pending", [], |r| r.get::<_, i64>(0)).ok()
+    };
+    eventually(20, "the agent's queue to drain", || (queued() == Some(0)).then_some(()));
     let _ = agent.kill();
     let _ = agent.wait();
     assert_eq!(events(&s, &desk, &note, "Seen"), 1, "seen arrived once");

@@ -76,7 +76,7 @@ fn c1_one_leader_takes_over_within_two_lease_durations_and_notifications_are_nev
     assert!(handover < LEASE, "a released lease is taken at the next attempt, not after expiry ({handover:?})");
     eprintln!("C1: handover after SIGTERM in {handover:?}");
 
-    std::thread::sleep(Duration::from_secs(1));
+    servers[leader].await_passes("notify", 2);
     for id in &ids {
         assert_eq!(undelivered(&receiver, id), ["firing", "resolved"], "{id}: each state posted exactly once");
     }
