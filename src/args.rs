@@ -379,6 +379,12 @@ pub enum JobsCommand {
         queue: Option<String>,
         #[arg(long)]
         state: Option<String>,
+        /// The newest N jobs (1–1000).
+        #[arg(long, default_value_t = 100, conflicts_with = "all")]
+        limit: usize,
+        /// Every matching job, fetched a page at a time.
+        #[arg(long)]
+        all: bool,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },

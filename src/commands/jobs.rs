@@ -4,7 +4,7 @@
 use anyhow::Context;
 use pcmail_agent::client::{Client, ClientError};
 use pcmail_core::api::Validate;
-use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, LeaseReport};
+use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, JobList, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
 use pcmail_core::text::sanitize;
@@ -12,6 +12,9 @@ use serde_json::Value;
 
 use crate::args::JobsCommand;
 use crate::output::{self, cut};
+
+/// Jobs per request of `jobs list --all`: the API's largest page.
+const PAGE: usize = 1000;
 
 pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
     match command {
@@ -42,13 +45,24 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             let answer: EnqueueResponse = client.post("/api/v1/jobs", &body).await?;
             println!("{}", answer.job.id);
         }
-        JobsCommand::List { queue, state, output } => {
-            let mut query = Vec::new();
-            query.extend(queue.map(|q| ("queue", q)));
-            query.extend(state.map(|s| ("state", s)));
-            let jobs: Vec<Job> = client.get("/api/v1/jobs", &query).await?;
-            if !output::structured(output, &jobs)? {
-                let rows: Vec<Vec<String>> = jobs
+        JobsCommand::List { queue, state, limit, all, output } => {
+            let mut filters = Vec::new();
+            filters.extend(queue.map(|q| ("queue", q)));
+            filters.extend(state.map(|s| ("state", s)));
+            let page = |offset: usize, limit: usize| {
+                let query =
+                    [filters.clone(), vec![("limit", limit.to_string()), ("offset", offset.to_string())]].concat();
+                async move { client.get::<JobList>("/api/v1/jobs", &query).await }
+            };
+            let mut list = page(0, if all { PAGE } else { limit }).await?;
+            while all && list.more > 0 {
+                let next = page(list.jobs.len(), PAGE).await?;
+                list.jobs.extend(next.jobs);
+                list.more = next.more;
+            }
+            if !output::structured(output, &list)? {
+                let rows: Vec<Vec<String>> = list
+                    .jobs
                     .iter()
                     .map(|j| {
                         vec![
@@ -63,6 +77,9 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
                     })
                     .collect();
                 output::table(&["ID", "QUEUE", "FUNCTION", "STATE", "ATTEMPTS", "RESCUES", "LAST"], &rows);
+                if list.more > 0 {
+                    println!("{} more (use --limit or --all)", list.more);
+                }
             }
         }
         JobsCommand::Retry { id } => {

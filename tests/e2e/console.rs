@@ -2,6 +2,7 @@
 //! (chromedriver), through login, a ledger correction with a re-run, and every page, each
 //! saved as a screenshot under `target/console-screenshots/` for review.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -92,6 +93,24 @@ impl Browser {
         eventually(30, what, || arrived(self).then_some(()));
     }
 
+    /// Runs `js` in the page and answers what it returns.
+    fn script(&self, js: &str) -> Value {
+        self.call(reqwest::Method::POST, "/execute/sync", Some(json!({"script": js, "args": []})))
+    }
+
+    /// The text of every element `css` selects, in page order.
+    fn texts(&self, css: &str) -> Vec<String> {
+        let js = format!("return Array.from(document.querySelectorAll({css:?})).map(e => e.textContent);");
+        self.script(&js).as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect()
+    }
+
+    fn sign_in(&self, s: &Server) {
+        self.go(&format!("{}/ui/login", s.url));
+        self.type_into("#token", &s.admin_token());
+        self.click("#login");
+        self.until("the overview after signing in", |b| b.url().ends_with("/ui/overview"));
+    }
+
     fn url(&self) -> String {
         self.call(reqwest::Method::GET, "/url", None).as_str().unwrap_or_default().to_string()
     }
@@ -133,7 +152,8 @@ fn console_a_person_signs_in_corrects_a_row_reruns_it_and_sees_the_result() {
     browser.until("a wrong token refused, in Japanese", |b| b.source().contains("管理トークンが違います"));
     browser.type_into("#token", &s.admin_token());
     browser.click("#login");
-    browser.until("the ledger after signing in", |b| b.url().ends_with("/ui/ledger"));
+    browser.until("the overview after signing in", |b| b.url().ends_with("/ui/overview"));
+    browser.go(&format!("{}/ui/ledger", s.url));
 
     // The task's markup is text on the page, not markup.
     let page = browser.source();
@@ -211,8 +231,8 @@ fn u_the_root_and_paths_with_a_trailing_slash_lead_to_the_console_pages() {
         reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
     for (path, to) in [
         ("/", "/ui"),
-        ("/ui", "/ui/ledger"),
-        ("/ui/", "/ui/ledger"),
+        ("/ui", "/ui/overview"),
+        ("/ui/", "/ui/overview"),
         ("/ui/ledger/", "/ui/ledger"),
         ("/ui/jobs/?state=dead", "/ui/jobs?state=dead"),
     ] {
@@ -253,4 +273,143 @@ fn console_a_store_that_cannot_answer_shows_an_error_page_never_an_empty_list() 
         assert!(body.contains("class=\"error\""), "{path} says why: {body}");
         assert!(!body.contains("<table"), "{path} shows no empty list: {body}");
     }
+}
+
+/// U3/U5: the jobs page lists 50 a page, newest first, narrows by queue and state, and retries a
+/// dead job with the session's CSRF token (a forged one changes nothing); a row's page that is
+/// open while its run goes on shows the result when it comes, without a reload.
+#[test]
+fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_itself() {
+    let setup = setup_with("30m", &[]);
+    let s = &setup.s;
+    let pool = setup._dir.path().join("parked.yaml");
+    std::fs::write(
+        &pool,
+        "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: parked}\nspec:\n  workers: 0\n  queues: [parked, other]\n  maxAttempts: 1\n",
+    )
+    .expect("pool");
+    ok(s.admin(&["apply", "-f", &pool.display().to_string()]));
+    let lines: String =
+        (0..120).map(|n| format!("{{\"queue\": \"parked\", \"function\": \"render\", \"payload\": {n}}}\n")).collect();
+    ok(s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(lines.as_bytes())));
+    let newest: Vec<String> = json(s.admin(&["jobs", "list", "--limit", "1000", "-o", "json"]))["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|j| j["id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(newest.len(), 120);
+    // Two jobs of the other queue die at their first failure, through the API as a worker would.
+    let http = reqwest::blocking::Client::new();
+    let admin = s.admin_token();
+    let api = |path: &str, body: Value| -> Value {
+        let r = http.post(format!("{}{path}", s.url)).bearer_auth(&admin).json(&body).send().expect("post");
+        r.json().expect("json")
+    };
+    let mut dead = Vec::new();
+    for n in 0..2 {
+        let job = api("/api/v1/jobs", json!({"queue": "other", "function": "render", "payload": n}));
+        let id = job["job"]["id"].as_str().expect("id").to_string();
+        let claimed = api("/api/v1/jobs/claim", json!({"queue": "other", "owner": "w", "lease": "60s"}));
+        let token = claimed["jobs"][0]["leaseToken"].as_str().expect("token").to_string();
+        assert_eq!(api(&format!("/api/v1/jobs/{id}/fail"), json!({"token": token, "error": "no"}))["state"], "dead");
+        dead.push(id);
+    }
+
+    let desk = s.token("desk");
+    for subject in ["one", "two"] {
+        ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", subject, "--body", "b"]));
+    }
+    push(s, "manual", "a row to count", "draft");
+
+    let browser = Browser::start();
+    browser.sign_in(s);
+    // U2: the overview's totals are the store's counts, and its charts draw a line per series.
+    let totals: BTreeMap<String, u64> = serde_json::from_value(browser.script(
+        "const t = {}; document.querySelectorAll('[data-total]').forEach(e => { if (e.tagName === 'SPAN') t[e.dataset.total] = Number(e.textContent); }); return t;",
+    ))
+    .expect("totals");
+    let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
+    let jobs_in =
+        |state: &str| all["jobs"].as_array().into_iter().flatten().filter(|j| j["state"] == state).count() as u64;
+    for state in ["queued", "dead", "running", "succeeded"] {
+        assert_eq!(totals.get(&format!("jobs:{state}")), Some(&jobs_in(state)), "jobs {state}: {totals:?}");
+    }
+    assert_eq!(totals.get("jobs:queued"), Some(&120));
+    let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
+    let todo = rows.as_array().into_iter().flatten().filter(|r| r["state"] == "todo").count() as u64;
+    assert_eq!(totals.get("ledger:todo"), Some(&todo), "{totals:?}");
+    assert_eq!(totals.get("mail:new").copied(), s.metric("pcmail_mail{state=\"new\"}").map(|n| n as u64), "{totals:?}");
+    assert_eq!(totals.get("mail:new"), Some(&2));
+    let lines = |chart: &str| -> Vec<(String, u64)> {
+        let js = format!(
+            "return Array.from(document.querySelectorAll('#{chart} polyline')).map(p => [p.dataset.series, Number(p.dataset.total)]);"
+        );
+        serde_json::from_value(browser.script(&js)).expect("series")
+    };
+    assert_eq!(lines("chart-jobs"), [("succeeded".to_string(), 0), ("dead".to_string(), 2)]);
+    let mail = lines("chart-mail");
+    assert_eq!(mail.len(), 4, "a line per series: {mail:?}");
+    assert_eq!(mail[0], ("Sent".to_string(), 2));
+    browser.screenshot("overview");
+
+    browser.go(&format!("{}/ui/jobs?queue=parked&page=2", s.url));
+    browser.until("page 2 of the parked jobs", |b| b.source().contains("page-info"));
+    assert_eq!(browser.texts(".job-id"), newest[50..100].to_vec(), "page 2 shows the 51st to the 100th newest");
+    assert!(browser.text("#page-info").contains("120"), "{}", browser.text("#page-info"));
+    browser.click("#page-next");
+    browser.until("page 3", |b| b.url().contains("page=3"));
+    assert_eq!(browser.texts(".job-id"), newest[100..].to_vec());
+    browser.screenshot("jobs-page-3");
+
+    // The filter form narrows by queue and state.
+    browser.go(&format!("{}/ui/jobs", s.url));
+    let pick = |select: &str, value: &str| {
+        let js = format!("document.querySelector({select:?}).value = {value:?}; return true;");
+        browser.script(&js);
+    };
+    pick("#filter-queue", "other");
+    pick("#filter-state", "dead");
+    browser.click("#filter-apply");
+    browser.until("the filtered listing", |b| b.url().contains("queue=other") && b.url().contains("state=dead"));
+    let mut shown = browser.texts(".job-id");
+    shown.sort();
+    let mut want = dead.clone();
+    want.sort();
+    assert_eq!(shown, want, "only the dead jobs of queue other");
+
+    // A forged CSRF token retries nothing; the page's own button does.
+    let client =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let login = client.post(format!("{}/ui/login", s.url)).form(&[("token", admin.as_str())]).send().expect("login");
+    let cookie = login.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("cookie");
+    let cookie = cookie.split(';').next().expect("pair").to_string();
+    let forged = client
+        .post(format!("{}/ui/jobs/{}/retry", s.url, dead[1]))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "guess")])
+        .send()
+        .expect("post");
+    assert_eq!(forged.status().as_u16(), 403);
+    let state_of = |id: &str| {
+        let list = json(s.admin(&["jobs", "list", "--queue", "other", "-o", "json"]));
+        let job = list["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned());
+        job.map(|j| j["state"].as_str().unwrap_or_default().to_string()).unwrap_or_default()
+    };
+    assert_eq!(state_of(&dead[1]), "dead", "the forged retry changed nothing");
+    browser.click(&format!("button[data-job='{}'][data-action='retry']", dead[0]));
+    browser.until("back on the filtered listing", |b| b.url().contains("state=dead") && b.texts(".job-id").len() == 1);
+    assert_eq!(state_of(&dead[0]), "queued", "retried from the console");
+    assert_eq!(state_of(&dead[1]), "dead");
+    browser.screenshot("jobs-filtered");
+
+    // A row's page open while its run goes on: the result arrives without a reload.
+    push(s, "manual", "pause, then draft", "draft");
+    ok(s.admin(&["ledger", "run", "T-0002", "--no-wait"]));
+    browser.go(&format!("{}/ui/ledger/office/T-0002", s.url));
+    browser.until("the row running", |b| b.text("#state") == "実行中");
+    browser.script("window.stillTheSamePage = true; return true;");
+    browser.until("the result without a reload", |b| b.text("#state") == "AI実行済(要確認)");
+    assert!(browser.text("#result").contains("done T-0002"), "{}", browser.text("#result"));
+    assert_eq!(browser.script("return window.stillTheSamePage === true;"), json!(true), "the page was not reloaded");
 }

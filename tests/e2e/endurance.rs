@@ -122,7 +122,8 @@ fn jobs_setup(listen: &str) -> (Server, tempfile::TempDir) {
 
 fn job_states(s: &Server) -> Vec<(String, String)> {
     let (_, jobs) = call(s, "GET", "/api/v1/jobs?limit=1000", &s.admin_token(), json!(null));
-    jobs.as_array()
+    jobs["jobs"]
+        .as_array()
         .into_iter()
         .flatten()
         .map(|j| {
@@ -179,7 +180,7 @@ fn e4_a_function_that_never_reads_a_256k_payload_is_killed_at_its_timeout_and_th
     let deaf = deaf["job"]["id"].as_str().expect("id").to_string();
     let ended = eventually(30, "the job to die after maxAttempts", || {
         let (_, jobs) = call(&s, "GET", "/api/v1/jobs?queue=stuck", &admin, json!(null));
-        let j = jobs.as_array()?.iter().find(|j| j["id"] == deaf.as_str())?.clone();
+        let j = jobs["jobs"].as_array()?.iter().find(|j| j["id"] == deaf.as_str())?.clone();
         (j["state"] == "dead").then_some(j)
     });
     assert_eq!(ended["attempts"], 2);

@@ -50,7 +50,7 @@ fn post(s: &Server, path: &str, body: serde_json::Value) -> (u16, serde_json::Va
 
 fn job(s: &Server, id: &str) -> serde_json::Value {
     let jobs = json(s.admin(&["jobs", "list", "-o", "json"]));
-    jobs.as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
+    jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
 }
 
 #[test]
@@ -543,4 +543,27 @@ fn chaos(
         calls.lines().count()
     );
     assert!(rescued_total >= 1, "the kills interrupted running jobs, whose leases were rescued");
+}
+
+/// U3: a listing says how much it left out and how to see it; `--all` pages through everything.
+#[test]
+fn u3_jobs_list_of_400_shows_100_and_says_300_more_and_all_lists_400() {
+    let (s, _dir) = setup();
+    let lines: String =
+        (0..400).map(|n| format!("{{\"queue\": \"q\", \"function\": \"work\", \"payload\": {n}}}\n")).collect();
+    ok(s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(lines.as_bytes())));
+    let table = ok(s.admin(&["jobs", "list"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 1 + 100 + 1, "a header, the newest 100, the hint: {table}");
+    assert_eq!(lines.last().copied(), Some("300 more (use --limit or --all)"));
+    let listed = json(s.admin(&["jobs", "list", "-o", "json"]));
+    assert_eq!((listed["jobs"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(100), Some(300)));
+    let limited = json(s.admin(&["jobs", "list", "--limit", "150", "-o", "json"]));
+    assert_eq!((limited["jobs"].as_array().map(Vec::len), limited["more"].as_u64()), (Some(150), Some(250)));
+    let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
+    let ids: std::collections::BTreeSet<&str> =
+        all["jobs"].as_array().into_iter().flatten().filter_map(|j| j["id"].as_str()).collect();
+    assert_eq!((ids.len(), all["more"].as_u64()), (400, Some(0)), "every job once");
+    let table = ok(s.admin(&["jobs", "list", "--all"]));
+    assert_eq!(table.lines().count(), 1 + 400, "no hint when nothing is left out");
 }

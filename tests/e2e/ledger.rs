@@ -24,7 +24,7 @@ pub fn setup_with(stale_after: &str, extra: &[&str]) -> Setup {
     std::fs::write(
         &script,
         "#!/bin/sh\nprompt=$(cat)\n{ echo \"=== $PCMAIL_ROW_ID instruction=[$PCMAIL_INSTRUCTION]\"; echo \"$prompt\"; } >> \"$LOG\"\n\
-         case \"$PCMAIL_TASK\" in *fail*) echo boom >&2; exit 1;; *slow*) sleep 30;; esac\n\
+         case \"$PCMAIL_TASK\" in *fail*) echo boom >&2; exit 1;; *slow*) sleep 30;; *pause*) sleep 6;; esac\n\
          echo '{\"result\": \"done '$PCMAIL_ROW_ID'\", \"link\": \"https://example.invalid/x\"}'\n",
     )
     .expect("script");
@@ -222,8 +222,8 @@ fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() 
     let r = row(&s, "T-0001");
     assert!(r["result"].as_str().is_some_and(|t| t.starts_with("done ")), "{r}");
     let jobs = json(s.admin(&["jobs", "list", "--queue", "heavy", "-o", "json"]));
-    assert_eq!(jobs[0]["ledgerRef"], "office/T-0001");
-    assert_eq!(jobs[0]["state"], "succeeded");
+    assert_eq!(jobs["jobs"][0]["ledgerRef"], "office/T-0001");
+    assert_eq!(jobs["jobs"][0]["state"], "succeeded");
 }
 
 #[test]

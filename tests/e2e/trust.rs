@@ -54,12 +54,12 @@ fn enqueue(s: &Server, token: &str, body: Value) -> String {
 
 fn job_as_admin(s: &Server, id: &str) -> Value {
     let (_, jobs, _) = call(s, "GET", "/api/v1/jobs", Some(&s.admin_token()), json!(null));
-    jobs.as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
+    jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
 }
 
 fn ids(jobs: &Value) -> Vec<String> {
     let mut ids: Vec<String> =
-        jobs.as_array().into_iter().flatten().filter_map(|j| j["id"].as_str().map(String::from)).collect();
+        jobs["jobs"].as_array().into_iter().flatten().filter_map(|j| j["id"].as_str().map(String::from)).collect();
     ids.sort();
     ids
 }

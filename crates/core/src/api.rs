@@ -397,6 +397,14 @@ impl Validate for PushRequest {
     }
 }
 
+/// The answer of `GET /api/v1/jobs` (U3): a page of jobs, newest first, and how many more
+/// match after it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobList {
+    pub jobs: Vec<Job>,
+    pub more: u64,
+}
+
 /// The answer of `POST /api/v1/ledger/push` (L7): what one merge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MergeCounts {

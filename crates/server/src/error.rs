@@ -44,6 +44,9 @@ impl ServiceError {
     pub fn new(failure: Failure, message: impl Into<String>) -> Self {
         ServiceError { failure, message: message.into(), details: vec![] }
     }
+    pub fn failure(&self) -> Failure {
+        self.failure
+    }
     pub fn message(&self) -> &str {
         &self.message
     }

@@ -146,6 +146,10 @@ impl Store for AnyStore {
         forward!(self, s => s.ledger_rows(project).await)
     }
 
+    async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
+        forward!(self, s => s.activity(since, step).await)
+    }
+
     async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
         forward!(self, s => s.ledger_counts().await)
     }
@@ -184,6 +188,10 @@ impl Store for AnyStore {
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         forward!(self, s => s.list_jobs(q).await)
+    }
+
+    async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
+        forward!(self, s => s.count_jobs(q).await)
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

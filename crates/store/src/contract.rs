@@ -556,6 +556,79 @@ pub async fn t2_a_machine_lists_the_jobs_it_enqueued_or_claimed(store: &impl Sto
     assert_eq!(stored[0].enqueued_by.as_deref(), Some("desk"), "enqueuedBy round-trips");
 }
 
+pub async fn u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page(store: &impl Store) {
+    let jobs: Vec<Job> =
+        (1..=120).map(|n| Job { queue: if n % 2 == 0 { "even" } else { "odd" }.into(), ..job(n, 0, 0) }).collect();
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
+    let page = |offset, queue: Option<&str>| {
+        let q = JobQuery { queue: queue.map(String::from), limit: 50, offset, ..Default::default() };
+        async move { store.list_jobs(q).await.expect("list").into_iter().map(|j| j.id).collect::<Vec<_>>() }
+    };
+    let second = page(50, None).await;
+    let want: Vec<String> = (21..=70).rev().map(|n| format!("job-{n:04}")).collect();
+    assert_eq!(second, want, "page 2, newest first: the 51st to the 100th");
+    assert_eq!(page(100, None).await.len(), 20, "the last page holds the rest");
+    assert_eq!(page(50, Some("even")).await.len(), 10, "a filter narrows before the page");
+    let count = |queue: Option<&str>, state: Option<&str>| {
+        let q = JobQuery {
+            queue: queue.map(String::from),
+            state: state.map(String::from),
+            limit: 1,
+            offset: 7,
+            ..Default::default()
+        };
+        async move { store.count_jobs(q).await.expect("count") }
+    };
+    assert_eq!(count(None, None).await, 120);
+    assert_eq!(count(Some("odd"), None).await, 60);
+    assert_eq!(count(Some("odd"), Some("running")).await, 0);
+}
+
+pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(store: &impl Store) {
+    let event = |object: &str, reason: &str, secs: i64| Event {
+        at: at(secs),
+        object: object.into(),
+        reason: reason.into(),
+        message: String::new(),
+        actor: "t".into(),
+    };
+    let events = vec![
+        event("mail/a", "Sent", 5),
+        event("mail/b", "Sent", 3_599),
+        event("mail/a", "Seen", 3_700),
+        event("ledger/office/T-0001", "Succeeded", 7_300),
+        event("mail/old", "Sent", 1),
+        event("spec/x", "Created", 3_700),
+    ];
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| (MailWrites { events, ..Default::default() }, ()))
+        .await
+        .expect("events");
+    let ended = |n, state, secs| Job { state, finished_at: Some(at(secs)), ..job(n, 0, 0) };
+    let jobs = vec![ended(1, JobState::Succeeded, 10), ended(2, JobState::Dead, 3_650), job(3, 0, 0)];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
+    let mut got: Vec<(String, u32, u64)> = store
+        .activity(at(2), chrono::TimeDelta::hours(1))
+        .await
+        .expect("activity")
+        .into_iter()
+        .map(|a| (a.series, a.step, a.count))
+        .collect();
+    got.sort();
+    let want = [
+        ("job:dead", 1, 1),
+        ("job:succeeded", 0, 1),
+        ("ledger:Succeeded", 2, 1),
+        ("mail:Seen", 1, 1),
+        ("mail:Sent", 0, 2),
+    ];
+    assert_eq!(
+        got,
+        want.map(|(s, b, n)| (s.to_string(), b, n)).to_vec(),
+        "per hour from the window's start, nothing before it"
+    );
+}
+
 pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
     let j = job(7, 0, 0);
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
@@ -829,6 +902,8 @@ macro_rules! contract_tests {
             mail_counts_follow_inserts_and_state_changes,
             m9_selections_find_new_and_delivered_mail_by_age,
             t2_a_machine_lists_the_jobs_it_enqueued_or_claimed,
+            u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page,
+            u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,

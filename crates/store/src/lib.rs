@@ -152,6 +152,25 @@ pub struct MailCount {
     pub count: u64,
 }
 
+/// U2: how many moves of one series fell in one step of time, for the overview's charts.
+/// Series are `mail:Sent` (and every state a mail moves to), `ledger:Succeeded` (and every
+/// reason a row's trail records) and `job:succeeded` (and every state a job ends in).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Activity {
+    pub series: String,
+    /// Steps since the window's start.
+    pub step: u32,
+    pub count: u64,
+}
+
+/// The activity query, alike in both SQL dialects but for its placeholders (`{since}`,
+/// `{step}`): mail and ledger moves from their trail, job ends from the jobs themselves.
+pub(crate) const ACTIVITY_SQL: &str = "SELECT CASE WHEN object LIKE 'mail/%' THEN 'mail:' ELSE 'ledger:' END || reason, \
+    (at - {since}) / {step}, count(*) FROM events \
+    WHERE at >= {since} AND (object LIKE 'mail/%' OR object LIKE 'ledger/%') GROUP BY 1, 2 \
+    UNION ALL SELECT 'job:' || state, (finished_at - {since}) / {step}, count(*) FROM jobs \
+    WHERE finished_at >= {since} AND state IN ('succeeded', 'dead', 'cancelled') GROUP BY 1, 2";
+
 /// A read-only listing of mail, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MailQuery {
@@ -224,6 +243,8 @@ pub struct JobQuery {
     /// T2: only the jobs this machine enqueued or holds (or last held) the lease of.
     pub machine: Option<String>,
     pub limit: usize,
+    /// U3: how many of the newest matching jobs to skip (a page's start).
+    pub offset: usize,
 }
 
 /// E7: one batch of what retention lets go, oldest first. Only settled rows ever match: closed
@@ -323,6 +344,8 @@ pub trait Store: Send + Sync + 'static {
     fn ledger_rows(&self, project: Option<&str>) -> impl Future<Output = Result<Vec<Row>>> + Send;
     /// Row counts by (project, state), for the gauges.
     fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
+    /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
+    fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
     /// Projects that have rows or have had ids issued.
     fn ledger_projects(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Small controller state (cursors, the rebuilt view) that must survive restarts.
@@ -343,6 +366,8 @@ pub trait Store: Send + Sync + 'static {
     fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<Job>>> + Send;
     /// Jobs newest first, as the query narrows them.
     fn list_jobs(&self, query: JobQuery) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// How many jobs the query's filters match, whatever its limit and offset.
+    fn count_jobs(&self, query: JobQuery) -> impl Future<Output = Result<u64>> + Send;
     /// Job counts by (queue, state), for the gauges.
     fn job_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
 

@@ -5,7 +5,9 @@ use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueAnswer, EnqueueBody, EnqueueResponse, LeaseReport};
+use pcmail_core::api::{
+    ClaimRequest, ClaimResponse, EnqueueAnswer, EnqueueBody, EnqueueResponse, JobList, LeaseReport,
+};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::{Job, Report, redact, slim};
 use pcmail_store::{JobQuery, Store};
@@ -53,6 +55,8 @@ pub struct ListQuery {
     state: Option<String>,
     #[serde(default)]
     limit: Option<usize>,
+    #[serde(default)]
+    offset: Option<usize>,
 }
 
 /// T2: a machine lists the jobs it enqueued or claimed; the admin lists all.
@@ -60,7 +64,7 @@ pub async fn list(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Vec<Job>>, ServiceError> {
+) -> Result<Json<JobList>, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
     if let Some(s) = &q.state {
         s.parse::<pcmail_core::jobs::JobState>().map_err(ServiceError::bad_request)?;
@@ -70,9 +74,12 @@ pub async fn list(
         state: q.state,
         machine: caller.machine().map(String::from),
         limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
+        offset: q.offset.unwrap_or(0),
     };
-    let jobs = app.store().list_jobs(query).await?;
-    Ok(Json(jobs.into_iter().map(|j| redact(j, caller.actor())).collect()))
+    let (offset, total) = (query.offset, app.store().count_jobs(query.clone()).await?);
+    let jobs: Vec<Job> = app.store().list_jobs(query).await?.into_iter().map(|j| redact(j, caller.actor())).collect();
+    let more = total.saturating_sub((offset + jobs.len()) as u64);
+    Ok(Json(JobList { jobs, more }))
 }
 
 /// The one answer that carries lease tokens (T1).

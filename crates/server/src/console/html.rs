@@ -52,10 +52,12 @@ pub fn page(lang: Lang, title: &str, csrf: Option<&str>, body: Markup) -> Markup
                 title { (title) " — pcmail" }
                 meta name="viewport" content="width=device-width";
                 link rel="stylesheet" href="/ui/style.css";
+                @if csrf.is_some() { script src="/ui/live.js" defer {} }
             }
             body {
                 @if let Some(csrf) = csrf {
                     nav {
+                        a href="/ui/overview" { (t(lang, "Overview", "概要")) } " "
                         a href="/ui/ledger" { (t(lang, "Ledger", "台帳")) } " "
                         a href="/ui/mail" { (t(lang, "Mail", "メール")) } " "
                         a href="/ui/alerts" { (t(lang, "Alerts", "アラート")) } " "
@@ -86,12 +88,18 @@ pub fn table(headers: &[&str], rows: impl IntoIterator<Item = Vec<Markup>>) -> M
     }
 }
 
+/// Swaps in the parts of a page marked `data-live` as they change, served at `/ui/live.js`
+/// (the CSP allows no inline script).
+pub const LIVE_JS: &str = include_str!("live.js");
+
 /// The stylesheet, served at `/ui/style.css`: the pages' CSP allows no inline style (T9).
 pub const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}nav{background:#1f3a5f;padding:.5em 1em}\
 nav a{color:#fff;margin-right:1em}nav form.inline{display:inline;float:right}main{padding:1em}\
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}\
 .review{background:#fff6d6}.overdue{color:#b00020;font-weight:bold}.error{color:#b00020}pre{white-space:pre-wrap}\
-label{display:block;margin:.5em 0}textarea{width:100%;min-height:5em}";
+label{display:block;margin:.5em 0}textarea{width:100%;min-height:5em}label.inline,form.inline{display:inline;margin-right:1em}\
+.pager a{margin-right:1em}.columns{display:flex;gap:2em;flex-wrap:wrap}.columns section{flex:1;min-width:14em}\
+figure.chart{margin:1em 0}figure.chart svg{width:100%;max-width:600px;height:auto;border:1px solid #eee}";
 
 #[cfg(test)]
 mod tests {

@@ -4,32 +4,40 @@
 //! token through a login form; an HttpOnly SameSite=Strict session cookie; a CSRF token in
 //! every form. Handlers read; `views` renders, through maud templates that escape by type.
 
+mod chart;
 mod html;
 mod session;
 mod views;
 
 use std::sync::Arc;
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
+use pcmail_core::alert::AlertState;
 use pcmail_core::ids::sha256_hex;
 use pcmail_core::ledger::Trigger;
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
 use crate::app::App;
+use crate::error::Failure;
 use html::{Lang, lang, page, t};
 pub use session::Sessions;
 
 pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui") }))
-        .route("/ui", get(|| async { Redirect::to("/ui/ledger") }))
-        .route("/ui/", get(|| async { Redirect::to("/ui/ledger") }))
+        .route("/ui", get(|| async { Redirect::to("/ui/overview") }))
+        .route("/ui/", get(|| async { Redirect::to("/ui/overview") }))
+        .route("/ui/overview", get(overview))
         .route("/ui/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], html::CSS) }))
+        .route(
+            "/ui/live.js",
+            get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], html::LIVE_JS) }),
+        )
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/ledger", get(ledger))
@@ -38,6 +46,7 @@ pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
         .route("/ui/mail/{id}", get(mail_timeline))
         .route("/ui/alerts", get(alerts))
         .route("/ui/jobs", get(jobs))
+        .route("/ui/jobs/{id}/{action}", post(job_action))
         .route("/ui/specs", get(specs))
         // Unknown console paths answer from here, with the console's headers (T9).
         .route("/ui/{*rest}", get(not_found))
@@ -187,7 +196,7 @@ async fn login(
         Ok(id) => id,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     };
-    ([(header::SET_COOKIE, session::set_cookie(&id))], Redirect::to("/ui/ledger")).into_response()
+    ([(header::SET_COOKIE, session::set_cookie(&id))], Redirect::to("/ui/overview")).into_response()
 }
 
 #[derive(Deserialize)]
@@ -209,6 +218,29 @@ async fn logout(
         sessions.remove(&id);
     }
     ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/ui/login")).into_response()
+}
+
+async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
+    let store = app.store();
+    let totals = views::Totals {
+        mail: store.mail_counts().await.map_err(unavailable(&ctx))?.into_iter().map(|c| (c.state, c.count)).collect(),
+        ledger: store.ledger_counts().await.map_err(unavailable(&ctx))?,
+        jobs: store.job_counts().await.map_err(unavailable(&ctx))?,
+        alerts_firing: store
+            .list_alerts(10_000)
+            .await
+            .map_err(unavailable(&ctx))?
+            .iter()
+            .filter(|a| a.state == AlertState::Firing)
+            .count(),
+    };
+    // The window ends with the hour now is in, so the last point is this hour so far.
+    let hour = chrono::TimeDelta::hours(1);
+    let this_hour = chrono::DurationRound::duration_trunc(crate::clock::now(), hour)
+        .map_err(|e| failure(&ctx, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))?;
+    let since = this_hour - hour * (views::CHART_HOURS as i32 - 1);
+    let activity = store.activity(since, hour).await.map_err(unavailable(&ctx))?;
+    Ok(ctx.page(t(ctx.lang, "Overview", "概要"), views::overview(ctx.lang, &totals, &activity)).into_response())
 }
 
 async fn ledger(State(app): State<App>, ctx: Ctx) -> Page {
@@ -293,14 +325,64 @@ async fn alerts(State(app): State<App>, ctx: Ctx) -> Page {
     Ok(ctx.page(t(ctx.lang, "Alerts", "アラート"), views::alerts(ctx.lang, &alerts)).into_response())
 }
 
-async fn jobs(State(app): State<App>, ctx: Ctx) -> Page {
+async fn jobs(State(app): State<App>, ctx: Ctx, Query(filter): Query<views::JobFilter>) -> Page {
+    let filter = filter.normalized();
+    if let Some(state) = &filter.state
+        && let Err(e) = state.parse::<pcmail_core::jobs::JobState>()
+    {
+        return Err(failure(&ctx, StatusCode::BAD_REQUEST, &e));
+    }
     let counts = app.store().job_counts().await.map_err(unavailable(&ctx))?;
-    let recent = app
-        .store()
-        .list_jobs(pcmail_store::JobQuery { limit: 50, ..Default::default() })
-        .await
-        .map_err(unavailable(&ctx))?;
-    Ok(ctx.page(t(ctx.lang, "Jobs", "ジョブ"), views::jobs(ctx.lang, &counts, &recent)).into_response())
+    let query = pcmail_store::JobQuery {
+        queue: filter.queue.clone(),
+        state: filter.state.clone(),
+        limit: views::JOBS_PER_PAGE,
+        offset: (filter.page() - 1) * views::JOBS_PER_PAGE,
+        machine: None,
+    };
+    let matching = app.store().count_jobs(query.clone()).await.map_err(unavailable(&ctx))?;
+    let jobs = app.store().list_jobs(query).await.map_err(unavailable(&ctx))?;
+    let mut queues: Vec<String> = counts.iter().map(|(q, _, _)| q.clone()).collect();
+    queues.extend(app.runtime().pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
+    queues.sort();
+    queues.dedup();
+    let listing = views::JobPage { filter, jobs, matching, queues };
+    Ok(ctx.page(t(ctx.lang, "Jobs", "ジョブ"), views::jobs(ctx.lang, &ctx.csrf, &counts, &listing)).into_response())
+}
+
+#[derive(Deserialize)]
+struct JobActionForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(flatten)]
+    back: views::JobFilter,
+}
+
+/// A person's retry or cancel of one job (the CLI's `jobs retry|cancel`), then back to the
+/// listing they were on.
+async fn job_action(
+    State(app): State<App>,
+    ctx: Ctx,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<JobActionForm>,
+) -> Page {
+    if let Some(refused) = ctx.forged(&form.csrf) {
+        return Err(refused);
+    }
+    let retry = match action.as_str() {
+        "retry" => true,
+        "cancel" => false,
+        _ => return Err(failure(&ctx, StatusCode::NOT_FOUND, &format!("no job action {action:?}"))),
+    };
+    if let Err(e) = crate::jobs::admin_move(&app, &id, retry, crate::clock::now()).await {
+        let status = match e.failure() {
+            Failure::NotFound => StatusCode::NOT_FOUND,
+            Failure::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::CONFLICT,
+        };
+        return Err(failure(&ctx, status, e.message()));
+    }
+    Ok(Redirect::to(&form.back.normalized().href()).into_response())
 }
 
 async fn specs(State(app): State<App>, ctx: Ctx) -> Page {

@@ -7,12 +7,15 @@ use maud::{Markup, html};
 use pcmail_core::Ts;
 use pcmail_core::alert::{Alert, is_unread_past_sla};
 use pcmail_core::api::Event;
-use pcmail_core::jobs::Job;
+use pcmail_core::jobs::{Job, JobState};
 use pcmail_core::ledger::{Row, RowState, is_overdue};
-use pcmail_core::mail::Mail;
+use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::SpecRecord;
 use pcmail_core::manifest::spec::MailPolicySpec;
 
+use pcmail_store::Activity;
+
+use super::chart::line_chart;
 use super::html::{Lang, seg, t, table};
 
 /// One sentence in the error colour.
@@ -47,6 +50,65 @@ fn events_table(l: Lang, events: impl IntoIterator<Item = Event>) -> Markup {
     table(&[t(l, "At", "日時"), t(l, "Reason", "理由"), t(l, "Message", "内容"), t(l, "By", "操作者")], rows)
 }
 
+/// What the overview counts, read from the store's trigger-kept and grouped counts.
+pub struct Totals {
+    pub mail: Vec<(MailState, u64)>,
+    pub ledger: Vec<(String, String, u64)>,
+    pub jobs: Vec<(String, String, u64)>,
+    pub alerts_firing: usize,
+}
+
+/// Hours the overview's charts span.
+pub const CHART_HOURS: usize = 24;
+
+/// U2: the office at a glance — mail, ledger rows and jobs by state, alerts firing — and the
+/// last day's moves per hour (`activity`, from `since` in steps of an hour).
+pub fn overview(l: Lang, totals: &Totals, activity: &[Activity]) -> Markup {
+    let total = |key: String, n: u64| html! { span.total data-total=(key) { (n) } };
+    let sum = |rows: &[(String, String, u64)], state: &str| rows.iter().filter(|r| r.1 == state).map(|r| r.2).sum();
+    let per_hour = |series: &str| {
+        let mut v = vec![0; CHART_HOURS];
+        for a in activity.iter().filter(|a| a.series == series) {
+            if let Some(slot) = v.get_mut(a.step as usize) {
+                *slot += a.count;
+            }
+        }
+        v
+    };
+    let mail_rows = MailState::ALL.iter().map(|s| {
+        let n = totals.mail.iter().filter(|(st, _)| st == s).map(|(_, n)| n).sum();
+        vec![html! { (s.as_str()) }, total(format!("mail:{}", s.as_str()), n)]
+    });
+    let ledger_rows = RowState::ALL.iter().map(|s| {
+        vec![html! { (state_label(l, *s)) }, total(format!("ledger:{}", s.as_str()), sum(&totals.ledger, s.as_str()))]
+    });
+    let job_rows = JobState::ALL
+        .iter()
+        .map(|s| vec![html! { (s.as_str()) }, total(format!("jobs:{}", s.as_str()), sum(&totals.jobs, s.as_str()))]);
+    let hours = (t(l, "24 h ago", "24時間前"), t(l, "now", "現在"));
+    html! {
+        div #totals data-live {
+            p {
+                a href="/ui/alerts" { (t(l, "Alerts firing", "発報中のアラート")) }
+                ": " (total("alerts:firing".into(), totals.alerts_firing as u64))
+            }
+            div.columns {
+                section { h2 { a href="/ui/mail" { (t(l, "Mail", "メール")) } } (table(&[t(l, "State", "状態"), ""], mail_rows)) }
+                section { h2 { a href="/ui/ledger" { (t(l, "Ledger", "台帳")) } } (table(&[t(l, "State", "状態"), ""], ledger_rows)) }
+                section { h2 { a href="/ui/jobs" { (t(l, "Jobs", "ジョブ")) } } (table(&[t(l, "State", "状態"), ""], job_rows)) }
+            }
+        }
+        div #charts data-live {
+            (line_chart("chart-mail", t(l, "Mail moves per hour", "メールの動き（1時間ごと）"), hours, CHART_HOURS,
+                &["Sent", "Delivered", "Seen", "Done"].map(|s| (s, per_hour(&format!("mail:{s}"))))))
+            (line_chart("chart-ledger", t(l, "Ledger runs per hour", "台帳の実行（1時間ごと）"), hours, CHART_HOURS,
+                &["Succeeded", "Failed"].map(|s| (s, per_hour(&format!("ledger:{s}"))))))
+            (line_chart("chart-jobs", t(l, "Jobs ended per hour", "ジョブの終了（1時間ごと）"), hours, CHART_HOURS,
+                &["succeeded", "dead"].map(|s| (s, per_hour(&format!("job:{s}"))))))
+        }
+    }
+}
+
 /// Every project's rows, review rows and overdue dates marked; `today` judges what is overdue.
 pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
     let review = rows.iter().filter(|r| r.state == RowState::Review).count();
@@ -72,8 +134,10 @@ pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
         t(l, "▶Run", "▶AI実行"),
     ];
     html! {
-        p #summary { (t(l, "Waiting for review", "要確認")) ": " (review) " · " (t(l, "Overdue", "期限超過")) ": " (overdue) }
-        (table(&headers, cells))
+        div #ledger-rows data-live {
+            p #summary { (t(l, "Waiting for review", "要確認")) ": " (review) " · " (t(l, "Overdue", "期限超過")) ": " (overdue) }
+            (table(&headers, cells))
+        }
     }
 }
 
@@ -81,14 +145,14 @@ pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
 /// newest first; `error` says why the last correction was refused.
 pub fn row(l: Lang, csrf: &str, row: &Row, history: Vec<Event>, error: Option<&str>) -> Markup {
     let fields = [
-        (t(l, "State", "状態"), html! { span #state { (state_label(l, row.state)) } }),
+        (t(l, "State", "状態"), html! { span #state data-live { (state_label(l, row.state)) } }),
         (t(l, "Task", "タスク"), html! { (row.task) }),
         (t(l, "Content", "内容"), html! { pre { (row.content) } }),
         (t(l, "Source", "発生源"), html! { (row.source) }),
         (t(l, "Evidence", "根拠"), html! { (row.evidence) }),
         (t(l, "Due", "期限"), html! { (row.due) }),
         (t(l, "AI function", "AI機能"), html! { (row.function) }),
-        (t(l, "Result", "実行結果"), html! { pre #result { (row.result) } }),
+        (t(l, "Result", "実行結果"), html! { pre #result data-live { (row.result) } }),
         (t(l, "Executed at", "実行日時"), html! { @if let Some(at) = row.executed_at { (at.to_rfc3339()) } }),
         (t(l, "Failures", "失敗回数"), html! { (row.failures) }),
     ];
@@ -116,7 +180,7 @@ pub fn row(l: Lang, csrf: &str, row: &Row, history: Vec<Event>, error: Option<&s
             button #save { (t(l, "Save", "保存")) }
         }
         h2 { (t(l, "History", "履歴")) }
-        (events_table(l, history.into_iter().rev()))
+        div #history data-live { (events_table(l, history.into_iter().rev())) }
     }
 }
 
@@ -189,17 +253,92 @@ pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
     table(&headers, rows)
 }
 
-/// Job counts by queue and state, then the latest jobs.
-pub fn jobs(l: Lang, counts: &[(String, String, u64)], recent: &[Job]) -> Markup {
+/// Jobs a page of the listing shows (U3).
+pub const JOBS_PER_PAGE: usize = 50;
+
+/// The jobs listing's filters and page, as its URL and its forms carry them (all text, so an
+/// empty select means "any").
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct JobFilter {
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub page: Option<String>,
+}
+
+impl JobFilter {
+    /// Empty fields as absent, so `?queue=&state=dead` filters by state alone.
+    pub fn normalized(self) -> JobFilter {
+        let given = |v: Option<String>| v.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        JobFilter { queue: given(self.queue), state: given(self.state), page: given(self.page) }
+    }
+
+    /// The page asked for, from 1; anything else is the first.
+    pub fn page(&self) -> usize {
+        self.page.as_deref().and_then(|p| p.parse().ok()).filter(|p| *p >= 1).unwrap_or(1)
+    }
+
+    /// The listing's link with these filters on page `page`.
+    pub fn href_at(&self, page: usize) -> String {
+        let mut query: Vec<String> = Vec::new();
+        query.extend(self.queue.iter().map(|q| format!("queue={}", seg(q))));
+        query.extend(self.state.iter().map(|s| format!("state={}", seg(s))));
+        if page > 1 {
+            query.push(format!("page={page}"));
+        }
+        if query.is_empty() { "/ui/jobs".into() } else { format!("/ui/jobs?{}", query.join("&")) }
+    }
+
+    pub fn href(&self) -> String {
+        self.href_at(self.page())
+    }
+}
+
+/// One page of the jobs listing and what it was cut from.
+pub struct JobPage {
+    pub filter: JobFilter,
+    pub jobs: Vec<Job>,
+    /// Jobs the filters match, on every page.
+    pub matching: u64,
+    /// Every queue there is, for the filter.
+    pub queues: Vec<String>,
+}
+
+/// Job counts by queue and state, then the listing: filters, one page, and a retry or cancel
+/// button where a person may press one.
+pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &JobPage) -> Markup {
+    let JobPage { filter, jobs, matching, queues } = listing;
+    let page = filter.page();
+    let pages = (*matching as usize).div_ceil(JOBS_PER_PAGE).max(1);
+    let first = (page - 1) * JOBS_PER_PAGE;
     let counts = counts.iter().map(|(q, s, n)| vec![html! { (q) }, html! { (s) }, html! { (n) }]);
-    let recent = recent.iter().map(|j| {
+    let action = |id: &str, verb: &str, label: &str| {
+        html! {
+            form.inline method="post" action={ "/ui/jobs/" (seg(id)) "/" (verb) } {
+                input type="hidden" name="csrf" value=(csrf);
+                @if let Some(q) = &filter.queue { input type="hidden" name="queue" value=(q); }
+                @if let Some(s) = &filter.state { input type="hidden" name="state" value=(s); }
+                input type="hidden" name="page" value=(page);
+                button.action data-job=(id) data-action=(verb) { (label) }
+            }
+        }
+    };
+    let rows = jobs.iter().map(|j| {
+        let retry = matches!(j.state, JobState::Dead | JobState::Failed | JobState::Cancelled);
+        let cancel = matches!(j.state, JobState::Queued | JobState::Failed | JobState::Running);
         vec![
-            html! { (j.id) },
+            html! { span.job-id { (j.id) } },
             html! { (j.queue) },
             html! { (j.function) },
-            html! { (j.state.as_str()) },
+            html! { span.job-state { (j.state.as_str()) } },
             html! { (j.attempts) },
             html! { @if let Some(e) = &j.last_error { (e) } },
+            html! {
+                @if retry { (action(&j.id, "retry", t(l, "Retry", "再実行"))) }
+                @if cancel { (action(&j.id, "cancel", t(l, "Cancel", "取消"))) }
+            },
         ]
     });
     let headers = [
@@ -209,11 +348,40 @@ pub fn jobs(l: Lang, counts: &[(String, String, u64)], recent: &[Job]) -> Markup
         t(l, "State", "状態"),
         t(l, "Attempts", "試行"),
         t(l, "Last error", "直近のエラー"),
+        "",
     ];
     html! {
-        (table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], counts))
-        h2 { (t(l, "Latest jobs", "最近のジョブ")) }
-        (table(&headers, recent))
+        div #job-counts data-live { (table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], counts)) }
+        h2 { (t(l, "Jobs", "ジョブ")) }
+        form #filter method="get" action="/ui/jobs" {
+            label.inline {
+                (t(l, "Queue", "キュー")) " "
+                select #filter-queue name="queue" {
+                    option value="" { (t(l, "any", "すべて")) }
+                    @for q in queues { option value=(q) selected[filter.queue.as_deref() == Some(q)] { (q) } }
+                }
+            }
+            label.inline {
+                (t(l, "State", "状態")) " "
+                select #filter-state name="state" {
+                    option value="" { (t(l, "any", "すべて")) }
+                    @for s in JobState::ALL {
+                        option value=(s.as_str()) selected[filter.state.as_deref() == Some(s.as_str())] { (s.as_str()) }
+                    }
+                }
+            }
+            button #filter-apply { (t(l, "Show", "表示")) }
+        }
+        p #page-info {
+            (matching) " " (t(l, "jobs", "件")) " · "
+            @if *matching > 0 { (first + 1) "–" (first + jobs.len()) " · " }
+            (t(l, "page", "ページ")) " " (page) " / " (pages)
+        }
+        div #job-list data-live { (table(&headers, rows)) }
+        p.pager {
+            @if page > 1 { a #page-prev href=(filter.href_at(page - 1)) { "← " (t(l, "newer", "新しい")) } " " }
+            @if page < pages { a #page-next href=(filter.href_at(page + 1)) { (t(l, "older", "古い")) " →" } }
+        }
     }
 }
 

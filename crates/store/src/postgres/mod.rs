@@ -225,6 +225,11 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
     }
 }
 
+/// A job listing's filters: queue `$1`, state `$2` and (T2) the machine `$3` that enqueued it or
+/// holds its lease, each when given.
+const JOB_FILTER: &str = "($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
+    AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/')";
+
 async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
     let ledger_upsert =
         |rows: &str| codec::upsert_sql("ledger", LEDGER_COLUMNS, codec::LEDGER_KEY, codec::LEDGER_FIXED, rows);
@@ -469,6 +474,22 @@ impl Store for PgStore {
         self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
     }
 
+    async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
+        let sql = crate::ACTIVITY_SQL.replace("{since}", "$1::bigint").replace("{step}", "$2::bigint");
+        let (since, step) = (ms(since), step.num_milliseconds().max(1));
+        let rows = self.conn().await?.query(&sql, &[&since, &step]).await?;
+        rows.iter()
+            .map(|r| {
+                use codec::Columns;
+                Ok(crate::Activity {
+                    series: r.text(0)?,
+                    step: u32::try_from(r.int(1)?).unwrap_or(u32::MAX),
+                    count: r.int(2)?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         let rows = self
             .conn()
@@ -557,12 +578,16 @@ impl Store for PgStore {
     }
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
-        let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
-             AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/') \
-             ORDER BY seq DESC LIMIT $4"
-        );
-        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &(q.limit as i64)], codec::job).await
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT $4 OFFSET $5");
+        let (limit, offset) = (q.limit as i64, q.offset as i64);
+        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &limit, &offset], codec::job).await
+    }
+
+    async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
+        let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
+        let count = |r: &dyn codec::Columns| r.int(0);
+        let n = self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine], count).await?.pop().unwrap_or(0);
+        Ok(n.max(0) as u64)
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

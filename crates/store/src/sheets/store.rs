@@ -491,6 +491,10 @@ impl Store for SheetsStore {
         self.inner.local.ledger_counts().await
     }
 
+    async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
+        self.inner.local.activity(since, step).await
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         self.inner.local.ledger_projects().await
     }
@@ -529,6 +533,10 @@ impl Store for SheetsStore {
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
         self.inner.local.list_jobs(q).await
+    }
+
+    async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
+        self.inner.local.count_jobs(q).await
     }
 
     async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {

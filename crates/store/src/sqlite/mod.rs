@@ -338,6 +338,11 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 
 /// Columns a job keeps from its insert on: no plan changes them, and an upsert of a known id
 /// leaves them alone.
+/// A job listing's filters: queue `?1`, state `?2` and (T2) the machine `?3` that enqueued it or
+/// holds its lease, each when given.
+const JOB_FILTER: &str = "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
+    AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/')";
+
 /// `VALUES (?1, …, ?n)` for a row of `columns`.
 fn values(columns: &str) -> String {
     let placeholders: Vec<String> = (1..=codec::arity(columns)).map(|i| format!("?{i}")).collect();
@@ -604,6 +609,25 @@ impl Store for SqliteStore {
         self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
     }
 
+    async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
+        self.read(move |conn| {
+            let sql = crate::ACTIVITY_SQL.replace("{since}", "?1").replace("{step}", "?2");
+            let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+            let step = step.num_milliseconds().max(1);
+            let rows = stmt
+                .query_map(params![ms(since), step], |r| {
+                    Ok(crate::Activity {
+                        series: r.get(0)?,
+                        step: u32::try_from(r.get::<_, i64>(1)?).unwrap_or(u32::MAX),
+                        count: r.get::<_, i64>(2)?.max(0) as u64,
+                    })
+                })
+                .map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         self.read(|conn| {
             let mut stmt = conn
@@ -731,12 +755,23 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
-                     AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/') \
-                     ORDER BY seq DESC LIMIT ?4"
+                    "SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT ?4 OFFSET ?5"
                 ))
                 .map_err(map_err)?;
-            collect(&mut stmt, params![q.queue, q.state, q.machine, q.limit as i64], codec::job)
+            let params = params![q.queue, q.state, q.machine, q.limit as i64, q.offset as i64];
+            collect(&mut stmt, params, codec::job)
+        })
+        .await
+    }
+
+    async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
+        self.read(move |conn| {
+            let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
+            let n: i64 = conn
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.query_row(params![q.queue, q.state, q.machine], |r| r.get(0)))
+                .map_err(map_err)?;
+            Ok(n.max(0) as u64)
         })
         .await
     }
