@@ -49,14 +49,14 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             let mut filters = Vec::new();
             filters.extend(queue.map(|q| ("queue", q)));
             filters.extend(state.map(|s| ("state", s)));
-            let page = |offset: usize, limit: usize| {
-                let query =
-                    [filters.clone(), vec![("limit", limit.to_string()), ("offset", offset.to_string())]].concat();
+            let page = |after: Option<String>, limit: usize| {
+                let mut query = [filters.clone(), vec![("limit", limit.to_string())]].concat();
+                query.extend(after.map(|a| ("after", a)));
                 async move { client.get::<JobList>("/api/v1/jobs", &query).await }
             };
-            let mut list = page(0, if all { PAGE } else { limit }).await?;
+            let mut list = page(None, if all { PAGE } else { limit }).await?;
             while all && list.more > 0 {
-                let next = page(list.jobs.len(), PAGE).await?;
+                let next = page(list.jobs.last().map(|j| j.id.clone()), PAGE).await?;
                 list.jobs.extend(next.jobs);
                 list.more = next.more;
             }
@@ -78,7 +78,7 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
                     .collect();
                 output::table(&["ID", "QUEUE", "FUNCTION", "STATE", "ATTEMPTS", "RESCUES", "LAST"], &rows);
                 if list.more > 0 {
-                    println!("{} more (use --limit or --all)", list.more);
+                    eprintln!("{} more (use --limit or --all)", list.more);
                 }
             }
         }

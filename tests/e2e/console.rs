@@ -353,13 +353,16 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     assert_eq!(mail[0], ("Sent".to_string(), 2));
     browser.screenshot("overview");
 
-    browser.go(&format!("{}/ui/jobs?queue=parked&page=2", s.url));
-    browser.until("page 2 of the parked jobs", |b| b.source().contains("page-info"));
-    assert_eq!(browser.texts(".job-id"), newest[50..100].to_vec(), "page 2 shows the 51st to the 100th newest");
-    assert!(browser.text("#page-info").contains("120"), "{}", browser.text("#page-info"));
+    browser.go(&format!("{}/ui/jobs?queue=parked", s.url));
+    browser.until("page 1 of the parked jobs", |b| b.texts(".job-id") == newest[..50]);
     browser.click("#page-next");
-    browser.until("page 3", |b| b.url().contains("page=3"));
+    browser.until("page 2", |b| b.url().contains(&format!("after={}", newest[49])));
+    assert_eq!(browser.texts(".job-id"), newest[50..100].to_vec(), "page 2 shows the 51st to the 100th newest");
+    assert!(browser.text("#page-info").contains("120 件 · 51–100"), "{}", browser.text("#page-info"));
+    browser.click("#page-next");
+    browser.until("page 3", |b| b.url().contains(&format!("after={}", newest[99])));
     assert_eq!(browser.texts(".job-id"), newest[100..].to_vec());
+    assert!(browser.source().contains("page-first") && !browser.source().contains("page-next"), "the last page");
     browser.screenshot("jobs-page-3");
 
     // The filter form narrows by queue and state.

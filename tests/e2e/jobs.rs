@@ -552,10 +552,9 @@ fn u3_jobs_list_of_400_shows_100_and_says_300_more_and_all_lists_400() {
     let lines: String =
         (0..400).map(|n| format!("{{\"queue\": \"q\", \"function\": \"work\", \"payload\": {n}}}\n")).collect();
     ok(s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(lines.as_bytes())));
-    let table = ok(s.admin(&["jobs", "list"]));
-    let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 1 + 100 + 1, "a header, the newest 100, the hint: {table}");
-    assert_eq!(lines.last().copied(), Some("300 more (use --limit or --all)"));
+    let out = s.admin(&["jobs", "list"]);
+    assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the newest 100");
+    assert_eq!(stderr(&out).lines().last(), Some("300 more (use --limit or --all)"), "U6: stderr ends with the hint");
     let listed = json(s.admin(&["jobs", "list", "-o", "json"]));
     assert_eq!((listed["jobs"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(100), Some(300)));
     let limited = json(s.admin(&["jobs", "list", "--limit", "150", "-o", "json"]));
@@ -564,6 +563,7 @@ fn u3_jobs_list_of_400_shows_100_and_says_300_more_and_all_lists_400() {
     let ids: std::collections::BTreeSet<&str> =
         all["jobs"].as_array().into_iter().flatten().filter_map(|j| j["id"].as_str()).collect();
     assert_eq!((ids.len(), all["more"].as_u64()), (400, Some(0)), "every job once");
-    let table = ok(s.admin(&["jobs", "list", "--all"]));
-    assert_eq!(table.lines().count(), 1 + 400, "no hint when nothing is left out");
+    let out = s.admin(&["jobs", "list", "--all"]);
+    assert_eq!(stdout(&out).lines().count(), 1 + 400);
+    assert!(!stderr(&out).contains("more"), "no hint when nothing is left out: {}", stderr(&out));
 }

@@ -560,28 +560,31 @@ pub async fn u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page(s
     let jobs: Vec<Job> =
         (1..=120).map(|n| Job { queue: if n % 2 == 0 { "even" } else { "odd" }.into(), ..job(n, 0, 0) }).collect();
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
-    let page = |offset, queue: Option<&str>| {
-        let q = JobQuery { queue: queue.map(String::from), limit: 50, offset, ..Default::default() };
+    let query = |after: Option<&str>, queue: Option<&str>| JobQuery {
+        queue: queue.map(String::from),
+        after: after.map(String::from),
+        limit: 50,
+        ..Default::default()
+    };
+    let page = |after: Option<String>, queue: Option<&str>| {
+        let q = query(after.as_deref(), queue);
         async move { store.list_jobs(q).await.expect("list").into_iter().map(|j| j.id).collect::<Vec<_>>() }
     };
-    let second = page(50, None).await;
+    let first = page(None, None).await;
+    let second = page(first.last().cloned(), None).await;
     let want: Vec<String> = (21..=70).rev().map(|n| format!("job-{n:04}")).collect();
     assert_eq!(second, want, "page 2, newest first: the 51st to the 100th");
-    assert_eq!(page(100, None).await.len(), 20, "the last page holds the rest");
-    assert_eq!(page(50, Some("even")).await.len(), 10, "a filter narrows before the page");
-    let count = |queue: Option<&str>, state: Option<&str>| {
-        let q = JobQuery {
-            queue: queue.map(String::from),
-            state: state.map(String::from),
-            limit: 1,
-            offset: 7,
-            ..Default::default()
-        };
+    assert_eq!(page(second.last().cloned(), None).await.len(), 20, "the last page holds the rest");
+    let even = page(None, Some("even")).await;
+    assert_eq!(page(even.last().cloned(), Some("even")).await.len(), 10, "a filter narrows before the page");
+    let count = |after: Option<String>, queue: Option<&str>, state: Option<&str>| {
+        let q = JobQuery { state: state.map(String::from), limit: 1, ..query(after.as_deref(), queue) };
         async move { store.count_jobs(q).await.expect("count") }
     };
-    assert_eq!(count(None, None).await, 120);
-    assert_eq!(count(Some("odd"), None).await, 60);
-    assert_eq!(count(Some("odd"), Some("running")).await, 0);
+    assert_eq!(count(None, None, None).await, 120);
+    assert_eq!(count(second.last().cloned(), None, None).await, 20, "what is left after page 2");
+    assert_eq!(count(None, Some("odd"), None).await, 60);
+    assert_eq!(count(None, Some("odd"), Some("running")).await, 0);
 }
 
 pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(store: &impl Store) {

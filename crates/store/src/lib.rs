@@ -243,8 +243,8 @@ pub struct JobQuery {
     /// T2: only the jobs this machine enqueued or holds (or last held) the lease of.
     pub machine: Option<String>,
     pub limit: usize,
-    /// U3: how many of the newest matching jobs to skip (a page's start).
-    pub offset: usize,
+    /// U3: the cursor of a page: only jobs older than this one (the last of the page before).
+    pub after: Option<String>,
 }
 
 /// E7: one batch of what retention lets go, oldest first. Only settled rows ever match: closed

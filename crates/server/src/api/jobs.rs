@@ -55,8 +55,9 @@ pub struct ListQuery {
     state: Option<String>,
     #[serde(default)]
     limit: Option<usize>,
+    /// U3: the cursor, the last job of the page before.
     #[serde(default)]
-    offset: Option<usize>,
+    after: Option<String>,
 }
 
 /// T2: a machine lists the jobs it enqueued or claimed; the admin lists all.
@@ -74,12 +75,14 @@ pub async fn list(
         state: q.state,
         machine: caller.machine().map(String::from),
         limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
-        offset: q.offset.unwrap_or(0),
+        after: q.after,
     };
-    let (offset, total) = (query.offset, app.store().count_jobs(query.clone()).await?);
-    let jobs: Vec<Job> = app.store().list_jobs(query).await?.into_iter().map(|j| redact(j, caller.actor())).collect();
-    let more = total.saturating_sub((offset + jobs.len()) as u64);
-    Ok(Json(JobList { jobs, more }))
+    let jobs = app.store().list_jobs(query.clone()).await?;
+    let more = match jobs.last() {
+        Some(last) => app.store().count_jobs(JobQuery { after: Some(last.id.clone()), ..query }).await?,
+        None => 0,
+    };
+    Ok(Json(JobList { jobs: jobs.into_iter().map(|j| redact(j, caller.actor())).collect(), more }))
 }
 
 /// The one answer that carries lease tokens (T1).

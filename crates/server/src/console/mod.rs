@@ -337,16 +337,24 @@ async fn jobs(State(app): State<App>, ctx: Ctx, Query(filter): Query<views::JobF
         queue: filter.queue.clone(),
         state: filter.state.clone(),
         limit: views::JOBS_PER_PAGE,
-        offset: (filter.page() - 1) * views::JOBS_PER_PAGE,
+        after: None,
         machine: None,
     };
     let matching = app.store().count_jobs(query.clone()).await.map_err(unavailable(&ctx))?;
-    let jobs = app.store().list_jobs(query).await.map_err(unavailable(&ctx))?;
+    let page = pcmail_store::JobQuery { after: filter.after.clone(), ..query.clone() };
+    let jobs = app.store().list_jobs(page).await.map_err(unavailable(&ctx))?;
+    let left = match jobs.last() {
+        Some(last) => {
+            let rest = pcmail_store::JobQuery { after: Some(last.id.clone()), ..query };
+            app.store().count_jobs(rest).await.map_err(unavailable(&ctx))?
+        }
+        None => 0,
+    };
     let mut queues: Vec<String> = counts.iter().map(|(q, _, _)| q.clone()).collect();
     queues.extend(app.runtime().pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
     queues.sort();
     queues.dedup();
-    let listing = views::JobPage { filter, jobs, matching, queues };
+    let listing = views::JobPage { filter, jobs, matching, left, queues };
     Ok(ctx.page(t(ctx.lang, "Jobs", "ジョブ"), views::jobs(ctx.lang, &ctx.csrf, &counts, &listing)).into_response())
 }
 

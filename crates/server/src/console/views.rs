@@ -256,7 +256,7 @@ pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
 /// Jobs a page of the listing shows (U3).
 pub const JOBS_PER_PAGE: usize = 50;
 
-/// The jobs listing's filters and page, as its URL and its forms carry them (all text, so an
+/// The jobs listing's filters and cursor, as its URL and its forms carry them (all text, so an
 /// empty select means "any").
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
 pub struct JobFilter {
@@ -264,44 +264,40 @@ pub struct JobFilter {
     pub queue: Option<String>,
     #[serde(default)]
     pub state: Option<String>,
+    /// The cursor: the page starts after this job (the last of the page before).
     #[serde(default)]
-    pub page: Option<String>,
+    pub after: Option<String>,
 }
 
 impl JobFilter {
     /// Empty fields as absent, so `?queue=&state=dead` filters by state alone.
     pub fn normalized(self) -> JobFilter {
         let given = |v: Option<String>| v.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        JobFilter { queue: given(self.queue), state: given(self.state), page: given(self.page) }
+        JobFilter { queue: given(self.queue), state: given(self.state), after: given(self.after) }
     }
 
-    /// The page asked for, from 1; anything else is the first.
-    pub fn page(&self) -> usize {
-        self.page.as_deref().and_then(|p| p.parse().ok()).filter(|p| *p >= 1).unwrap_or(1)
-    }
-
-    /// The listing's link with these filters on page `page`.
-    pub fn href_at(&self, page: usize) -> String {
+    /// The listing's link with these filters, from the page after `after`.
+    pub fn href_after(&self, after: Option<&str>) -> String {
         let mut query: Vec<String> = Vec::new();
         query.extend(self.queue.iter().map(|q| format!("queue={}", seg(q))));
         query.extend(self.state.iter().map(|s| format!("state={}", seg(s))));
-        if page > 1 {
-            query.push(format!("page={page}"));
-        }
+        query.extend(after.map(|a| format!("after={}", seg(a))));
         if query.is_empty() { "/ui/jobs".into() } else { format!("/ui/jobs?{}", query.join("&")) }
     }
 
     pub fn href(&self) -> String {
-        self.href_at(self.page())
+        self.href_after(self.after.as_deref())
     }
 }
 
-/// One page of the jobs listing and what it was cut from.
+/// One page of the jobs listing and where it sits in what the filters match.
 pub struct JobPage {
     pub filter: JobFilter,
     pub jobs: Vec<Job>,
     /// Jobs the filters match, on every page.
     pub matching: u64,
+    /// Of those, the ones after this page.
+    pub left: u64,
     /// Every queue there is, for the filter.
     pub queues: Vec<String>,
 }
@@ -309,10 +305,8 @@ pub struct JobPage {
 /// Job counts by queue and state, then the listing: filters, one page, and a retry or cancel
 /// button where a person may press one.
 pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &JobPage) -> Markup {
-    let JobPage { filter, jobs, matching, queues } = listing;
-    let page = filter.page();
-    let pages = (*matching as usize).div_ceil(JOBS_PER_PAGE).max(1);
-    let first = (page - 1) * JOBS_PER_PAGE;
+    let JobPage { filter, jobs, matching, left, queues } = listing;
+    let first = matching.saturating_sub(left + jobs.len() as u64);
     let counts = counts.iter().map(|(q, s, n)| vec![html! { (q) }, html! { (s) }, html! { (n) }]);
     let action = |id: &str, verb: &str, label: &str| {
         html! {
@@ -320,7 +314,7 @@ pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &Job
                 input type="hidden" name="csrf" value=(csrf);
                 @if let Some(q) = &filter.queue { input type="hidden" name="queue" value=(q); }
                 @if let Some(s) = &filter.state { input type="hidden" name="state" value=(s); }
-                input type="hidden" name="page" value=(page);
+                @if let Some(a) = &filter.after { input type="hidden" name="after" value=(a); }
                 button.action data-job=(id) data-action=(verb) { (label) }
             }
         }
@@ -373,14 +367,15 @@ pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &Job
             button #filter-apply { (t(l, "Show", "表示")) }
         }
         p #page-info {
-            (matching) " " (t(l, "jobs", "件")) " · "
-            @if *matching > 0 { (first + 1) "–" (first + jobs.len()) " · " }
-            (t(l, "page", "ページ")) " " (page) " / " (pages)
+            (matching) " " (t(l, "jobs", "件"))
+            @if !jobs.is_empty() { " · " (first + 1) "–" (first + jobs.len() as u64) }
         }
         div #job-list data-live { (table(&headers, rows)) }
         p.pager {
-            @if page > 1 { a #page-prev href=(filter.href_at(page - 1)) { "← " (t(l, "newer", "新しい")) } " " }
-            @if page < pages { a #page-next href=(filter.href_at(page + 1)) { (t(l, "older", "古い")) " →" } }
+            @if filter.after.is_some() { a #page-first href=(filter.href_after(None)) { "« " (t(l, "newest", "最新")) } " " }
+            @if let (true, Some(last)) = (*left > 0, jobs.last()) {
+                a #page-next href=(filter.href_after(Some(&last.id))) { (t(l, "older", "古い")) " →" }
+            }
         }
     }
 }

@@ -225,10 +225,11 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
     }
 }
 
-/// A job listing's filters: queue `$1`, state `$2` and (T2) the machine `$3` that enqueued it or
-/// holds its lease, each when given.
+/// A job listing's filters: queue `$1`, state `$2`, (T2) the machine `$3` that enqueued it or
+/// holds its lease, and (U3) the cursor `$4`, older than that job; each when given.
 const JOB_FILTER: &str = "($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
-    AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/')";
+    AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/') \
+    AND ($4::text IS NULL OR seq < (SELECT seq FROM jobs WHERE id = $4))";
 
 async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
     let ledger_upsert =
@@ -578,15 +579,21 @@ impl Store for PgStore {
     }
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT $4 OFFSET $5");
-        let (limit, offset) = (q.limit as i64, q.offset as i64);
-        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &limit, &offset], codec::job).await
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT $5");
+        let limit = q.limit as i64;
+        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after, &limit], codec::job).await
     }
 
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
         let count = |r: &dyn codec::Columns| r.int(0);
-        let n = self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine], count).await?.pop().unwrap_or(0);
+        let n = self
+            .conn()
+            .await?
+            .decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after], count)
+            .await?
+            .pop()
+            .unwrap_or(0);
         Ok(n.max(0) as u64)
     }
 

@@ -338,10 +338,11 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 
 /// Columns a job keeps from its insert on: no plan changes them, and an upsert of a known id
 /// leaves them alone.
-/// A job listing's filters: queue `?1`, state `?2` and (T2) the machine `?3` that enqueued it or
-/// holds its lease, each when given.
+/// A job listing's filters: queue `?1`, state `?2`, (T2) the machine `?3` that enqueued it or
+/// holds its lease, and (U3) the cursor `?4`, older than that job; each when given.
 const JOB_FILTER: &str = "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
-    AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/')";
+    AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/') \
+    AND (?4 IS NULL OR seq < (SELECT seq FROM jobs WHERE id = ?4))";
 
 /// `VALUES (?1, …, ?n)` for a row of `columns`.
 fn values(columns: &str) -> String {
@@ -755,10 +756,10 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT ?4 OFFSET ?5"
+                    "SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT ?5"
                 ))
                 .map_err(map_err)?;
-            let params = params![q.queue, q.state, q.machine, q.limit as i64, q.offset as i64];
+            let params = params![q.queue, q.state, q.machine, q.after, q.limit as i64];
             collect(&mut stmt, params, codec::job)
         })
         .await
@@ -769,7 +770,7 @@ impl Store for SqliteStore {
             let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
             let n: i64 = conn
                 .prepare_cached(&sql)
-                .and_then(|mut s| s.query_row(params![q.queue, q.state, q.machine], |r| r.get(0)))
+                .and_then(|mut s| s.query_row(params![q.queue, q.state, q.machine, q.after], |r| r.get(0)))
                 .map_err(map_err)?;
             Ok(n.max(0) as u64)
         })
