@@ -351,6 +351,7 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     let mail = lines("chart-mail");
     assert_eq!(mail.len(), 4, "a line per series: {mail:?}");
     assert_eq!(mail[0], ("Sent".to_string(), 2));
+    assert_eq!(lines("chart-delivery").len(), 1, "the p95 of send → delivered");
     browser.screenshot("overview");
 
     browser.go(&format!("{}/ui/jobs?queue=parked", s.url));

@@ -150,6 +150,10 @@ impl Store for AnyStore {
         forward!(self, s => s.activity(since, step).await)
     }
 
+    async fn deliveries(&self, since: Ts) -> Result<Vec<(Ts, i64)>> {
+        forward!(self, s => s.deliveries(since).await)
+    }
+
     async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
         forward!(self, s => s.ledger_counts().await)
     }

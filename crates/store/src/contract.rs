@@ -630,6 +630,16 @@ pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(stor
         want.map(|(s, b, n)| (s.to_string(), b, n)).to_vec(),
         "per hour from the window's start, nothing before it"
     );
+    let delivered =
+        vec![event("mail/a", "Delivered", 3_605), event("mail/old", "Delivered", 9), event("mail/b", "Seen", 3_700)];
+    store
+        .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { events: delivered, ..Default::default() }, ())
+        })
+        .await
+        .expect("events");
+    let since = store.deliveries(at(10)).await.expect("deliveries");
+    assert_eq!(since, vec![(at(3_605), 3_600_000)], "delivered since 10 s, each timed from its send");
 }
 
 pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {

@@ -171,6 +171,12 @@ pub(crate) const ACTIVITY_SQL: &str = "SELECT CASE WHEN object LIKE 'mail/%' THE
     UNION ALL SELECT 'job:' || state, (finished_at - {since}) / {step}, count(*) FROM jobs \
     WHERE finished_at >= {since} AND state IN ('succeeded', 'dead', 'cancelled') GROUP BY 1, 2";
 
+/// Mail delivered since `{since}` with how long each took from its send, from the trail: each
+/// delivery found by the index on `at`, its send by the index on the mail's object.
+pub(crate) const DELIVERIES_SQL: &str = "SELECT d.at, d.at - s.at FROM events d \
+    JOIN events s ON s.object = d.object AND s.reason = 'Sent' \
+    WHERE d.at >= {since} AND d.reason = 'Delivered' AND d.object LIKE 'mail/%'";
+
 /// A read-only listing of mail, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MailQuery {
@@ -346,6 +352,8 @@ pub trait Store: Send + Sync + 'static {
     fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
     fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
+    /// U2: every mail delivered since `since`, as (when, milliseconds since its send).
+    fn deliveries(&self, since: Ts) -> impl Future<Output = Result<Vec<(Ts, i64)>>> + Send;
     /// Projects that have rows or have had ids issued.
     fn ledger_projects(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Small controller state (cursors, the rebuilt view) that must survive restarts.

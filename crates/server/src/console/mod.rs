@@ -240,7 +240,9 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
         .map_err(|e| failure(&ctx, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))?;
     let since = this_hour - hour * (views::CHART_HOURS as i32 - 1);
     let activity = store.activity(since, hour).await.map_err(unavailable(&ctx))?;
-    Ok(ctx.page(t(ctx.lang, "Overview", "概要"), views::overview(ctx.lang, &totals, &activity)).into_response())
+    let deliveries = store.deliveries(since).await.map_err(unavailable(&ctx))?;
+    let body = views::overview(ctx.lang, &totals, &activity, &deliveries, since);
+    Ok(ctx.page(t(ctx.lang, "Overview", "概要"), body).into_response())
 }
 
 async fn ledger(State(app): State<App>, ctx: Ctx) -> Page {

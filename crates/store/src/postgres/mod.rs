@@ -584,6 +584,17 @@ impl Store for PgStore {
         self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after, &limit], codec::job).await
     }
 
+    async fn deliveries(&self, since: Ts) -> Result<Vec<(Ts, i64)>> {
+        let sql = crate::DELIVERIES_SQL.replace("{since}", "$1::bigint");
+        let rows = self.conn().await?.query(&sql, &[&ms(since)]).await?;
+        rows.iter()
+            .map(|r| {
+                use codec::Columns;
+                Ok((from_ms(r.int(0)?), r.int(1)?))
+            })
+            .collect()
+    }
+
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
         let count = |r: &dyn codec::Columns| r.int(0);

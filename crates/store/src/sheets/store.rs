@@ -495,6 +495,10 @@ impl Store for SheetsStore {
         self.inner.local.activity(since, step).await
     }
 
+    async fn deliveries(&self, since: Ts) -> Result<Vec<(Ts, i64)>> {
+        self.inner.local.deliveries(since).await
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         self.inner.local.ledger_projects().await
     }

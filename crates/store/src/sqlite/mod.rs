@@ -765,6 +765,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn deliveries(&self, since: Ts) -> Result<Vec<(Ts, i64)>> {
+        self.read(move |conn| {
+            let sql = crate::DELIVERIES_SQL.replace("{since}", "?1");
+            let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+            let rows = stmt.query_map([ms(since)], |r| Ok((from_ms(r.get(0)?), r.get(1)?))).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         self.read(move |conn| {
             let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
