@@ -35,6 +35,12 @@ pub struct Connection {
     pub ca: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Within {
+    Mail,
+    Ledger,
+}
+
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
 pub enum Output {
     #[default]
@@ -130,6 +136,19 @@ pub enum Command {
         wait_for: Option<String>,
         #[arg(long, default_value = "5m")]
         timeout: Dur,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Mail and ledger rows holding TEXT (Japanese too, parts of words too); a machine finds
+    /// only the mail it sent or received
+    Search {
+        text: String,
+        /// Only mail, or only ledger rows
+        #[arg(long = "in", value_enum)]
+        within: Option<Within>,
+        /// At most this many of each (1–100)
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },

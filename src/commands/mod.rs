@@ -5,6 +5,7 @@ mod agent;
 mod jobs;
 mod ledger;
 mod mail;
+mod search;
 mod serve;
 mod specs;
 mod store;
@@ -70,6 +71,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Command::Poll { wait, output, quiet } => mail::poll(&client, wait, output, quiet).await,
                 Command::Agent { command, wait } => agent::run(&client, command, wait).await,
                 Command::Alerts { output } => mail::alerts(&client, output).await,
+                Command::Search { text, within, limit, output } => {
+                    search::run(&client, &text, within, limit, output).await
+                }
                 Command::Ledger { project, command } => ledger::run(&client, project, command).await,
                 Command::Jobs { command } => jobs::run(&client, command).await,
                 Command::Worker { queue, lease, once } => jobs::worker(&client, &queue, lease, once).await,

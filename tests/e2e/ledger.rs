@@ -269,3 +269,30 @@ fn u_ledger_list_aligns_japanese_rows_by_display_width() {
         assert!(columns(line).iter().any(|(at, c)| *at == task && *c != ' '), "TASK at {task}:\n{text}");
     }
 }
+
+/// U5: one search over mail and ledger rows, Japanese and English, parts of words included; a
+/// machine finds only the mail it sent or received, the admin all of it.
+#[test]
+fn u5_search_finds_parts_of_japanese_and_english_words_and_a_machine_only_its_own_mail() {
+    let Setup { s, _dir, .. } = setup("30m");
+    push(&s, "manual", "請求書を作る", "");
+    let (desk, laptop, builder) = (s.token("desk"), s.token("laptop"), s.token("builder"));
+    let mine = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "先週の請求書", "--body", "invoice attached"]));
+    ok(s.ctl(&builder, &["send", "--to", "desk", "--subject", "Invoice for March", "--body", "b"]));
+    let subjects = |v: &serde_json::Value| -> Vec<String> {
+        v["mail"].as_array().into_iter().flatten().filter_map(|m| m["subject"].as_str().map(String::from)).collect()
+    };
+    let found = json(s.ctl(&laptop, &["search", "請求", "-o", "json"]));
+    assert_eq!(subjects(&found), ["先週の請求書"], "請求 finds 請求書");
+    assert_eq!(found["rows"][0]["task"], "請求書を作る");
+    let theirs = json(s.ctl(&laptop, &["search", "INVOICE", "--in", "mail", "-o", "json"]));
+    assert_eq!(subjects(&theirs), ["先週の請求書"], "only the laptop's own mail, whatever the case");
+    assert_eq!(theirs["rows"], serde_json::json!([]), "--in mail looks at mail only");
+    let all = json(s.admin(&["search", "nvoic", "--in", "mail", "-o", "json"]));
+    assert_eq!(subjects(&all), ["Invoice for March", "先週の請求書"], "the admin finds all, newest first");
+    let table = ok(s.ctl(&laptop, &["search", "請求"]));
+    assert!(table.contains(&mine) && table.contains("office/T-0001"), "{table}");
+    let empty = s.ctl(&laptop, &["search", "  "]);
+    assert_ne!(code(&empty), 0);
+    assert!(stderr(&empty).contains("q is empty"), "{}", stderr(&empty));
+}

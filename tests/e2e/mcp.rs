@@ -175,7 +175,19 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
     let names: Vec<&str> = list["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(
         names,
-        ["send", "inbox", "read", "reply", "ack", "fail", "status", "intents", "telegram_reply", "telegram_react"]
+        [
+            "send",
+            "inbox",
+            "read",
+            "reply",
+            "ack",
+            "fail",
+            "status",
+            "search",
+            "intents",
+            "telegram_reply",
+            "telegram_react"
+        ]
     );
     println!("tools/list: {bytes} bytes");
 
@@ -192,6 +204,9 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
     let listed = mcp.ok("inbox", json!({}));
     assert!(listed.contains(&note) && listed.contains("deploy"), "{listed}");
     assert_ne!(state(&s, &desk, &note)["state"], "seen", "the inbox is a peek");
+    let found = mcp.ok("search", json!({"text": "eplo"}));
+    assert!(found.contains(&note) && found.contains("deploy"), "U5: the search tool finds part of a word: {found}");
+    assert_eq!(mcp.ok("search", json!({"text": "eplo", "in": "ledger"})), "nothing found");
 
     let read = mcp.ok("read", json!({"id": note}));
     assert!(read.contains("please") && read.contains("from desk"), "{read}");
@@ -386,7 +401,7 @@ fn mcp_with_an_unusable_home_or_garbled_input_answers_clearly_and_keeps_running(
     mcp.stdin.write_all(b"not json at all\n\xff\xfe\n").expect("write");
     mcp.pump(Duration::from_secs(1), None);
     assert!(mcp.running(), "a broken cache or a garbled line never ends the session's server");
-    assert_eq!(mcp.request("tools/list", json!({}))["tools"].as_array().map(Vec::len), Some(10));
+    assert_eq!(mcp.request("tools/list", json!({}))["tools"].as_array().map(Vec::len), Some(11));
 }
 
 #[test]

@@ -405,6 +405,13 @@ pub struct JobList {
     pub more: u64,
 }
 
+/// The answer of `GET /api/v1/search` (U5): mail (newest first) and ledger rows holding the text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SearchResults {
+    pub mail: Vec<Mail>,
+    pub rows: Vec<crate::ledger::Row>,
+}
+
 /// The answer of `POST /api/v1/ledger/push` (L7): what one merge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MergeCounts {

@@ -154,6 +154,10 @@ impl Store for AnyStore {
         forward!(self, s => s.deliveries(since).await)
     }
 
+    async fn search(&self, search: crate::Search) -> Result<crate::Found> {
+        forward!(self, s => s.search(search).await)
+    }
+
     async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
         forward!(self, s => s.ledger_counts().await)
     }

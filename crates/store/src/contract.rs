@@ -12,7 +12,7 @@ use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
 
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Prune,
-    SpecWrites, Store,
+    Search, SpecWrites, Store,
 };
 use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
@@ -642,6 +642,64 @@ pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(stor
     assert_eq!(since, vec![(at(3_605), 3_600_000)], "delivered since 10 s, each timed from its send");
 }
 
+pub async fn u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a_machine_only_its_own(
+    store: &impl Store,
+) {
+    let with = |n, from: &str, to: &str, subject: &str, body: &str| Mail {
+        from: from.into(),
+        subject: subject.into(),
+        body: body.into(),
+        ..mail(n, to)
+    };
+    insert(
+        store,
+        vec![
+            with(1, "desk", "laptop", "請求書の件", "先週の分です"),
+            with(2, "builder", "desk", "Invoice for March", "100% paid_now"),
+            with(3, "builder", "builder", "weekly build", "nothing about money"),
+        ],
+    )
+    .await;
+    merge(store, &["請求書を作る", "見積書を送る"]).await;
+    let search = |text: &str, machine: Option<&str>| Search {
+        text: text.into(),
+        machine: machine.map(String::from),
+        mail: true,
+        ledger: true,
+        limit: 10,
+    };
+    let find = |s: Search| async move {
+        let found = store.search(s).await.expect("search");
+        let mail: Vec<String> = found.mail.into_iter().map(|m| m.subject).collect();
+        let rows: Vec<String> = found.rows.into_iter().map(|r| r.task).collect();
+        (mail, rows)
+    };
+    assert_eq!(
+        find(search("請求", None)).await,
+        (vec!["請求書の件".into()], vec!["請求書を作る".into()]),
+        "2 characters"
+    );
+    assert_eq!(
+        find(search("請求書", None)).await,
+        (vec!["請求書の件".into()], vec!["請求書を作る".into()]),
+        "3, indexed"
+    );
+    assert_eq!(find(search("INVOIC", None)).await.0, vec!["Invoice for March".to_string()], "any case, part of a word");
+    assert_eq!(find(search("先週", None)).await.0, vec!["請求書の件".to_string()], "the body too");
+    assert_eq!(find(search("0% p", None)).await.0, vec!["Invoice for March".to_string()], "% is text");
+    assert_eq!(find(search("d_n", None)).await.0, vec!["Invoice for March".to_string()], "_ is text");
+    assert_eq!(find(search("x_x", None)).await.0, Vec::<String>::new());
+    assert_eq!(find(search("請求", Some("laptop"))).await.0, vec!["請求書の件".to_string()], "to it");
+    assert_eq!(find(search("invoice", Some("laptop"))).await.0, Vec::<String>::new(), "another machine's mail");
+    assert_eq!(
+        find(search("invoice", Some("desk"))).await.0,
+        vec!["Invoice for March".to_string()],
+        "to it, from another"
+    );
+    let only_rows = Search { mail: false, ..search("書を", None) };
+    assert_eq!(find(only_rows).await, (vec![], vec!["請求書を作る".into(), "見積書を送る".into()]));
+}
+
 pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
     let j = job(7, 0, 0);
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
@@ -917,6 +975,7 @@ macro_rules! contract_tests {
             t2_a_machine_lists_the_jobs_it_enqueued_or_claimed,
             u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page,
             u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step,
+            u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a_machine_only_its_own,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,

@@ -171,6 +171,32 @@ pub(crate) const ACTIVITY_SQL: &str = "SELECT CASE WHEN object LIKE 'mail/%' THE
     UNION ALL SELECT 'job:' || state, (finished_at - {since}) / {step}, count(*) FROM jobs \
     WHERE finished_at >= {since} AND state IN ('succeeded', 'dead', 'cancelled') GROUP BY 1, 2";
 
+/// U5: what a search looks for and where.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Search {
+    /// Found anywhere in a mail's subject or body, or a row's task or content, whatever its case.
+    pub text: String,
+    /// T2: only mail from or to this machine.
+    pub machine: Option<String>,
+    pub mail: bool,
+    pub ledger: bool,
+    /// At most this many of each, newest mail first, rows in project and id order.
+    pub limit: usize,
+}
+
+/// What a search found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    pub mail: Vec<Mail>,
+    pub rows: Vec<Row>,
+}
+
+/// `text` as a LIKE pattern that finds it anywhere (`\` escapes `%` and `_`).
+pub(crate) fn like_anywhere(text: &str) -> String {
+    let escaped = text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+    format!("%{escaped}%")
+}
+
 /// Mail delivered since `{since}` with how long each took from its send, from the trail: each
 /// delivery found by the index on `at`, its send by the index on the mail's object.
 pub(crate) const DELIVERIES_SQL: &str = "SELECT d.at, d.at - s.at FROM events d \
@@ -352,6 +378,9 @@ pub trait Store: Send + Sync + 'static {
     fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
     fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
+    /// U5: mail and rows holding `search.text` (an index finds them: FTS5 trigrams on SQLite,
+    /// `pg_trgm` on PostgreSQL, both kept by the same transaction as the rows).
+    fn search(&self, search: Search) -> impl Future<Output = Result<Found>> + Send;
     /// U2: every mail delivered since `since`, as (when, milliseconds since its send).
     fn deliveries(&self, since: Ts) -> impl Future<Output = Result<Vec<(Ts, i64)>>> + Send;
     /// Projects that have rows or have had ids issued.

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pcmail_core::api::{ErrorCode, MailStatus, SendRequest, StepRequest};
+use pcmail_core::api::{ErrorCode, MailStatus, SearchResults, SendRequest, StepRequest};
 use pcmail_core::ids;
 use pcmail_core::intent::{external_key, listing};
 use pcmail_core::mail::{Mail, MailKind, MailState, Step};
@@ -38,7 +38,7 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
     vec![
         (
             "send",
-            "Send mail to a roster machine (exact label, number, hostname or alias). Answers its id.",
+            "Send mail to a roster machine (label, number, hostname or alias). Answers its id.",
             object(
                 json!({
                     "to": {"type": "string"},
@@ -64,15 +64,20 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
         ("ack", "Mark a mail done without replying.", object(json!({"id": id}), &["id"])),
         (
             "fail",
-            "Mark a mail failed: it cannot be done. The sender sees the reason.",
+            "Mark a mail failed; the sender sees the reason.",
             object(json!({"id": id, "reason": {"type": "string"}}), &["id", "reason"]),
         ),
         (
             "status",
-            "How far a mail got (delivered, seen, done) with times. wait_for waits up to timeout s (60).",
+            "How far a mail got, with times; wait_for waits up to timeout s (60).",
             object(json!({"id": id, "wait_for": {"enum": ["seen", "done"]}, "timeout": {"type": "integer"}}), &["id"]),
         ),
-        ("intents", "Chat messages (Telegram) still waiting for an explicit reply.", object(json!({}), &[])),
+        (
+            "search",
+            "Mail of this PC and ledger rows holding a text.",
+            object(json!({"text": {"type": "string"}, "in": {"enum": ["mail", "ledger"]}}), &["text"]),
+        ),
+        ("intents", "Telegram messages still waiting for a reply.", object(json!({}), &[])),
         (
             "telegram_reply",
             "Reply on Telegram to one message; closes it.",
@@ -90,6 +95,14 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
             ),
         ),
     ]
+}
+
+/// What a search found, a line each: mail first (newest first), then ledger rows.
+fn search_text(found: &SearchResults) -> String {
+    let mail = found.mail.iter().map(|m| format!("{} from {} to {} [{}] {}", m.id, m.from, m.to, m.state, m.subject));
+    let rows = found.rows.iter().map(|r| format!("{}/{} [{}] {}", r.project, r.id, r.state, r.task));
+    let lines: Vec<String> = mail.chain(rows).collect();
+    if lines.is_empty() { "nothing found".into() } else { lines.join("\n") }
 }
 
 /// A tool call's failure: one sentence, shown to the agent as a tool error.
@@ -233,6 +246,12 @@ pub async fn call(
             Ok(format!("sent {} to {to}", sent.id))
         }
         "inbox" => Ok(inbox_text(&mail::list(client, false, args.flag("all")?).await?)),
+        "search" => {
+            let mut query = vec![("q", args.str("text")?.to_string())];
+            query.extend(args.opt_str("in")?.map(|w| ("in", w)));
+            let found: SearchResults = client.get("/api/v1/search", &query).await.map_err(MailError::from)?;
+            Ok(search_text(&found))
+        }
         "read" => Ok(read_text(&mail::step(client, &args.id()?, Action::Seen, &StepRequest::default()).await?)),
         "reply" => {
             let id = args.id()?;

@@ -7,6 +7,7 @@ mod fuzz;
 mod jobs;
 mod ledger;
 mod mail;
+mod search;
 mod specs;
 
 use axum::Router;
@@ -59,6 +60,7 @@ routes!(ROUTES, api_routes:
     "/api/v1/jobs" => post jobs::enqueue, get jobs::list;
     "/api/v1/jobs/claim" => post jobs::claim;
     "/api/v1/jobs/{id}/{action}" => post jobs::report;
+    "/api/v1/search" => get search::search;
     "/api/v1/ledger" => get ledger::list;
     "/api/v1/ledger/view" => get ledger::view;
     "/api/v1/ledger/push" => post ledger::push;

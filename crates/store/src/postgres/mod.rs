@@ -595,6 +595,27 @@ impl Store for PgStore {
             .collect()
     }
 
+    async fn search(&self, search: crate::Search) -> Result<crate::Found> {
+        let pattern = crate::like_anywhere(&search.text);
+        let limit = search.limit as i64;
+        let mut c = self.conn().await?;
+        let mut found = crate::Found::default();
+        if search.mail {
+            let sql = format!(
+                "SELECT {MAIL_COLUMNS} FROM mail WHERE (subject || ' ' || body) ILIKE $1 \
+                 AND ($2::text IS NULL OR \"from\" = $2 OR \"to\" = $2) ORDER BY seq DESC LIMIT $3"
+            );
+            found.mail = c.decode(&sql, &[&pattern, &search.machine, &limit], codec::mail).await?;
+        }
+        if search.ledger {
+            let sql = format!(
+                "SELECT {LEDGER_COLUMNS} FROM ledger WHERE (task || ' ' || content) ILIKE $1 ORDER BY project, seq LIMIT $2"
+            );
+            found.rows = c.decode(&sql, &[&pattern, &limit], codec::ledger_row).await?;
+        }
+        Ok(found)
+    }
+
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
         let count = |r: &dyn codec::Columns| r.int(0);

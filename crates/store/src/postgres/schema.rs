@@ -216,6 +216,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_finished_at ON jobs(finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
     CREATE INDEX events_at ON events(at);
     "#,
+    // 5: full-text search (U5), as SQLite's migration 8: trigram indexes (pg_trgm, a trusted
+    // extension) that ILIKE uses, kept by PostgreSQL in the writing transaction.
+    r#"
+    CREATE EXTENSION IF NOT EXISTS pg_trgm;
+    CREATE INDEX mail_search ON mail USING gin ((subject || ' ' || body) gin_trgm_ops);
+    CREATE INDEX ledger_search ON ledger USING gin ((task || ' ' || content) gin_trgm_ops);
+    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {

@@ -499,6 +499,10 @@ impl Store for SheetsStore {
         self.inner.local.deliveries(since).await
     }
 
+    async fn search(&self, search: crate::Search) -> Result<crate::Found> {
+        self.inner.local.search(search).await
+    }
+
     async fn ledger_projects(&self) -> Result<Vec<String>> {
         self.inner.local.ledger_projects().await
     }

@@ -775,6 +775,46 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn search(&self, search: crate::Search) -> Result<crate::Found> {
+        self.read(move |conn| {
+            // FTS5's trigrams find a text of 3 characters or more; a shorter one is matched by
+            // scanning (`請求` in `請求書`).
+            let indexed = search.text.chars().count() >= 3;
+            let (pattern, limit) = if indexed {
+                (format!("\"{}\"", search.text.replace('"', "\"\"")), search.limit as i64)
+            } else {
+                (crate::like_anywhere(&search.text), search.limit as i64)
+            };
+            let mut found = crate::Found::default();
+            if search.mail {
+                let matching = if indexed {
+                    "seq IN (SELECT rowid FROM mail_search WHERE mail_search MATCH ?1)"
+                } else {
+                    "(subject LIKE ?1 ESCAPE '\\' OR body LIKE ?1 ESCAPE '\\')"
+                };
+                let sql = format!(
+                    "SELECT {MAIL_COLUMNS} FROM mail WHERE {matching} AND (?2 IS NULL OR \"from\" = ?2 OR \"to\" = ?2) \
+                     ORDER BY seq DESC LIMIT ?3"
+                );
+                let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+                found.mail = collect(&mut stmt, params![pattern, search.machine, limit], codec::mail)?;
+            }
+            if search.ledger {
+                let matching = if indexed {
+                    "rowid IN (SELECT rowid FROM ledger_search WHERE ledger_search MATCH ?1)"
+                } else {
+                    "(task LIKE ?1 ESCAPE '\\' OR content LIKE ?1 ESCAPE '\\')"
+                };
+                let sql =
+                    format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE {matching} ORDER BY project, seq LIMIT ?2");
+                let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+                found.rows = collect(&mut stmt, params![pattern, limit], codec::ledger_row)?;
+            }
+            Ok(found)
+        })
+        .await
+    }
+
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         self.read(move |conn| {
             let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");

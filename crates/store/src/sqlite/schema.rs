@@ -205,6 +205,34 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_finished_at ON jobs(finished_at) WHERE state IN ('succeeded', 'dead', 'cancelled');
     CREATE INDEX events_at ON events(at);
     "#,
+    // 8: full-text search (U5) over mail subject and body and ledger task and content, Japanese
+    // included: FTS5 trigram indexes over the tabs, kept by triggers in the writing transaction.
+    r#"
+    CREATE VIRTUAL TABLE mail_search USING fts5(subject, body, content='mail', content_rowid='seq', tokenize='trigram');
+    CREATE TRIGGER mail_search_insert AFTER INSERT ON mail BEGIN
+        INSERT INTO mail_search (rowid, subject, body) VALUES (new.seq, new.subject, new.body);
+    END;
+    CREATE TRIGGER mail_search_delete AFTER DELETE ON mail BEGIN
+        INSERT INTO mail_search (mail_search, rowid, subject, body) VALUES ('delete', old.seq, old.subject, old.body);
+    END;
+    CREATE TRIGGER mail_search_update AFTER UPDATE OF subject, body ON mail BEGIN
+        INSERT INTO mail_search (mail_search, rowid, subject, body) VALUES ('delete', old.seq, old.subject, old.body);
+        INSERT INTO mail_search (rowid, subject, body) VALUES (new.seq, new.subject, new.body);
+    END;
+    INSERT INTO mail_search (mail_search) VALUES ('rebuild');
+    CREATE VIRTUAL TABLE ledger_search USING fts5(task, content, content='ledger', tokenize='trigram');
+    CREATE TRIGGER ledger_search_insert AFTER INSERT ON ledger BEGIN
+        INSERT INTO ledger_search (rowid, task, content) VALUES (new.rowid, new.task, new.content);
+    END;
+    CREATE TRIGGER ledger_search_delete AFTER DELETE ON ledger BEGIN
+        INSERT INTO ledger_search (ledger_search, rowid, task, content) VALUES ('delete', old.rowid, old.task, old.content);
+    END;
+    CREATE TRIGGER ledger_search_update AFTER UPDATE OF task, content ON ledger BEGIN
+        INSERT INTO ledger_search (ledger_search, rowid, task, content) VALUES ('delete', old.rowid, old.task, old.content);
+        INSERT INTO ledger_search (rowid, task, content) VALUES (new.rowid, new.task, new.content);
+    END;
+    INSERT INTO ledger_search (ledger_search) VALUES ('rebuild');
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {

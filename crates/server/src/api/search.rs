@@ -1,0 +1,47 @@
+//! U5: one search over mail and ledger rows; a machine finds only the mail it sent or received.
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use pcmail_core::api::SearchResults;
+use pcmail_store::{Search, Store};
+use serde::Deserialize;
+
+use crate::app::App;
+use crate::auth::Caller;
+use crate::error::ServiceError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchQuery {
+    q: String,
+    /// `mail` or `ledger`; both when absent.
+    #[serde(default, rename = "in")]
+    within: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub async fn search(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Result<Json<SearchResults>, ServiceError> {
+    let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
+    let text = q.q.trim().to_string();
+    if text.is_empty() {
+        return Err(ServiceError::unprocessable("q is empty: say what to search for"));
+    }
+    pcmail_core::api::line("q", &text, 200)?;
+    let (mail, ledger) = match q.within.as_deref() {
+        None => (true, true),
+        Some("mail") => (true, false),
+        Some("ledger") => (false, true),
+        Some(other) => return Err(ServiceError::unprocessable(format!("in {other:?} is neither mail nor ledger"))),
+    };
+    let limit = pcmail_core::bounds::count("limit", q.limit.unwrap_or(20) as u64, 1, 100)? as usize;
+    let machine = caller.machine().map(String::from);
+    let found = app.store().search(Search { text, machine, mail, ledger, limit }).await?;
+    Ok(Json(SearchResults { mail: found.mail, rows: found.rows }))
+}
