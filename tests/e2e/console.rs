@@ -122,7 +122,13 @@ impl Browser {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
         std::fs::create_dir_all(&dir).expect("screenshot dir");
         let path = dir.join(format!("{name}.png"));
-        std::fs::write(&path, bytes).expect("screenshot");
+        std::fs::write(&path, &bytes).expect("screenshot");
+        // `PCMAIL_PUBLISH_SCREENSHOTS=1` also writes the ones the README shows.
+        if std::env::var_os("PCMAIL_PUBLISH_SCREENSHOTS").is_some() && ["overview", "search"].contains(&name) {
+            let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
+            std::fs::create_dir_all(&docs).expect("docs");
+            std::fs::write(docs.join(format!("console-{name}.png")), &bytes).expect("published screenshot");
+        }
         path
     }
 }
@@ -416,4 +422,14 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     browser.until("the result without a reload", |b| b.text("#state") == "AI実行済(要確認)");
     assert!(browser.text("#result").contains("done T-0002"), "{}", browser.text("#result"));
     assert_eq!(browser.script("return window.stillTheSamePage === true;"), json!(true), "the page was not reloaded");
+
+    // U5: the search box on every page finds part of a word, in mail and rows.
+    push(s, "manual", "請求書を作る", "");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "先週の請求書", "--body", "b"]));
+    browser.type_into("#search-q", "請求\u{E007}");
+    browser.until("the search's answer", |b| b.url().contains("/ui/search?q="));
+    assert_eq!((browser.text("#found-mail"), browser.text("#found-rows")), ("1".to_string(), "1".to_string()));
+    let page = browser.source();
+    assert!(page.contains("先週の請求書") && page.contains("office/T-0003"), "{page}");
+    browser.screenshot("search");
 }

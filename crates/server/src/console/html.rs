@@ -63,6 +63,9 @@ pub fn page(lang: Lang, title: &str, csrf: Option<&str>, body: Markup) -> Markup
                         a href="/ui/alerts" { (t(lang, "Alerts", "アラート")) } " "
                         a href="/ui/jobs" { (t(lang, "Jobs", "ジョブ")) } " "
                         a href="/ui/specs" { (t(lang, "Specs", "設定")) } " "
+                        form.inline method="get" action="/ui/search" {
+                            input #search-q type="search" name="q" placeholder=(t(lang, "Search mail and ledger", "メールと台帳を検索"));
+                        }
                         form.inline method="post" action="/ui/logout" {
                             input type="hidden" name="csrf" value=(csrf);
                             button { (t(lang, "Log out", "ログアウト")) }
@@ -99,7 +102,7 @@ table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;pad
 .review{background:#fff6d6}.overdue{color:#b00020;font-weight:bold}.error{color:#b00020}pre{white-space:pre-wrap}\
 label{display:block;margin:.5em 0}textarea{width:100%;min-height:5em}label.inline,form.inline{display:inline;margin-right:1em}\
 .pager a{margin-right:1em}.columns{display:flex;gap:2em;flex-wrap:wrap}.columns section{flex:1;min-width:14em}\
-figure.chart{margin:1em 0}figure.chart svg{width:100%;max-width:600px;height:auto;border:1px solid #eee}";
+nav input[type=search]{width:16em}figure.chart{margin:1em 0}figure.chart svg{width:100%;max-width:600px;height:auto;border:1px solid #eee}";
 
 #[cfg(test)]
 mod tests {

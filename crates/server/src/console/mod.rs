@@ -48,6 +48,7 @@ pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
         .route("/ui/jobs", get(jobs))
         .route("/ui/jobs/{id}/{action}", post(job_action))
         .route("/ui/specs", get(specs))
+        .route("/ui/search", get(search))
         // Unknown console paths answer from here, with the console's headers (T9).
         .route("/ui/{*rest}", get(not_found))
         .layer(Extension(sessions))
@@ -393,6 +394,25 @@ async fn job_action(
         return Err(failure(&ctx, status, e.message()));
     }
     Ok(Redirect::to(&form.back.normalized().href()).into_response())
+}
+
+#[derive(Deserialize)]
+struct SearchForm {
+    #[serde(default)]
+    q: String,
+}
+
+/// U5: the console's search box: mail and rows holding the text, whoever's (the console is the
+/// admin's).
+async fn search(State(app): State<App>, ctx: Ctx, Query(form): Query<SearchForm>) -> Page {
+    let text = form.q.trim().to_string();
+    let found = if text.is_empty() {
+        pcmail_store::Found::default()
+    } else {
+        let search = pcmail_store::Search { text: text.clone(), machine: None, mail: true, ledger: true, limit: 50 };
+        app.store().search(search).await.map_err(unavailable(&ctx))?
+    };
+    Ok(ctx.page(t(ctx.lang, "Search", "検索"), views::search(ctx.lang, &text, &found)).into_response())
 }
 
 async fn specs(State(app): State<App>, ctx: Ctx) -> Page {

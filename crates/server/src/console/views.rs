@@ -13,7 +13,7 @@ use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::SpecRecord;
 use pcmail_core::manifest::spec::MailPolicySpec;
 
-use pcmail_store::Activity;
+use pcmail_store::{Activity, Found};
 
 use super::chart::line_chart;
 use super::html::{Lang, seg, t, table};
@@ -399,6 +399,37 @@ pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &Job
             @if let (true, Some(last)) = (*left > 0, jobs.last()) {
                 a #page-next href=(filter.href_after(Some(&last.id))) { (t(l, "older", "古い")) " →" }
             }
+        }
+    }
+}
+
+/// U5: what a search found, mail then ledger rows, each linked to its page.
+pub fn search(l: Lang, text: &str, found: &Found) -> Markup {
+    let mail = found.mail.iter().map(|m| {
+        vec![
+            html! { a href={ "/ui/mail/" (seg(&m.id)) } { (m.id) } },
+            html! { (m.from) " → " (m.to) },
+            html! { (m.state.as_str()) },
+            html! { (m.subject) },
+        ]
+    });
+    let rows = found.rows.iter().map(|r| {
+        vec![
+            html! { a href={ "/ui/ledger/" (seg(&r.project)) "/" (seg(&r.id)) } { (r.project) "/" (r.id) } },
+            html! { (state_label(l, r.state)) },
+            html! { (r.task) },
+        ]
+    });
+    html! {
+        form #search method="get" action="/ui/search" {
+            input #search-text type="search" name="q" value=(text);
+            " " button #search-go { (t(l, "Search", "検索")) }
+        }
+        @if !text.is_empty() {
+            h2 { (t(l, "Mail", "メール")) " (" span #found-mail { (found.mail.len()) } ")" }
+            (table(&["id", t(l, "From → to", "送信元 → 宛先"), t(l, "State", "状態"), t(l, "Subject", "件名")], mail))
+            h2 { (t(l, "Ledger", "台帳")) " (" span #found-rows { (found.rows.len()) } ")" }
+            (table(&[t(l, "Task ID", "タスクID"), t(l, "State", "状態"), t(l, "Task", "タスク")], rows))
         }
     }
 }
