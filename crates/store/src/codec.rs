@@ -161,6 +161,10 @@ pub fn mail_identity(m: &Mail) -> Vec<Value<'_>> {
 
 pub const SPEC_COLUMNS: &str = "kind, name, labels, generation, spec, status, created_at, updated_at";
 
+/// A spec object is found by (kind, name); its creation time is fixed.
+pub const SPEC_KEY: &[&str] = &["kind", "name"];
+pub const SPEC_FIXED: &[&str] = &["created_at"];
+
 pub fn spec(r: &dyn Columns) -> Result<SpecRecord> {
     let (kind_name, name) = (r.text(0)?, r.text(1)?);
     let corrupt = |what: &str| StoreError::Corrupt(format!("spec {kind_name}/{name}: {what}"));
@@ -189,6 +193,9 @@ pub fn spec_params(r: &SpecRecord) -> (String, String, String) {
 
 pub const ALERT_COLUMNS: &str =
     "kind, subject, state, summary, labels, firing_since, resolved_at, notified, last_sent_at, updated_at";
+
+/// An alert is found by (kind, subject); everything else follows its latest state.
+pub const ALERT_KEY: &[&str] = &["kind", "subject"];
 
 pub fn alert(r: &dyn Columns) -> Result<Alert> {
     let (kind, subject) = (r.text(0)?, r.text(1)?);
@@ -384,6 +391,9 @@ pub fn event_params(e: &Event) -> Vec<Value<'_>> {
 
 pub const LEASE_COLUMNS: &str = "name, holder, acquired_at, renewed_at, expires_at";
 
+/// A lease is found by its name.
+pub const LEASE_KEY: &[&str] = &["name"];
+
 pub fn lease(r: &dyn Columns) -> Result<Lease> {
     Ok(Lease {
         name: r.text(0)?,
@@ -523,7 +533,13 @@ mod tests {
 
     #[test]
     fn l7_j1_an_upsert_updates_every_column_but_its_key_and_fixed_ones_named_from_the_codec() {
-        for (columns, key, fixed) in [(LEDGER_COLUMNS, LEDGER_KEY, LEDGER_FIXED), (JOB_COLUMNS, JOB_KEY, JOB_FIXED)] {
+        for (columns, key, fixed) in [
+            (LEDGER_COLUMNS, LEDGER_KEY, LEDGER_FIXED),
+            (JOB_COLUMNS, JOB_KEY, JOB_FIXED),
+            (SPEC_COLUMNS, SPEC_KEY, SPEC_FIXED),
+            (ALERT_COLUMNS, ALERT_KEY, &[]),
+            (LEASE_COLUMNS, LEASE_KEY, &[]),
+        ] {
             let all: Vec<&str> = columns.split(", ").collect();
             for c in key.iter().chain(fixed) {
                 assert!(all.contains(c), "{c} is not a column of {columns}");

@@ -221,7 +221,7 @@ pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts) -> Markup
         t(l, "Sent", "送信日時"),
     ];
     html! {
-        @for (machine, mails) in by_machine {
+        div #mail-list data-live { @for (machine, mails) in by_machine {
             h2 { (machine) }
             (table(&headers, mails.into_iter().map(|m| vec![
                 html! { a href={ "/ui/mail/" (seg(&m.id)) } { (m.id) } },
@@ -230,7 +230,7 @@ pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts) -> Markup
                 html! { (m.subject) },
                 html! { (m.created_at.to_rfc3339()) },
             ])))
-        }
+        } }
     }
 }
 
@@ -273,7 +273,7 @@ pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
         t(l, "Notified", "通知済み"),
         t(l, "Changed", "更新"),
     ];
-    table(&headers, rows)
+    html! { div #alert-list data-live { (table(&headers, rows)) } }
 }
 
 /// Jobs a page of the listing shows (U3).

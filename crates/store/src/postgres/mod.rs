@@ -144,7 +144,7 @@ fn in_order<T>(mut found: Vec<T>, ids: &[String], id: impl Fn(&T) -> &String) ->
 }
 
 async fn apply_mail_writes(c: &mut Conn, w: &MailWrites) -> Result<()> {
-    let insert = format!("INSERT INTO mail ({MAIL_INSERT_COLUMNS}) VALUES ({})", placeholders(25));
+    let insert = format!("INSERT INTO mail ({MAIL_INSERT_COLUMNS}) {}", values(MAIL_INSERT_COLUMNS));
     for m in &w.insert {
         let values: Vec<Value> = codec::mail_lifecycle(m).into_iter().chain(codec::mail_identity(m)).collect();
         c.execute(&insert, &params(&values)).await?;
@@ -183,14 +183,13 @@ fn placeholders(n: usize) -> String {
     (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
+/// `VALUES ($1, …, $n)` for a row of `columns`.
+fn values(columns: &str) -> String {
+    format!("VALUES ({})", placeholders(codec::arity(columns)))
+}
+
 async fn upsert_alerts(c: &mut Conn, alerts: &[Alert]) -> Result<()> {
-    let sql = format!(
-        "INSERT INTO alerts ({ALERT_COLUMNS}) VALUES ({}) \
-         ON CONFLICT (kind, subject) DO UPDATE SET state = excluded.state, summary = excluded.summary, \
-         labels = excluded.labels, firing_since = excluded.firing_since, resolved_at = excluded.resolved_at, \
-         notified = excluded.notified, last_sent_at = excluded.last_sent_at, updated_at = excluded.updated_at",
-        placeholders(10)
-    );
+    let sql = codec::upsert_sql("alerts", ALERT_COLUMNS, codec::ALERT_KEY, &[], &values(ALERT_COLUMNS));
     for a in alerts {
         let labels = json(&a.labels);
         c.execute(&sql, &params(&codec::alert_params(a, &labels))).await?;
@@ -199,7 +198,7 @@ async fn upsert_alerts(c: &mut Conn, alerts: &[Alert]) -> Result<()> {
 }
 
 async fn insert_events(c: &mut Conn, events: &[Event]) -> Result<()> {
-    let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5)");
+    let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) {}", values(EVENT_COLUMNS));
     for e in events {
         c.execute(&sql, &params(&codec::event_params(e))).await?;
     }
@@ -241,7 +240,7 @@ async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> R
         let bulk = ledger_upsert(&format!("SELECT * FROM {}", unnest(&columns)));
         c.execute(&bulk, &column_params(&columns)).await?;
     }
-    let upsert = ledger_upsert(&format!("VALUES ({})", placeholders(codec::arity(LEDGER_COLUMNS))));
+    let upsert = ledger_upsert(&values(LEDGER_COLUMNS));
     for p in &w.patch {
         let mut current = select_ledger(c, project, &LedgerSelect::Ids(vec![p.id.clone()])).await?;
         if let Some(row) = current.first_mut() {
@@ -371,11 +370,12 @@ impl Store for PgStore {
             for r in &w.upsert {
                 let (labels, spec, status) = codec::spec_params(r);
                 c.execute(
-                    &format!(
-                        "INSERT INTO specs ({SPEC_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                         ON CONFLICT (kind, name) DO UPDATE SET labels = excluded.labels, \
-                         generation = excluded.generation, spec = excluded.spec, status = excluded.status, \
-                         updated_at = excluded.updated_at"
+                    &codec::upsert_sql(
+                        "specs",
+                        SPEC_COLUMNS,
+                        codec::SPEC_KEY,
+                        codec::SPEC_FIXED,
+                        &values(SPEC_COLUMNS),
                     ),
                     &[
                         &r.kind.as_str(),
@@ -787,11 +787,7 @@ impl Store for PgStore {
             let (write, out) = plan(current, now);
             if let Some(lease) = write {
                 c.execute(
-                    &format!(
-                        "INSERT INTO leases ({LEASE_COLUMNS}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE \
-                         SET holder = excluded.holder, acquired_at = excluded.acquired_at, \
-                         renewed_at = excluded.renewed_at, expires_at = excluded.expires_at"
-                    ),
+                    &codec::upsert_sql("leases", LEASE_COLUMNS, codec::LEASE_KEY, &[], &values(LEASE_COLUMNS)),
                     &params(&codec::lease_params(&lease)),
                 )
                 .await?;

@@ -238,12 +238,7 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
 
 fn upsert_alerts(conn: &Connection, alerts: &[Alert]) -> Result<()> {
     let mut stmt = conn
-        .prepare_cached(&format!(
-            "INSERT INTO alerts ({ALERT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
-             ON CONFLICT(kind, subject) DO UPDATE SET state = excluded.state, summary = excluded.summary, \
-             labels = excluded.labels, firing_since = excluded.firing_since, resolved_at = excluded.resolved_at, \
-             notified = excluded.notified, last_sent_at = excluded.last_sent_at, updated_at = excluded.updated_at"
-        ))
+        .prepare_cached(&codec::upsert_sql("alerts", ALERT_COLUMNS, codec::ALERT_KEY, &[], &values(ALERT_COLUMNS)))
         .map_err(map_err)?;
     for a in alerts {
         let labels = json(&a.labels);
@@ -388,7 +383,7 @@ fn query_alerts(conn: &Connection, filter: &str, order: &str, limit: usize) -> R
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
     let mut stmt = conn
-        .prepare_cached(&format!("INSERT INTO events ({EVENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"))
+        .prepare_cached(&format!("INSERT INTO events ({EVENT_COLUMNS}) {}", values(EVENT_COLUMNS)))
         .map_err(map_err)?;
     for e in events {
         stmt.execute(rusqlite::params_from_iter(codec::event_params(e))).map_err(map_err)?;
@@ -492,12 +487,13 @@ impl Store for SqliteStore {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             for r in &w.upsert {
                 let (labels, spec, status) = codec::spec_params(r);
-                tx.prepare_cached(
-                    "INSERT INTO specs (kind, name, labels, generation, spec, status, created_at, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                     ON CONFLICT(kind, name) DO UPDATE SET labels = excluded.labels, generation = excluded.generation, \
-                     spec = excluded.spec, status = excluded.status, updated_at = excluded.updated_at",
-                )
+                tx.prepare_cached(&codec::upsert_sql(
+                    "specs",
+                    SPEC_COLUMNS,
+                    codec::SPEC_KEY,
+                    codec::SPEC_FIXED,
+                    &values(SPEC_COLUMNS),
+                ))
                 .map_err(map_err)?
                 .execute(params![
                     r.kind.as_str(),
@@ -954,10 +950,12 @@ impl Store for SqliteStore {
             let current = collect(&mut tx.prepare_cached(&sql).map_err(map_err)?, [&name], codec::lease)?.pop();
             let (write, out) = plan(current, crate::store_clock());
             if let Some(lease) = write {
-                tx.prepare_cached(&format!(
-                    "INSERT INTO leases ({LEASE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET \
-                     holder = excluded.holder, acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, \
-                     expires_at = excluded.expires_at"
+                tx.prepare_cached(&codec::upsert_sql(
+                    "leases",
+                    LEASE_COLUMNS,
+                    codec::LEASE_KEY,
+                    &[],
+                    &values(LEASE_COLUMNS),
                 ))
                 .map_err(map_err)?
                 .execute(rusqlite::params_from_iter(codec::lease_params(&lease)))
