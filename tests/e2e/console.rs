@@ -226,6 +226,14 @@ fn console_a_form_post_without_the_csrf_token_is_refused_and_changes_nothing() {
     assert_eq!(wrong.status().as_u16(), 403);
     let row = crate::ledger::row(s, "T-0001");
     assert_eq!((row["state"].as_str(), row["instruction"].as_str()), (Some("todo"), Some("")), "nothing changed");
+    // Bad input to a page is a page naming the problem, never a store error.
+    for (path, says) in [("/ui/search?q=a%00b", "U+0000"), ("/ui/jobs?queue=a&queue=b", "duplicate field")] {
+        let r = client.get(format!("{}{path}", s.url)).header("cookie", &session).send().expect("get");
+        let (status, kind) = (r.status().as_u16(), r.headers()["content-type"].to_str().unwrap_or("").to_string());
+        let body = r.text().unwrap_or_default();
+        assert_eq!((status, kind.starts_with("text/html")), (400, true), "{path}: {body}");
+        assert!(body.contains(says) && !body.contains('\0'), "{path}: {body}");
+    }
     let anonymous = client.get(format!("{}/ui/ledger", s.url)).send().expect("get");
     assert_eq!(anonymous.status().as_u16(), 303, "no session, no page");
 }

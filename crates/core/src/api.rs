@@ -405,6 +405,17 @@ pub struct JobList {
     pub more: u64,
 }
 
+/// U5: the text a search looks for, as given: trimmed, not empty, one line of at most 200
+/// characters without refused characters (T6).
+pub fn search_text(q: &str) -> Result<String, Invalid> {
+    let text = q.trim();
+    if text.is_empty() {
+        return Err(Invalid::new("q", "q is empty: say what to search for"));
+    }
+    line("q", text, 200)?;
+    Ok(text.to_string())
+}
+
 /// The answer of `GET /api/v1/search` (U5): mail (newest first) and ledger rows holding the text.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SearchResults {

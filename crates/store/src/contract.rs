@@ -552,6 +552,15 @@ pub async fn t2_a_machine_lists_the_jobs_it_enqueued_or_claimed(store: &impl Sto
     assert_eq!(list(Some("laptop")).await, vec!["job-0003".to_string()], "only what the laptop claimed");
     assert_eq!(list(Some("desk")).await, vec!["job-0001".to_string()]);
     assert_eq!(list(None).await.len(), 4, "the admin's listing");
+    let cursor = |machine: &str, after: &str| JobQuery {
+        machine: Some(machine.into()),
+        after: Some(after.into()),
+        limit: 100,
+        ..Default::default()
+    };
+    let through_another = store.list_jobs(cursor("desk", "job-0002")).await.expect("list");
+    assert_eq!(through_another, vec![], "U3/T2: another machine's job is no cursor: nothing learnt from it");
+    assert_eq!(store.count_jobs(cursor("desk", "job-0002")).await.expect("count"), 0);
     let stored = store.jobs_transaction(JobSelect::Ids(vec!["job-0001".into()]), |j| (vec![], j)).await.expect("load");
     assert_eq!(stored[0].enqueued_by.as_deref(), Some("desk"), "enqueuedBy round-trips");
 }

@@ -75,7 +75,7 @@ pub async fn list(
         state: q.state,
         machine: caller.machine().map(String::from),
         limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
-        after: q.after,
+        after: q.after.filter(|a| !a.is_empty()),
     };
     let jobs = app.store().list_jobs(query.clone()).await?;
     let more = match jobs.last() {

@@ -29,11 +29,7 @@ pub async fn search(
     q: Result<Query<SearchQuery>, QueryRejection>,
 ) -> Result<Json<SearchResults>, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
-    let text = q.q.trim().to_string();
-    if text.is_empty() {
-        return Err(ServiceError::unprocessable("q is empty: say what to search for"));
-    }
-    pcmail_core::api::line("q", &text, 200)?;
+    let text = pcmail_core::api::search_text(&q.q)?;
     let (mail, ledger) = match q.within.as_deref() {
         None => (true, true),
         Some("mail") => (true, false),

@@ -11,6 +11,7 @@ mod views;
 
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -328,8 +329,8 @@ async fn alerts(State(app): State<App>, ctx: Ctx) -> Page {
     Ok(ctx.page(t(ctx.lang, "Alerts", "アラート"), views::alerts(ctx.lang, &alerts)).into_response())
 }
 
-async fn jobs(State(app): State<App>, ctx: Ctx, Query(filter): Query<views::JobFilter>) -> Page {
-    let filter = filter.normalized();
+async fn jobs(State(app): State<App>, ctx: Ctx, filter: Result<Query<views::JobFilter>, QueryRejection>) -> Page {
+    let filter = filter.map_err(|e| failure(&ctx, StatusCode::BAD_REQUEST, &e.body_text()))?.0.normalized();
     if let Some(state) = &filter.state
         && let Err(e) = state.parse::<pcmail_core::jobs::JobState>()
     {
@@ -404,11 +405,14 @@ struct SearchForm {
 
 /// U5: the console's search box: mail and rows holding the text, whoever's (the console is the
 /// admin's).
-async fn search(State(app): State<App>, ctx: Ctx, Query(form): Query<SearchForm>) -> Page {
+async fn search(State(app): State<App>, ctx: Ctx, form: Result<Query<SearchForm>, QueryRejection>) -> Page {
+    let form = form.map_err(|e| failure(&ctx, StatusCode::BAD_REQUEST, &e.body_text()))?.0;
     let text = form.q.trim().to_string();
     let found = if text.is_empty() {
         pcmail_store::Found::default()
     } else {
+        let text =
+            pcmail_core::api::search_text(&text).map_err(|e| failure(&ctx, StatusCode::BAD_REQUEST, &e.message))?;
         let search = pcmail_store::Search { text: text.clone(), machine: None, mail: true, ledger: true, limit: 50 };
         app.store().search(search).await.map_err(unavailable(&ctx))?
     };

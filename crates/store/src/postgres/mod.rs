@@ -225,10 +225,12 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
 }
 
 /// A job listing's filters: queue `$1`, state `$2`, (T2) the machine `$3` that enqueued it or
-/// holds its lease, and (U3) the cursor `$4`, older than that job; each when given.
+/// holds its lease, and (U3) the cursor `$4`, older than that job; each when given. A cursor is
+/// only a job the machine may see: any other answers an empty page, as an unknown one does.
 const JOB_FILTER: &str = "($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
     AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/') \
-    AND ($4::text IS NULL OR seq < (SELECT seq FROM jobs WHERE id = $4))";
+    AND ($4::text IS NULL OR seq < (SELECT c.seq FROM jobs c WHERE c.id = $4 \
+        AND ($3::text IS NULL OR c.enqueued_by = $3 OR substr(c.lease_owner, 1, length($3) + 1) = $3 || '/')))";
 
 async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
     let ledger_upsert =

@@ -334,10 +334,12 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 /// Columns a job keeps from its insert on: no plan changes them, and an upsert of a known id
 /// leaves them alone.
 /// A job listing's filters: queue `?1`, state `?2`, (T2) the machine `?3` that enqueued it or
-/// holds its lease, and (U3) the cursor `?4`, older than that job; each when given.
+/// holds its lease, and (U3) the cursor `?4`, older than that job; each when given. A cursor is
+/// only a job the machine may see: any other answers an empty page, as an unknown one does.
 const JOB_FILTER: &str = "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
     AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/') \
-    AND (?4 IS NULL OR seq < (SELECT seq FROM jobs WHERE id = ?4))";
+    AND (?4 IS NULL OR seq < (SELECT c.seq FROM jobs c WHERE c.id = ?4 \
+        AND (?3 IS NULL OR c.enqueued_by = ?3 OR substr(c.lease_owner, 1, length(?3) + 1) = ?3 || '/')))";
 
 /// `VALUES (?1, …, ?n)` for a row of `columns`.
 fn values(columns: &str) -> String {
