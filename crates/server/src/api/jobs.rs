@@ -10,7 +10,7 @@ use pcmail_core::api::{
 };
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::{Job, Report, redact, slim};
-use pcmail_store::{JobQuery, Store};
+use pcmail_store::JobQuery;
 use serde::Deserialize;
 
 use super::{JsonBody, detached};
@@ -77,11 +77,7 @@ pub async fn list(
         limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
         after: q.after.filter(|a| !a.is_empty()),
     };
-    let jobs = app.store().list_jobs(query.clone()).await?;
-    let more = match jobs.last() {
-        Some(last) => app.store().count_jobs(JobQuery { after: Some(last.id.clone()), ..query }).await?,
-        None => 0,
-    };
+    let (jobs, more) = jobs::page(&app, query).await?;
     Ok(Json(JobList { jobs: jobs.into_iter().map(|j| redact(j, caller.actor())).collect(), more }))
 }
 

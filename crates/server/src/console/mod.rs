@@ -345,15 +345,8 @@ async fn jobs(State(app): State<App>, ctx: Ctx, filter: Result<Query<views::JobF
         machine: None,
     };
     let matching = app.store().count_jobs(query.clone()).await.map_err(unavailable(&ctx))?;
-    let page = pcmail_store::JobQuery { after: filter.after.clone(), ..query.clone() };
-    let jobs = app.store().list_jobs(page).await.map_err(unavailable(&ctx))?;
-    let left = match jobs.last() {
-        Some(last) => {
-            let rest = pcmail_store::JobQuery { after: Some(last.id.clone()), ..query };
-            app.store().count_jobs(rest).await.map_err(unavailable(&ctx))?
-        }
-        None => 0,
-    };
+    let page = pcmail_store::JobQuery { after: filter.after.clone(), ..query };
+    let (jobs, left) = crate::jobs::page(&app, page).await.map_err(unavailable(&ctx))?;
     let mut queues: Vec<String> = counts.iter().map(|(q, _, _)| q.clone()).collect();
     queues.extend(app.runtime().pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
     queues.sort();
