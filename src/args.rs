@@ -49,6 +49,17 @@ pub enum Output {
     Json,
 }
 
+/// U6: how much of a listing a list verb shows.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct Paging {
+    /// The first N (1–1000; mail 1–500)
+    #[arg(long, default_value_t = 100, conflicts_with = "all")]
+    pub limit: usize,
+    /// Every match (for inbox: closed mail too), fetched a page at a time
+    #[arg(long)]
+    pub all: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controller, its HTTP API and the sweeps
@@ -95,13 +106,19 @@ pub enum Command {
     },
     /// Send a mail; prints its id
     Send(SendArgs),
-    /// List my mail (open only, unless --all)
+    /// List my mail, newest first (open only, unless --all or --state)
     Inbox {
-        #[arg(long)]
-        all: bool,
         /// Mail I sent instead of mail to me
         #[arg(long)]
         sent: bool,
+        /// Only mail in this state (new, delivered, seen, done, failed, expired)
+        #[arg(long)]
+        state: Option<String>,
+        /// Only mail from or to this machine
+        #[arg(long)]
+        machine: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
@@ -154,6 +171,14 @@ pub enum Command {
     },
     /// The alerts tab: what fired, what resolved, what was notified
     Alerts {
+        /// firing, resolved or notice
+        #[arg(long)]
+        state: Option<String>,
+        /// Only alerts that name this machine
+        #[arg(long)]
+        machine: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
@@ -304,8 +329,18 @@ pub enum AgentCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
-    /// The project's rows
+    /// The project's rows, in id order
     List {
+        /// todo, running, review, done, dropped or needs-human
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        function: Option<String>,
+        /// Only rows assigned to this machine
+        #[arg(long)]
+        assignee: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
@@ -398,12 +433,10 @@ pub enum JobsCommand {
         queue: Option<String>,
         #[arg(long)]
         state: Option<String>,
-        /// The newest N jobs (1–1000).
-        #[arg(long, default_value_t = 100, conflicts_with = "all")]
-        limit: usize,
-        /// Every matching job, fetched a page at a time.
         #[arg(long)]
-        all: bool,
+        function: Option<String>,
+        #[command(flatten)]
+        paging: Paging,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },

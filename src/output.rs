@@ -20,6 +20,24 @@ pub fn structured<T: Serialize>(output: Output, value: &T) -> anyhow::Result<boo
     }
 }
 
+/// U6: prints a listing — `-o json|yaml` as `{name: [...], "more": N}`, a table otherwise — and
+/// ends stderr with how many more match, when some do: nothing is left out silently.
+pub fn listing<T: Serialize>(
+    name: &str,
+    items: &[T],
+    more: u64,
+    output: Output,
+    table: impl FnOnce(&[T]),
+) -> anyhow::Result<()> {
+    if !structured(output, &serde_json::json!({ name: items, "more": more }))? {
+        table(items);
+    }
+    if more > 0 {
+        eprintln!("{more} more (use --limit or --all)");
+    }
+    Ok(())
+}
+
 /// Left-aligned columns sized to their widest cell, in display columns: a Japanese character
 /// takes two, so a ledger of Japanese tasks lines up like an English one.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) {

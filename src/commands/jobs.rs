@@ -7,14 +7,12 @@ use pcmail_core::api::Validate;
 use pcmail_core::api::{ClaimRequest, ClaimResponse, EnqueueRequest, EnqueueResponse, JobList, LeaseReport};
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::Job;
+use pcmail_core::page::MAX_PAGE;
 use pcmail_core::text::sanitize;
 use serde_json::Value;
 
 use crate::args::JobsCommand;
 use crate::output::{self, cut};
-
-/// Jobs per request of `jobs list --all`: the API's largest page.
-const PAGE: usize = 1000;
 
 pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
     match command {
@@ -45,24 +43,20 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             let answer: EnqueueResponse = client.post("/api/v1/jobs", &body).await?;
             println!("{}", answer.job.id);
         }
-        JobsCommand::List { queue, state, limit, all, output } => {
-            let mut filters = Vec::new();
-            filters.extend(queue.map(|q| ("queue", q)));
-            filters.extend(state.map(|s| ("state", s)));
-            let page = |after: Option<String>, limit: usize| {
-                let mut query = [filters.clone(), vec![("limit", limit.to_string())]].concat();
-                query.extend(after.map(|a| ("after", a)));
-                async move { client.get::<JobList>("/api/v1/jobs", &query).await }
-            };
-            let mut list = page(None, if all { PAGE } else { limit }).await?;
-            while all && list.more > 0 {
-                let next = page(list.jobs.last().map(|j| j.id.clone()), PAGE).await?;
-                list.jobs.extend(next.jobs);
-                list.more = next.more;
-            }
-            if !output::structured(output, &list)? {
-                let rows: Vec<Vec<String>> = list
-                    .jobs
+        JobsCommand::List { queue, state, function, paging, output } => {
+            let filters = [("queue", queue), ("state", state), ("function", function)];
+            let (jobs, more) = super::pages(
+                paging,
+                MAX_PAGE,
+                |j: &Job| j.id.clone(),
+                |after, limit| {
+                    let query = super::page_query(&filters, limit, after);
+                    async move { client.get::<JobList>("/api/v1/jobs", &query).await.map(|l| (l.jobs, l.more)) }
+                },
+            )
+            .await?;
+            output::listing("jobs", &jobs, more, output, |jobs| {
+                let rows: Vec<Vec<String>> = jobs
                     .iter()
                     .map(|j| {
                         vec![
@@ -77,10 +71,7 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
                     })
                     .collect();
                 output::table(&["ID", "QUEUE", "FUNCTION", "STATE", "ATTEMPTS", "RESCUES", "LAST"], &rows);
-                if list.more > 0 {
-                    eprintln!("{} more (use --limit or --all)", list.more);
-                }
-            }
+            })?;
         }
         JobsCommand::Retry { id } => {
             let job: Job = client.post(&format!("/api/v1/jobs/{id}/retry"), &LeaseReport::default()).await?;

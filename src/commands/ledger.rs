@@ -5,6 +5,7 @@ use pcmail_core::api::{
     LedgerView, MergeCounts, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest, SyncReport,
 };
 use pcmail_core::ledger::{Incoming, Row, RowState};
+use pcmail_core::page::MAX_PAGE;
 use serde_json::json;
 
 use crate::args::{LedgerCommand, Output};
@@ -12,9 +13,13 @@ use crate::exit::Exit;
 use crate::output::{self, cut};
 
 fn print_rows(rows: &[Row], out: Output) -> anyhow::Result<()> {
-    if output::structured(out, &rows)? {
-        return Ok(());
+    if !output::structured(out, &rows)? {
+        rows_table(rows);
     }
+    Ok(())
+}
+
+fn rows_table(rows: &[Row]) {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -31,15 +36,23 @@ fn print_rows(rows: &[Row], out: Output) -> anyhow::Result<()> {
         })
         .collect();
     output::table(&["ID", "STATE", "RUN", "TASK", "DUE", "FUNCTION", "FAILURES", "RESULT"], &table);
-    Ok(())
 }
 
 pub async fn run(client: &Client, project: Option<String>, command: LedgerCommand) -> anyhow::Result<i32> {
     match command {
-        LedgerCommand::List { output } => {
-            let query: Vec<(&str, String)> = project.iter().map(|p| ("project", p.clone())).collect();
-            let rows: Vec<Row> = client.get("/api/v1/ledger", &query).await?;
-            print_rows(&rows, output)?;
+        LedgerCommand::List { state, function, assignee, paging, output } => {
+            let filters = [("project", project), ("state", state), ("function", function), ("machine", assignee)];
+            let (rows, more) = super::pages(
+                paging,
+                MAX_PAGE,
+                |r: &Row| r.id.clone(),
+                |after, limit| {
+                    let query = super::page_query(&filters, limit, after);
+                    async move { client.get_page::<Row>("/api/v1/ledger", &query).await }
+                },
+            )
+            .await?;
+            output::listing("rows", &rows, more, output, rows_table)?;
         }
         LedgerCommand::View => {
             let v: LedgerView = client.get("/api/v1/ledger/view", &[]).await?;

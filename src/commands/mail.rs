@@ -5,11 +5,13 @@ use std::io::Read;
 use anyhow::Context;
 use pcmail_agent::client::{Client, home};
 use pcmail_agent::mail::{self, Action};
+use pcmail_core::alert::Alert;
 use pcmail_core::api::{SendRequest, StepRequest};
 use pcmail_core::duration::Dur;
 use pcmail_core::mail::{Mail, MailState};
+use pcmail_core::page::{MAX_MAIL_PAGE, MAX_PAGE, alert_key};
 
-use crate::args::{Output, SendArgs};
+use crate::args::{Output, Paging, SendArgs};
 use crate::exit::{CliError, Exit};
 use crate::output::{self, cut};
 
@@ -78,19 +80,44 @@ fn mail_rows(mails: &[Mail], sent: bool) -> Vec<Vec<String>> {
         .collect()
 }
 
-pub async fn inbox(client: &Client, all: bool, sent: bool, out: Output) -> anyhow::Result<i32> {
+/// U3/U6: mail to me (or that I sent), newest first; open only unless `--all` (every mail,
+/// every page) or `--state`. A peek: nothing is marked.
+pub async fn inbox(
+    client: &Client,
+    sent: bool,
+    state: Option<String>,
+    machine: Option<String>,
+    paging: Paging,
+    out: Output,
+) -> anyhow::Result<i32> {
     let mailbox = if sent { "sent" } else { "inbox" };
-    let mails = mail::list(client, sent, all).await?;
-    if !output::structured(out, &mails)? {
+    let filters = [
+        ("box", Some(mailbox.to_string())),
+        ("all", Some(paging.all.to_string())),
+        ("state", state.clone()),
+        ("machine", machine),
+    ];
+    let (mails, more) = super::pages(
+        paging,
+        MAX_MAIL_PAGE,
+        |m: &Mail| m.id.clone(),
+        |after, limit| {
+            let query = super::page_query(&filters, limit, after);
+            async move { client.get_page::<Mail>("/api/v1/mail", &query).await }
+        },
+    )
+    .await?;
+    output::listing("mail", &mails, more, out, |mails| {
         if mails.is_empty() {
-            eprintln!("no {} mail", if all { "" } else { "open " }.to_string() + mailbox);
+            let open = if paging.all || state.is_some() { "" } else { "open " };
+            eprintln!("no {open}{mailbox} mail");
         } else {
             output::table(
                 &["ID", if sent { "TO" } else { "FROM" }, "KIND", "STATE", "CREATED", "SUBJECT"],
-                &mail_rows(&mails, sent),
+                &mail_rows(mails, sent),
             );
         }
-    }
+    })?;
     Ok(0)
 }
 
@@ -191,9 +218,21 @@ pub async fn poll(client: &Client, wait: Dur, out: Output, quiet: bool) -> anyho
     Ok(0)
 }
 
-pub async fn alerts(client: &Client, out: Output) -> anyhow::Result<i32> {
-    let alerts: Vec<pcmail_core::alert::Alert> = client.get("/api/v1/alerts", &[]).await?;
-    if !output::structured(out, &alerts)? {
+/// U3/U6: the alerts tab, most recently changed first (admin).
+pub async fn alerts(
+    client: &Client,
+    state: Option<String>,
+    machine: Option<String>,
+    paging: Paging,
+    out: Output,
+) -> anyhow::Result<i32> {
+    let filters = [("state", state), ("machine", machine)];
+    let (alerts, more) = super::pages(paging, MAX_PAGE, alert_key, |after, limit| {
+        let query = super::page_query(&filters, limit, after);
+        async move { client.get_page::<Alert>("/api/v1/alerts", &query).await }
+    })
+    .await?;
+    output::listing("alerts", &alerts, more, out, |alerts| {
         let rows: Vec<Vec<String>> = alerts
             .iter()
             .map(|a| {
@@ -208,6 +247,6 @@ pub async fn alerts(client: &Client, out: Output) -> anyhow::Result<i32> {
             })
             .collect();
         output::table(&["KIND", "SUBJECT", "STATE", "NOTIFIED", "SINCE", "SUMMARY"], &rows);
-    }
+    })?;
     Ok(0)
 }

@@ -13,12 +13,49 @@ mod store;
 use anyhow::Context;
 use pcmail_core::api::{StepRequest, TokenRequest, TokenResponse, WhoAmI};
 
-use pcmail_agent::client::{Client, ClientConfig, config_path, home, read_ca, write_private};
+use pcmail_agent::client::{Client, ClientConfig, ClientError, config_path, home, read_ca, write_private};
 use pcmail_agent::mail::Action;
 
-use crate::args::{Cli, Command, IntentCommand, TokenCommand};
+use crate::args::{Cli, Command, IntentCommand, Paging, TokenCommand};
 
 pub use agent::hook;
+
+/// U6: a listing's first `limit` items, or with `--all` every page of `page_size` (each after
+/// the last item of the one before), and how many more match. `fetch(after, limit)` reads a page.
+async fn pages<T, F, Fut>(
+    paging: Paging,
+    page_size: usize,
+    key: impl Fn(&T) -> String,
+    mut fetch: F,
+) -> Result<(Vec<T>, u64), ClientError>
+where
+    F: FnMut(Option<String>, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, u64), ClientError>>,
+{
+    let (mut items, mut more) = fetch(None, if paging.all { page_size } else { paging.limit }).await?;
+    while paging.all && more > 0 {
+        let (next, left) = fetch(items.last().map(&key), page_size).await?;
+        if next.is_empty() {
+            break;
+        }
+        items.extend(next);
+        more = left;
+    }
+    Ok((items, more))
+}
+
+/// A page's query: the filters given, the page size and the cursor.
+fn page_query<'a>(
+    filters: &[(&'a str, Option<String>)],
+    limit: usize,
+    after: Option<String>,
+) -> Vec<(&'a str, String)> {
+    let mut query: Vec<(&str, String)> =
+        filters.iter().filter_map(|(name, value)| Some((*name, value.clone()?))).collect();
+    query.push(("limit", limit.to_string()));
+    query.extend(after.map(|a| ("after", a)));
+    query
+}
 
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let conn = cli.conn;
@@ -57,7 +94,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     Ok(0)
                 }
                 Command::Send(args) => mail::send(&client, args).await,
-                Command::Inbox { all, sent, output } => mail::inbox(&client, all, sent, output).await,
+                Command::Inbox { sent, state, machine, paging, output } => {
+                    mail::inbox(&client, sent, state, machine, paging, output).await
+                }
                 Command::Read { id, output } => mail::read(&client, &id, output).await,
                 Command::Ack { id } => mail::step(&client, &id, Action::Ack, StepRequest::default()).await,
                 Command::Fail { id, reason } => {
@@ -70,7 +109,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
                 Command::Poll { wait, output, quiet } => mail::poll(&client, wait, output, quiet).await,
                 Command::Agent { command, wait } => agent::run(&client, command, wait).await,
-                Command::Alerts { output } => mail::alerts(&client, output).await,
+                Command::Alerts { state, machine, paging, output } => {
+                    mail::alerts(&client, state, machine, paging, output).await
+                }
                 Command::Search { text, within, limit, output } => {
                     search::run(&client, &text, within, limit, output).await
                 }

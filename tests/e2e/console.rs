@@ -351,7 +351,7 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     }
     assert_eq!(totals.get("jobs:queued"), Some(&120));
     let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
-    let todo = rows.as_array().into_iter().flatten().filter(|r| r["state"] == "todo").count() as u64;
+    let todo = rows["rows"].as_array().into_iter().flatten().filter(|r| r["state"] == "todo").count() as u64;
     assert_eq!(totals.get("ledger:todo"), Some(&todo), "{totals:?}");
     assert_eq!(totals.get("mail:new").copied(), s.metric("pcmail_mail{state=\"new\"}").map(|n| n as u64), "{totals:?}");
     assert_eq!(totals.get("mail:new"), Some(&2));
@@ -440,4 +440,19 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     let page = browser.source();
     assert!(page.contains("先週の請求書") && page.contains("office/T-0003"), "{page}");
     browser.screenshot("search");
+
+    // U3 on the other lists: the same filter form narrows mail and ledger rows, and the heading
+    // counts what matches.
+    ok(s.ctl(&s.token("builder"), &["send", "--to", "laptop", "--subject", "not the desk's", "--body", "b"]));
+    browser.go(&format!("{}/ui/mail", s.url));
+    assert_eq!(browser.texts(".mail-id").len(), 4);
+    pick("#filter-machine", "desk");
+    pick("#filter-state", "new");
+    browser.click("#filter-apply");
+    browser.until("the filtered mail", |b| b.url().contains("machine=desk") && b.url().contains("state=new"));
+    assert_eq!(browser.texts(".mail-id").len(), 3, "the desk's new mail");
+    assert_eq!(browser.text("#page-info"), "3 件 · 1–3");
+    browser.go(&format!("{}/ui/ledger?state=review", s.url));
+    assert_eq!(browser.texts(".row-id"), ["T-0002"], "the row waiting for review");
+    assert_eq!(browser.text("#page-info"), "1 件 · 1–1");
 }

@@ -66,7 +66,7 @@ pub fn push(s: &Server, source: &str, task: &str, function: &str) -> serde_json:
 }
 
 fn rows(s: &Server) -> Vec<serde_json::Value> {
-    json(s.admin(&["ledger", "list", "-o", "json"])).as_array().cloned().unwrap_or_default()
+    json(s.admin(&["ledger", "list", "--all", "-o", "json"]))["rows"].as_array().cloned().unwrap_or_default()
 }
 
 pub fn row(s: &Server, id: &str) -> serde_json::Value {
@@ -268,6 +268,57 @@ fn u_ledger_list_aligns_japanese_rows_by_display_width() {
     for line in &lines[1..] {
         assert!(columns(line).iter().any(|(at, c)| *at == task && *c != ' '), "TASK at {task}:\n{text}");
     }
+}
+
+/// U3/U6 for the ledger: the API pages one project's rows by id and filters them; `ledger list`
+/// shows 100, says how many more, and `--all` shows every row.
+#[test]
+fn u3_u6_ledger_rows_page_by_cursor_filter_by_state_and_function_and_the_cli_says_how_many_more() {
+    let Setup { s, .. } = setup("30m");
+    let items: Vec<serde_json::Value> = (1..=120)
+        .map(|n| {
+            let function = if n % 2 == 0 { "mail" } else { "render" };
+            serde_json::json!({"source": "bulk", "task": format!("仕事 {n}"), "function": function, "assignee": if n % 3 == 0 { "laptop" } else { "" }})
+        })
+        .collect();
+    let admin = s.admin_token();
+    let http = reqwest::blocking::Client::new();
+    let push = http.post(format!("{}/api/v1/ledger/push", s.url)).bearer_auth(&admin);
+    let pushed: serde_json::Value =
+        push.json(&serde_json::json!({"items": items})).send().expect("push").json().expect("json");
+    assert_eq!(pushed["added"], 120, "{pushed}");
+    assert_eq!(rows(&s).len(), 120);
+    let page = |query: &str| -> (Vec<String>, u64) {
+        let r = http.get(format!("{}/api/v1/ledger?{query}", s.url)).bearer_auth(&admin).send().expect("get");
+        assert_eq!(r.status(), 200, "{query}");
+        let more = r.headers().get("x-pcmail-more").and_then(|v| v.to_str().ok()?.parse().ok()).expect("x-pcmail-more");
+        let rows: Vec<serde_json::Value> = r.json().expect("rows");
+        (rows.iter().filter_map(|r| r["id"].as_str().map(String::from)).collect(), more)
+    };
+    let (first, more) = page("limit=50");
+    assert_eq!((first.first().map(String::as_str), first.len(), more), (Some("T-0001"), 50, 70));
+    let (second, more) = page(&format!("limit=50&after={}", first[49]));
+    assert_eq!(
+        (second.first().map(String::as_str), second.last().map(String::as_str), more),
+        (Some("T-0051"), Some("T-0100"), 20)
+    );
+    let (mails, more) = page("function=mail&limit=1000");
+    assert_eq!((mails.len(), more), (60, 0), "a filter narrows before the page");
+    let (laptop, _) = page("machine=laptop&state=todo");
+    assert_eq!(laptop.len(), 40, "the assignee's open rows");
+    let (none, more) = page("after=T-9999");
+    assert_eq!((none.len(), more), (0, 0), "a cursor naming no row is an empty page, never the first");
+    let bad = http.get(format!("{}/api/v1/ledger?state=finished", s.url)).bearer_auth(&admin).send().expect("get");
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().unwrap_or_default().contains("finished"), "the error names the bad state");
+
+    let out = s.admin(&["ledger", "list"]);
+    assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the first 100 rows");
+    assert_eq!(stderr(&out).lines().last(), Some("20 more (use --limit or --all)"), "U6: {}", stderr(&out));
+    let listed = json(s.admin(&["ledger", "list", "--limit", "30", "--function", "mail", "-o", "json"]));
+    assert_eq!((listed["rows"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
+    let all = json(s.admin(&["ledger", "list", "--all", "-o", "json"]));
+    assert_eq!((all["rows"].as_array().map(Vec::len), all["more"].as_u64()), (Some(120), Some(0)));
 }
 
 /// U5: one search over mail and ledger rows, Japanese and English, parts of words included; a

@@ -106,7 +106,7 @@ fn m3_partial_address_exits_4_lists_candidates_and_sends_nothing() {
     assert_eq!(stdout(&out), "");
     let laptop = s.token("laptop");
     let inbox = json(s.ctl(&laptop, &["inbox", "--all", "-o", "json"]));
-    assert_eq!(inbox.as_array().map(Vec::len), Some(0), "nothing was sent");
+    assert_eq!(inbox["mail"].as_array().map(Vec::len), Some(0), "nothing was sent");
     // Exact hostname and alias resolve to the canonical label.
     let id = ok(s.ctl(&desk, &["send", "--to", "LAPTOP-KIM", "--subject", "s", "--body", "b"]));
     assert_eq!(json(s.ctl(&desk, &["status", &id, "-o", "json"]))["mail"]["to"], "laptop");
@@ -150,7 +150,7 @@ fn m6_m7_reply_sets_parent_done_and_same_body_gets_same_id_new_body_new_id() {
     let status = json(s.ctl(&desk, &["status", &parent, "-o", "json"]));
     assert_eq!(status["mail"]["state"], "done");
     assert_eq!(status["mail"]["result"], "received");
-    let answers = json(s.ctl(&desk, &["inbox", "-o", "json"]));
+    let answers = json(s.ctl(&desk, &["inbox", "-o", "json"]))["mail"].clone();
     assert_eq!(answers.as_array().map(Vec::len), Some(2));
     assert_eq!(answers[0]["hop"], 1);
     assert_eq!(answers[0]["kind"], "answer");
@@ -248,4 +248,94 @@ fn sigterm_stops_serve_promptly_and_answers_long_polls_in_flight() {
     assert_eq!(code, Some(0), "a clean exit");
     assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
     assert_eq!(poller.join().expect("poller"), 200, "the long-poll was answered, not cut");
+}
+
+/// U3/U6 for mail: the API pages a machine's mail by cursor (a cursor to another machine's mail
+/// pages nothing), filters by state and machine and says how many more in a header; `inbox`
+/// shows 100 and the hint, `--all` every mail.
+#[test]
+fn u3_u6_mail_pages_by_cursor_within_its_mailbox_and_inbox_says_how_many_more() {
+    let s = Server::start();
+    let (desk, laptop, builder) = (s.token("desk"), s.token("laptop"), s.token("builder"));
+    let http = reqwest::blocking::Client::new();
+    let mut sent = Vec::new();
+    for n in 0..120 {
+        let from = if n % 2 == 0 { &desk } else { &builder };
+        let r = http.post(format!("{}/api/v1/mail", s.url)).bearer_auth(from);
+        let body = serde_json::json!({"to": "laptop", "subject": format!("件名 {n}"), "body": "b"});
+        let answer: serde_json::Value = r.json(&body).send().expect("send").json().expect("json");
+        sent.push(answer["id"].as_str().expect("id").to_string());
+    }
+    let newest: Vec<String> = sent.iter().rev().cloned().collect();
+    let page = |token: &str, query: &str| -> (u16, Vec<String>, u64) {
+        let r = http.get(format!("{}/api/v1/mail?{query}", s.url)).bearer_auth(token).send().expect("get");
+        let status = r.status().as_u16();
+        let more = r.headers().get("x-pcmail-more").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0);
+        let mail: Vec<serde_json::Value> = r.json().unwrap_or_default();
+        (status, mail.iter().filter_map(|m| m["id"].as_str().map(String::from)).collect(), more)
+    };
+    let (_, first, more) = page(&laptop, "limit=50");
+    assert_eq!((first.as_slice(), more), (&newest[..50], 70));
+    let (_, second, more) = page(&laptop, &format!("limit=50&after={}", first[49]));
+    assert_eq!((second.as_slice(), more), (&newest[50..100], 20), "page 2 is the 51st to the 100th newest");
+    let (_, from_desk, more) = page(&laptop, "machine=desk&limit=500");
+    assert_eq!((from_desk.len(), more), (60, 0), "mail from or to the desk");
+    let (_, through_another, more) = page(&desk, &format!("box=inbox&after={}", newest[0]));
+    assert_eq!((through_another.len(), more), (0, 0), "T2: the laptop's mail is no cursor for the desk");
+    let (_, delivered, _) = page(&laptop, "state=delivered");
+    assert!(delivered.is_empty(), "nothing was polled yet");
+    let (status, _, _) = page(&laptop, "state=lost");
+    assert_eq!(status, 400, "an unknown state is named, not an empty page");
+
+    let out = s.ctl(&laptop, &["inbox"]);
+    assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the newest 100");
+    assert_eq!(stderr(&out).lines().last(), Some("20 more (use --limit or --all)"), "U6: {}", stderr(&out));
+    let listed = json(s.ctl(&laptop, &["inbox", "--limit", "30", "--machine", "builder", "-o", "json"]));
+    assert_eq!((listed["mail"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
+    let all = json(s.ctl(&laptop, &["inbox", "--all", "-o", "json"]));
+    let ids: std::collections::BTreeSet<&str> =
+        all["mail"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!((ids.len(), all["more"].as_u64()), (120, Some(0)), "every mail once");
+}
+
+/// U3/U6 for alerts: filtered by state and by a machine their labels name, a page at a time,
+/// and `alerts` says how many more.
+#[test]
+fn u3_u6_alerts_filter_by_machine_and_state_and_page_by_cursor() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: default}\nspec: {undeliveredAfter: 1s}\n",
+    )
+    .expect("policy");
+    ok(s.admin(&["apply", "-f", &policy.display().to_string()]));
+    let desk = s.token("desk");
+    for to in ["builder", "builder", "laptop"] {
+        ok(s.ctl(&desk, &["send", "--to", to, "--body", "nobody polls"]));
+    }
+    let firing = |args: &[&str]| {
+        let mut all = vec!["alerts", "--state", "firing", "-o", "json"];
+        all.extend_from_slice(args);
+        json(s.admin(&all))
+    };
+    eventually(20, "three undelivered alerts", || (firing(&[])["alerts"].as_array()?.len() == 3).then_some(()));
+    let builder = firing(&["--machine", "builder"]);
+    let subjects = builder["alerts"].as_array().into_iter().flatten().filter(|a| a["labels"]["to"] == "builder");
+    assert_eq!(subjects.count(), 2, "the builder's alerts only: {builder}");
+    let first = firing(&["--limit", "2"]);
+    assert_eq!((first["alerts"].as_array().map(Vec::len), first["more"].as_u64()), (Some(2), Some(1)));
+    let out = s.admin(&["alerts", "--state", "firing", "--limit", "1"]);
+    assert_eq!(stderr(&out).lines().last(), Some("2 more (use --limit or --all)"), "U6: {}", stderr(&out));
+    let http = reqwest::blocking::Client::new();
+    let last = &first["alerts"][1];
+    let after = format!("{}/{}", last["kind"].as_str().unwrap_or(""), last["subject"].as_str().unwrap_or(""));
+    let url = format!("{}/api/v1/alerts", s.url);
+    let r = http.get(&url).query(&[("state", "firing"), ("after", after.as_str())]).bearer_auth(s.admin_token());
+    let rest: Vec<serde_json::Value> = r.send().expect("get").json().expect("json");
+    assert_eq!(rest.len(), 1, "the page after the cursor: {rest:?}");
+    assert_ne!(rest[0]["subject"], last["subject"]);
+    let bad = http.get(&url).query(&[("state", "burning")]).bearer_auth(s.admin_token()).send().expect("get");
+    assert_eq!(bad.status(), 400);
 }

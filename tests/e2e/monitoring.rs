@@ -116,7 +116,7 @@ fn m9_m10_undelivered_fires_once_resolves_once_across_sigkill_and_prometheus_see
         r.first().and_then(|v| v["value"][1].as_str().map(String::from)).filter(|v| v == "1")
     });
     let alerts = json(s.admin(&["alerts", "-o", "json"]));
-    assert_eq!(alerts[0]["notified"], "firing", "the row records what was posted");
+    assert_eq!(alerts["alerts"][0]["notified"], "firing", "the row records what was posted");
 
     s.kill9();
     s.restart();

@@ -117,11 +117,12 @@ fn i1_i2_i4_intent_recorded_twice_once_escalated_then_closed_by_the_reply_tool()
     assert_ne!(first, other_chat);
 
     let on_server = json(s.ctl(&desk, &["inbox", "-o", "json"]));
-    let intents: Vec<_> = on_server.as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").collect();
+    let intents: Vec<_> =
+        on_server["mail"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").collect();
     assert_eq!(intents.len(), 2, "recorded once per key on the server too");
     eventually(20, "the escalation alert", || {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        alerts
+        alerts["alerts"]
             .as_array()?
             .iter()
             .find(|a| a["kind"] == "intent-unanswered" && a["subject"] == first.as_str() && a["state"] == "firing")
@@ -144,7 +145,11 @@ fn i1_i2_i4_intent_recorded_twice_once_escalated_then_closed_by_the_reply_tool()
     );
     eventually(20, "the escalation to resolve", || {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        alerts.as_array()?.iter().find(|a| a["subject"] == first.as_str() && a["state"] == "resolved").map(|_| ())
+        alerts["alerts"]
+            .as_array()?
+            .iter()
+            .find(|a| a["subject"] == first.as_str() && a["state"] == "resolved")
+            .map(|_| ())
     });
 }
 

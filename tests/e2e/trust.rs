@@ -261,7 +261,7 @@ fn t4_only_recorders_record_intents_and_a_second_text_is_kept_as_a_conflict() {
         "{conflict}"
     );
     let inbox = json(s.ctl(&desk, &["inbox", "--all", "-o", "json"]));
-    let intents = inbox.as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").count();
+    let intents = inbox["mail"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").count();
     assert_eq!(intents, 1, "the same key is one intent");
 }
 

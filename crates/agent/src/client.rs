@@ -174,6 +174,14 @@ impl Client {
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, ClientError> {
+        Ok(self.send_reading(req).await?.0)
+    }
+
+    /// [`Client::send`], with the answer's headers.
+    async fn send_reading<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(T, reqwest::header::HeaderMap), ClientError> {
         let mut req = req.bearer_auth(&self.token);
         if let Some(m) = &self.as_machine {
             req = req.header("x-pcmail-as", m);
@@ -189,9 +197,11 @@ impl Client {
         };
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
+        let headers = resp.headers().clone();
         let bytes = resp.bytes().await.map_err(unreachable)?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)
+                .map(|body| (body, headers))
                 .map_err(|e| ClientError::Decode { status: status.as_u16(), message: e.to_string() });
         }
         Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
@@ -212,6 +222,18 @@ impl Client {
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, ClientError> {
         self.send(self.http.get(format!("{}{path}", self.base)).query(query)).await
+    }
+
+    /// U3: a page of a listing that answers a JSON array, and how many more match after it (the
+    /// `x-pcmail-more` header; 0 from a server too old to send it).
+    pub async fn get_page<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<(Vec<T>, u64), ClientError> {
+        let (items, headers) = self.send_reading(self.http.get(format!("{}{path}", self.base)).query(query)).await?;
+        let more = headers.get(pcmail_core::page::MORE_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        Ok((items, more.unwrap_or(0)))
     }
 
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {

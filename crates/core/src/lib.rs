@@ -21,6 +21,7 @@ pub mod lease;
 pub mod ledger;
 pub mod mail;
 pub mod manifest;
+pub mod page;
 pub mod present;
 pub mod retention;
 pub mod retry;

@@ -11,7 +11,7 @@ use pcmail_core::jobs::{
     Actor, ClaimRefusal, Job, JobState, LeaseError, Report, ReportRefusal, claim_terms, declared, lease_owner,
     plan_admin_move, plan_enqueue, plan_report, plan_rescue,
 };
-use pcmail_store::{Claim, JobQuery, JobSelect, Store, StoreError};
+use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
 use crate::app::App;
 use crate::error::ServiceError;
@@ -126,16 +126,6 @@ pub async fn claim(
     let jobs = app.store().claim_jobs(claim).await?;
     app.metrics().job_claims.with_label_values(&[queue]).inc_by(jobs.len() as u64);
     Ok(jobs)
-}
-
-/// U3: one page of jobs, newest first after the query's cursor, and how many match after it.
-pub async fn page(app: &App, query: JobQuery) -> Result<(Vec<Job>, u64), StoreError> {
-    let jobs = app.store().list_jobs(query.clone()).await?;
-    let more = match jobs.last() {
-        Some(last) => app.store().count_jobs(JobQuery { after: Some(last.id.clone()), ..query }).await?,
-        None => 0,
-    };
-    Ok((jobs, more))
 }
 
 /// J2/T1: writes only if (id, token, running) still match and `actor` claimed the job; a

@@ -106,6 +106,10 @@ impl Store for AnyStore {
         forward!(self, s => s.list_mail(query).await)
     }
 
+    async fn count_mail(&self, query: MailQuery) -> Result<u64> {
+        forward!(self, s => s.count_mail(query).await)
+    }
+
     async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
         forward!(self, s => s.events_for(object).await)
     }

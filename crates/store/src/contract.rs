@@ -258,6 +258,41 @@ pub async fn list_mail_filters_newest_first(store: &impl Store) {
     assert_eq!(store.list_mail(q).await.expect("list").len(), 2);
 }
 
+pub async fn u3_mail_is_listed_a_page_at_a_time_within_its_scope(store: &impl Store) {
+    // 120 mails from pc1, to pc2 (odd) or pc3 (even); every third one seen.
+    let mails = (1..=120)
+        .map(|n| {
+            let mut m = mail(n, if n % 2 == 1 { "pc2" } else { "pc3" });
+            if n % 3 == 0 {
+                m.state = MailState::Seen;
+            }
+            m
+        })
+        .collect();
+    insert(store, mails).await;
+    let ids = |mail: Vec<Mail>| mail.into_iter().map(|m| m.id).collect::<Vec<_>>();
+    let query = |after: Option<String>| MailQuery { after, limit: 50, ..Default::default() };
+    let (first, more) = store.mail_page(query(None)).await.expect("page 1");
+    assert_eq!(more, 70);
+    let (second, more) = store.mail_page(query(first.last().map(|m| m.id.clone()))).await.expect("page 2");
+    let want: Vec<String> = (21..=70).rev().map(|n| format!("mail--{n:08x}")).collect();
+    assert_eq!((ids(second), more), (want, 20), "page 2, newest first: the 51st to the 100th");
+    let to_pc2 = MailQuery { machine: Some("pc2".into()), limit: 0, ..Default::default() };
+    assert_eq!(store.mail_page(to_pc2.clone()).await.expect("count").1, 60, "a page of none counts every match");
+    let seen_pc2 = MailQuery { states: vec![MailState::Seen], limit: 100, ..to_pc2.clone() };
+    assert_eq!(store.count_mail(seen_pc2).await.expect("count"), 20, "the filters narrow together");
+    let from_pc1 = MailQuery { machine: Some("pc1".into()), limit: 0, ..Default::default() };
+    assert_eq!(store.count_mail(from_pc1).await.expect("count"), 120, "a machine's mail is from or to it");
+    // A cursor naming mail outside the scope pages nothing: pc3 learns nothing of pc2's mail.
+    let through_another =
+        MailQuery { to: Some("pc3".into()), after: Some(format!("mail--{:08x}", 99)), limit: 50, ..Default::default() };
+    assert_eq!(store.mail_page(through_another).await.expect("page"), (vec![], 0));
+    let own =
+        MailQuery { to: Some("pc3".into()), after: Some(format!("mail--{:08x}", 100)), limit: 5, ..Default::default() };
+    let (page, more) = store.mail_page(own).await.expect("page");
+    assert_eq!((page.first().map(|m| m.id.clone()), more), (Some(format!("mail--{:08x}", 98)), 44));
+}
+
 pub async fn heartbeat_keeps_the_latest_poll(store: &impl Store) {
     for t in [10, 30, 20] {
         store
@@ -594,6 +629,12 @@ pub async fn u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page(s
     assert_eq!(count(second.last().cloned(), None, None).await, 20, "what is left after page 2");
     assert_eq!(count(None, Some("odd"), None).await, 60);
     assert_eq!(count(None, Some("odd"), Some("running")).await, 0);
+    let render = JobQuery { function: Some("render".into()), limit: 0, ..Default::default() };
+    assert_eq!(store.job_page(render).await.expect("count").1, 0, "no job runs `render`");
+    let (page, more) = store.job_page(query(None, Some("odd"))).await.expect("page");
+    assert_eq!((page.len(), more), (50, 10));
+    let function = JobQuery { function: Some(page[0].function.clone()), limit: 0, ..Default::default() };
+    assert_eq!(store.job_page(function).await.expect("count").1, 120, "every job runs the same function");
 }
 
 pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(store: &impl Store) {
@@ -983,6 +1024,7 @@ macro_rules! contract_tests {
             m9_selections_find_new_and_delivered_mail_by_age,
             t2_a_machine_lists_the_jobs_it_enqueued_or_claimed,
             u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page,
+            u3_mail_is_listed_a_page_at_a_time_within_its_scope,
             u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step,
             u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a_machine_only_its_own,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,

@@ -29,6 +29,7 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
+use pcmail_core::page::{self, Listing, alert_key, row_key};
 use tokio::sync::mpsc;
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
@@ -203,6 +204,9 @@ pub(crate) const DELIVERIES_SQL: &str = "SELECT d.at, d.at - s.at FROM events d 
     JOIN events s ON s.object = d.object AND s.reason = 'Sent' \
     WHERE d.at >= {since} AND d.reason = 'Delivered' AND d.object LIKE 'mail/%'";
 
+/// A limit that lets every row through (SQL's LIMIT takes an i64).
+pub const EVERY: usize = i64::MAX as usize;
+
 /// A read-only listing of mail, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MailQuery {
@@ -210,7 +214,49 @@ pub struct MailQuery {
     pub from: Option<String>,
     /// Only these states; empty means all.
     pub states: Vec<MailState>,
+    /// U3: mail from or to this machine.
+    pub machine: Option<String>,
     pub limit: usize,
+    /// U3: the cursor of a page: only mail older than this one, which must itself be in the
+    /// query's scope (`to`, `from`, `machine`), else the page is empty.
+    pub after: Option<String>,
+}
+
+/// The WHERE clause of a [`MailQuery`] (its limit aside) and its text arguments, for both SQL
+/// dialects (`mark(n)` is the n-th placeholder). The cursor's mail must pass the same scope, so a
+/// machine cannot page relative to (and so learn of) mail it may not see.
+pub(crate) fn mail_where(q: &MailQuery, mark: impl Fn(usize) -> String) -> (String, Vec<String>) {
+    let mut args: Vec<String> = Vec::new();
+    let mut arg = |value: &str| {
+        args.push(value.to_string());
+        mark(args.len())
+    };
+    // `{t}` is the table's alias: none for the listed mail, `c.` for the cursor's.
+    let mut scope: Vec<String> = Vec::new();
+    if let Some(to) = &q.to {
+        scope.push(format!("{{t}}\"to\" = {}", arg(to)));
+    }
+    if let Some(from) = &q.from {
+        scope.push(format!("{{t}}\"from\" = {}", arg(from)));
+    }
+    if let Some(machine) = &q.machine {
+        let p = arg(machine);
+        scope.push(format!("({{t}}\"to\" = {p} OR {{t}}\"from\" = {p})"));
+    }
+    let mut clauses: Vec<String> = scope.iter().map(|c| c.replace("{t}", "")).collect();
+    if !q.states.is_empty() {
+        let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        clauses.push(format!("state IN ({})", list.join(", ")));
+    }
+    if let Some(after) = &q.after {
+        let p = arg(after);
+        let cursor_scope: String = scope.iter().map(|c| format!(" AND {}", c.replace("{t}", "c."))).collect();
+        clauses.push(format!("seq < (SELECT c.seq FROM mail c WHERE c.id = {p}{cursor_scope})"));
+    }
+    if clauses.is_empty() {
+        clauses.push("1 = 1".into());
+    }
+    (clauses.join(" AND "), args)
 }
 
 /// A batch of spec changes written in one transaction: `apply` is all-or-nothing.
@@ -274,6 +320,8 @@ pub struct JobQuery {
     pub state: Option<String>,
     /// T2: only the jobs this machine enqueued or holds (or last held) the lease of.
     pub machine: Option<String>,
+    /// U3: only jobs running this function.
+    pub function: Option<String>,
     pub limit: usize,
     /// U3: the cursor of a page: only jobs older than this one (the last of the page before).
     pub after: Option<String>,
@@ -344,6 +392,23 @@ pub trait Store: Send + Sync + 'static {
     fn get_mail(&self, id: &str) -> impl Future<Output = Result<Option<Mail>>> + Send;
     fn mail_counts(&self) -> impl Future<Output = Result<Vec<MailCount>>> + Send;
     fn list_mail(&self, query: MailQuery) -> impl Future<Output = Result<Vec<Mail>>> + Send;
+    /// How many mails the query matches, its limit aside.
+    fn count_mail(&self, query: MailQuery) -> impl Future<Output = Result<u64>> + Send;
+    /// U3: one page of mail after the query's cursor, and how many match after it (a page of
+    /// none counts every match after the cursor).
+    fn mail_page(&self, query: MailQuery) -> impl Future<Output = Result<(Vec<Mail>, u64)>> + Send {
+        async move {
+            if query.limit == 0 {
+                return Ok((vec![], self.count_mail(query).await?));
+            }
+            let mail = self.list_mail(query.clone()).await?;
+            let more = match mail.last() {
+                Some(last) => self.count_mail(MailQuery { after: Some(last.id.clone()), ..query }).await?,
+                None => 0,
+            };
+            Ok((mail, more))
+        }
+    }
     /// The highest `seq` ever given to a mail (0 for none): a poll cursor beyond it belongs to
     /// another store or an older copy of this one (E5).
     fn mail_last_seq(&self) -> impl Future<Output = Result<i64>> + Send;
@@ -374,6 +439,16 @@ pub trait Store: Send + Sync + 'static {
         R: Send + 'static;
     /// Every row of `project` (or of all projects), in project and id order.
     fn ledger_rows(&self, project: Option<&str>) -> impl Future<Output = Result<Vec<Row>>> + Send;
+    /// U3: a page of ledger rows (the listing's project's, or every project's in project and id
+    /// order) narrowed by the listing, keyed by [`row_key`]. Read whole and paged in memory: a
+    /// ledger is kept by people.
+    fn ledger_page(&self, listing: Listing, limit: usize) -> impl Future<Output = Result<(Vec<Row>, u64)>> + Send {
+        async move {
+            let rows = self.ledger_rows(listing.project.as_deref()).await?;
+            let rows = rows.into_iter().filter(|r| listing.row_matches(r)).collect();
+            Ok(page::page(rows, listing.after.as_deref(), limit, row_key))
+        }
+    }
     /// Row counts by (project, state), for the gauges.
     fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
@@ -403,6 +478,21 @@ pub trait Store: Send + Sync + 'static {
     fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<Job>>> + Send;
     /// Jobs newest first, as the query narrows them.
     fn list_jobs(&self, query: JobQuery) -> impl Future<Output = Result<Vec<Job>>> + Send;
+    /// U3: one page of jobs after the query's cursor, and how many match after it (a page of
+    /// none counts every match after the cursor).
+    fn job_page(&self, query: JobQuery) -> impl Future<Output = Result<(Vec<Job>, u64)>> + Send {
+        async move {
+            if query.limit == 0 {
+                return Ok((vec![], self.count_jobs(query).await?));
+            }
+            let jobs = self.list_jobs(query.clone()).await?;
+            let more = match jobs.last() {
+                Some(last) => self.count_jobs(JobQuery { after: Some(last.id.clone()), ..query }).await?,
+                None => 0,
+            };
+            Ok((jobs, more))
+        }
+    }
     /// How many jobs the query's filters match, whatever its limit and offset.
     fn count_jobs(&self, query: JobQuery) -> impl Future<Output = Result<u64>> + Send;
     /// Job counts by (queue, state), for the gauges.
@@ -418,6 +508,15 @@ pub trait Store: Send + Sync + 'static {
     fn alerts_to_notify(&self, limit: usize) -> impl Future<Output = Result<Vec<Alert>>> + Send;
     /// Every alert, most recently changed first (the `alerts` tab).
     fn list_alerts(&self, limit: usize) -> impl Future<Output = Result<Vec<Alert>>> + Send;
+    /// U3: a page of alerts, most recently changed first, narrowed by the listing and keyed by
+    /// [`alert_key`]; read whole and paged in memory (E7 prunes the settled ones).
+    fn alert_page(&self, listing: Listing, limit: usize) -> impl Future<Output = Result<(Vec<Alert>, u64)>> + Send {
+        async move {
+            let alerts = self.list_alerts(EVERY).await?;
+            let alerts = alerts.into_iter().filter(|a| listing.alert_matches(a)).collect();
+            Ok(page::page(alerts, listing.after.as_deref(), limit, alert_key))
+        }
+    }
     fn write_alerts(&self, alerts: Vec<Alert>) -> impl Future<Output = Result<()>> + Send;
     /// Records that these alerts were posted in the state they carry. A row that changed since
     /// it was loaded (another state, a newer `updatedAt`) is left alone, so its new state is

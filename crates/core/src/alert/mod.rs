@@ -106,6 +106,8 @@ pub enum AlertState {
 }
 
 impl AlertState {
+    pub const ALL: [AlertState; 3] = [AlertState::Firing, AlertState::Resolved, AlertState::Notice];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AlertState::Firing => "firing",

@@ -10,7 +10,8 @@ use pcmail_core::api::{
 };
 use pcmail_core::duration::Dur;
 use pcmail_core::jobs::{Job, Report, redact, slim};
-use pcmail_store::JobQuery;
+use pcmail_core::page::MAX_PAGE;
+use pcmail_store::{JobQuery, Store};
 use serde::Deserialize;
 
 use super::{JsonBody, detached};
@@ -54,6 +55,8 @@ pub struct ListQuery {
     #[serde(default)]
     state: Option<String>,
     #[serde(default)]
+    function: Option<String>,
+    #[serde(default)]
     limit: Option<usize>,
     /// U3: the cursor, the last job of the page before.
     #[serde(default)]
@@ -67,17 +70,16 @@ pub async fn list(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<JobList>, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
-    if let Some(s) = &q.state {
-        s.parse::<pcmail_core::jobs::JobState>().map_err(ServiceError::bad_request)?;
-    }
+    super::known_state::<pcmail_core::jobs::JobState>(q.state.as_deref())?;
     let query = JobQuery {
         queue: q.queue,
         state: q.state,
+        function: q.function,
         machine: caller.machine().map(String::from),
-        limit: pcmail_core::bounds::count("limit", q.limit.unwrap_or(100) as u64, 1, 1000)? as usize,
+        limit: super::page_size(q.limit, 100, MAX_PAGE)?,
         after: q.after.filter(|a| !a.is_empty()),
     };
-    let (jobs, more) = jobs::page(&app, query).await?;
+    let (jobs, more) = app.store().job_page(query).await?;
     Ok(Json(JobList { jobs: jobs.into_iter().map(|j| redact(j, caller.actor())).collect(), more }))
 }
 

@@ -8,8 +8,9 @@ use axum::extract::{Path, Query, State};
 use pcmail_core::api::{
     Kept, LedgerView, MergeCounts, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest, SyncReport,
 };
-use pcmail_core::ledger::{Row, Trigger};
+use pcmail_core::ledger::{Row, RowState, Trigger};
 use pcmail_core::manifest::spec::ScheduleRole;
+use pcmail_core::page::{Listing, MAX_PAGE};
 use pcmail_store::Store;
 use serde::Deserialize;
 
@@ -21,18 +22,45 @@ use crate::ledger::{self, resolve_project};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProjectQuery {
+pub struct ListQuery {
     #[serde(default)]
     project: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    function: Option<String>,
+    /// The assignee.
+    #[serde(default)]
+    machine: Option<String>,
+    /// Absent: every row (what this route always answered).
+    #[serde(default)]
+    limit: Option<usize>,
+    /// U3: the cursor, the id of the last row of the page before.
+    #[serde(default)]
+    after: Option<String>,
 }
 
+/// One project's rows in id order, narrowed by U3's filters; how many more match is the
+/// `x-pcmail-more` header.
 pub async fn list(
     State(app): State<App>,
-    q: Result<Query<ProjectQuery>, QueryRejection>,
-) -> Result<Json<Vec<Row>>, ServiceError> {
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<impl axum::response::IntoResponse, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
     let project = resolve_project(&app, q.project.as_deref())?;
-    Ok(Json(app.store().ledger_rows(Some(&project)).await?))
+    let mut listing =
+        Listing { state: q.state, function: q.function, machine: q.machine, after: q.after, ..Default::default() }
+            .normalized();
+    super::known_state::<RowState>(listing.state.as_deref())?;
+    let limit = match q.limit {
+        Some(n) => super::page_size(Some(n), n, MAX_PAGE)?,
+        None => usize::MAX,
+    };
+    // The API's cursor is the row's id: its project is the listing's.
+    let after = listing.after.take().map(|id| format!("{project}/{id}"));
+    let listing = Listing { project: Some(project), after, ..listing };
+    let (rows, more) = app.store().ledger_page(listing, limit).await?;
+    Ok(super::with_more(rows, more))
 }
 
 pub async fn view(State(app): State<App>) -> Result<Json<LedgerView>, ServiceError> {

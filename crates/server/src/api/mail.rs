@@ -24,7 +24,7 @@ use crate::mailbox;
 
 /// Long-polls are capped so that a proxy or client timeout never cuts one off mid-answer.
 const MAX_WAIT: Duration = Duration::from_secs(60);
-const MAX_LIMIT: usize = 500;
+const MAX_LIMIT: usize = pcmail_core::page::MAX_MAIL_PAGE;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ServiceError> {
     q.map(|Query(v)| v).map_err(|e| ServiceError::bad_request(format!("invalid query string: {}", e.body_text())))
@@ -74,17 +74,32 @@ pub struct ListQuery {
     /// Include done, failed and expired mail.
     #[serde(default)]
     all: bool,
+    /// U3: only mail in this state (any state, closed ones too).
+    #[serde(default)]
+    state: Option<String>,
+    /// U3: only mail from or to this machine.
+    #[serde(default)]
+    machine: Option<String>,
     #[serde(default)]
     limit: Option<usize>,
+    /// U3: the cursor, the last mail of the page before.
+    #[serde(default)]
+    after: Option<String>,
 }
 
+/// A page of mail, newest first; how many more match is the `x-pcmail-more` header.
 pub async fn list(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Vec<Mail>>, ServiceError> {
+) -> Result<impl axum::response::IntoResponse, ServiceError> {
     let q = query(q)?;
-    let mut filter = MailQuery { limit: limit(q.limit, 100)?, ..Default::default() };
+    let mut filter = MailQuery {
+        limit: limit(q.limit, 100)?,
+        machine: q.machine.filter(|m| !m.is_empty()),
+        after: q.after.filter(|a| !a.is_empty()),
+        ..Default::default()
+    };
     match q.mailbox.as_deref().unwrap_or("inbox") {
         "inbox" => filter.to = Some(caller.require_machine()?.to_string()),
         "sent" => filter.from = Some(caller.require_machine()?.to_string()),
@@ -93,10 +108,13 @@ pub async fn list(
             return Err(ServiceError::bad_request(format!("box must be inbox, sent or all, not {other:?}")));
         }
     }
-    if !q.all {
-        filter.states = vec![MailState::New, MailState::Delivered, MailState::Seen];
-    }
-    Ok(Json(app.store().list_mail(filter).await?))
+    filter.states = match q.state.filter(|s| !s.is_empty()) {
+        Some(state) => vec![state.parse::<MailState>().map_err(ServiceError::bad_request)?],
+        None if q.all => vec![],
+        None => vec![MailState::New, MailState::Delivered, MailState::Seen],
+    };
+    let (mail, more) = app.store().mail_page(filter).await?;
+    Ok(super::with_more(mail, more))
 }
 
 #[derive(Debug, Deserialize)]

@@ -138,6 +138,26 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }
 
+/// U3/T5: a listing's page size, 1 to `max`, `default` when absent.
+pub fn page_size(n: Option<usize>, default: usize, max: usize) -> Result<usize, ServiceError> {
+    Ok(pcmail_core::bounds::count("limit", n.unwrap_or(default) as u64, 1, max as u64)? as usize)
+}
+
+/// A page of a listing that answers a JSON array (the shape older clients parse); how many
+/// items follow it goes in [`MORE_HEADER`](pcmail_core::page::MORE_HEADER).
+pub fn with_more<T: serde::Serialize>(items: Vec<T>, more: u64) -> impl axum::response::IntoResponse {
+    ([(pcmail_core::page::MORE_HEADER, more.to_string())], axum::Json(items))
+}
+
+/// A listing's filters must name values that exist: a state that is not one is a 400 naming it,
+/// never an empty page that looks like "nothing there".
+pub fn known_state<S: std::str::FromStr<Err = String>>(state: Option<&str>) -> Result<(), ServiceError> {
+    match state {
+        Some(s) => s.parse::<S>().map(drop).map_err(ServiceError::bad_request),
+        None => Ok(()),
+    }
+}
+
 /// Runs a mail change to completion even if the client goes away mid-request: its commit is
 /// then always followed by its wake-ups and notices.
 pub async fn detached<T: Send + 'static>(

@@ -2,12 +2,16 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use pcmail_core::alert::AlertState;
 use pcmail_core::api::{ApplyRequest, ApplyResult, TokenRequest, TokenResponse};
 use pcmail_core::ids::sha256_hex;
 use pcmail_core::manifest::Kind;
+use pcmail_core::page::{Listing, MAX_PAGE};
 use pcmail_core::roster;
 use pcmail_store::Store;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::JsonBody;
@@ -79,13 +83,35 @@ pub async fn delete(
     Ok(Json(serde_json::json!({"kind": k.lower(), "name": name, "outcome": "deleted"})))
 }
 
-/// The alerts tab, most recently changed first (admin).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertQuery {
+    #[serde(default)]
+    state: Option<String>,
+    /// Alerts whose labels name this machine.
+    #[serde(default)]
+    machine: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    /// U3: the cursor, `kind/subject` of the last alert of the page before.
+    #[serde(default)]
+    after: Option<String>,
+}
+
+/// The alerts tab, most recently changed first (admin); how many more match is the
+/// `x-pcmail-more` header.
 pub async fn alerts(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<pcmail_core::alert::Alert>>, ServiceError> {
+    q: Result<Query<AlertQuery>, QueryRejection>,
+) -> Result<impl axum::response::IntoResponse, ServiceError> {
     caller.require_admin()?;
-    Ok(Json(app.store().list_alerts(500).await?))
+    let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
+    let listing = Listing { state: q.state, machine: q.machine, after: q.after, ..Default::default() }.normalized();
+    super::known_state::<AlertState>(listing.state.as_deref())?;
+    let limit = super::page_size(q.limit, 500, MAX_PAGE)?;
+    let (alerts, more) = app.store().alert_page(listing, limit).await?;
+    Ok(super::with_more(alerts, more))
 }
 
 /// C2: a machine token is shown once and stored only as its hash; issuing again replaces it.

@@ -19,14 +19,18 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use pcmail_core::alert::AlertState;
 use pcmail_core::ids::sha256_hex;
-use pcmail_core::ledger::Trigger;
-use pcmail_store::{MailQuery, Store};
+use pcmail_core::jobs::{Job, JobState};
+use pcmail_core::ledger::{RowState, Trigger, is_overdue};
+use pcmail_core::mail::{Mail, MailState};
+use pcmail_core::page::{self, Listing, PER_PAGE, alert_key, row_key};
+use pcmail_store::{EVERY, JobQuery, MailQuery, Store};
 use serde::Deserialize;
 
 use crate::app::App;
 use crate::error::Failure;
 use html::{Lang, lang, page, t};
 pub use session::Sessions;
+use views::Choice;
 
 pub fn routes(sessions: Arc<Sessions>) -> Router<App> {
     Router::new()
@@ -228,13 +232,10 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
         mail: store.mail_counts().await.map_err(unavailable(&ctx))?.into_iter().map(|c| (c.state, c.count)).collect(),
         ledger: store.ledger_counts().await.map_err(unavailable(&ctx))?,
         jobs: store.job_counts().await.map_err(unavailable(&ctx))?,
-        alerts_firing: store
-            .list_alerts(10_000)
-            .await
-            .map_err(unavailable(&ctx))?
-            .iter()
-            .filter(|a| a.state == AlertState::Firing)
-            .count(),
+        alerts_firing: {
+            let firing = Listing { state: Some(AlertState::Firing.as_str().into()), ..Default::default() };
+            store.alert_page(firing, 0).await.map_err(unavailable(&ctx))?.1
+        },
     };
     // The window ends with the hour now is in, so the last point is this hour so far.
     let hour = chrono::TimeDelta::hours(1);
@@ -247,10 +248,70 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
     Ok(ctx.page(t(ctx.lang, "Overview", "概要"), body).into_response())
 }
 
-async fn ledger(State(app): State<App>, ctx: Ctx) -> Page {
-    let rows = app.store().ledger_rows(None).await.map_err(unavailable(&ctx))?;
+/// U3: a listing's filters from its query string; a malformed one, or a state the listing does
+/// not have, is the message of a 400 page naming it (never an empty list that looks like
+/// "nothing").
+fn listing_of<S: std::str::FromStr<Err = String>>(
+    q: Result<Query<Listing>, QueryRejection>,
+) -> Result<Listing, String> {
+    let listing = q.map_err(|e| e.body_text())?.0.normalized();
+    if let Some(state) = &listing.state {
+        state.parse::<S>()?;
+    }
+    Ok(listing)
+}
+
+fn bad_request(ctx: &Ctx) -> impl Fn(String) -> Response + '_ {
+    move |e| failure(ctx, StatusCode::BAD_REQUEST, &e)
+}
+
+/// Where a page of `shown` items with `left` after it sits among `matching`.
+fn paged<T>(items: &[T], matching: u64, left: u64, key: impl Fn(&T) -> String) -> views::Paged {
+    views::Paged { matching, left, shown: items.len(), last: items.last().map(key) }
+}
+
+/// The machines of the Roster, by label (the name mail carries).
+fn machines(app: &App) -> Vec<String> {
+    app.runtime().roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect()
+}
+
+fn names_of(all: impl IntoIterator<Item = &'static str>) -> Vec<String> {
+    all.into_iter().map(String::from).collect()
+}
+
+async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
+    let listing = listing_of::<RowState>(q).map_err(bad_request(&ctx))?;
+    let store = app.store();
+    // Every row the filters match is read once: the summary counts them all, the page shows 50.
+    let (all, _) = store.ledger_page(listing.with_cursor(None), EVERY).await.map_err(unavailable(&ctx))?;
     let today = crate::clock::now().format("%Y-%m-%d").to_string();
-    Ok(ctx.page(t(ctx.lang, "Ledger", "台帳"), views::ledger(ctx.lang, &rows, &today)).into_response())
+    let summary = (
+        all.iter().filter(|r| r.state == RowState::Review).count(),
+        all.iter().filter(|r| is_overdue(r, &today)).count(),
+    );
+    let matching = all.len() as u64;
+    let (rows, left) = page::page(all, listing.after.as_deref(), PER_PAGE, row_key);
+    let functions = app.runtime().functions.iter().map(|(name, _)| name.clone()).collect();
+    let l = ctx.lang;
+    let listed = views::Listed {
+        choices: vec![
+            Choice {
+                field: "project",
+                label: t(l, "Project", "案件"),
+                options: store.ledger_projects().await.map_err(unavailable(&ctx))?,
+            },
+            Choice {
+                field: "state",
+                label: t(l, "State", "状態"),
+                options: names_of(RowState::ALL.iter().map(|s| s.as_str())),
+            },
+            Choice { field: "function", label: t(l, "AI function", "AI機能"), options: functions },
+            Choice { field: "machine", label: t(l, "Assignee", "担当"), options: machines(&app) },
+        ],
+        paged: paged(&rows, matching, left, row_key),
+        listing,
+    };
+    Ok(ctx.page(t(l, "Ledger", "台帳"), views::ledger(l, &rows, summary, &today, &listed)).into_response())
 }
 
 async fn row_page(State(app): State<App>, ctx: Ctx, Path((project, id)): Path<(String, String)>) -> Page {
@@ -309,11 +370,34 @@ async fn row_edit(
     }
 }
 
-async fn mail(State(app): State<App>, ctx: Ctx) -> Page {
-    let all = app.store().list_mail(MailQuery { limit: 500, ..Default::default() }).await.map_err(unavailable(&ctx))?;
+async fn mail(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
+    let listing = listing_of::<MailState>(q).map_err(bad_request(&ctx))?;
+    let states = listing.state.iter().filter_map(|s| s.parse().ok()).collect();
+    let query = MailQuery { states, machine: listing.machine.clone(), limit: 0, ..Default::default() };
+    let store = app.store();
+    let (_, matching) = store.mail_page(query.clone()).await.map_err(unavailable(&ctx))?;
+    let page = MailQuery { after: listing.after.clone(), limit: PER_PAGE, ..query };
+    let (mail, left) = store.mail_page(page).await.map_err(unavailable(&ctx))?;
+    let l = ctx.lang;
+    let listed = views::Listed {
+        choices: vec![
+            Choice {
+                field: "state",
+                label: t(l, "State", "状態"),
+                options: names_of(MailState::ALL.iter().map(|s| s.as_str())),
+            },
+            Choice {
+                field: "machine",
+                label: t(l, "Machine (from or to)", "マシン（送信元か宛先）"),
+                options: machines(&app),
+            },
+        ],
+        paged: paged(&mail, matching, left, |m: &Mail| m.id.clone()),
+        listing,
+    };
     let policy = app.runtime().mail_policy.clone();
-    let body = views::mail(ctx.lang, &all, &policy, crate::clock::now());
-    Ok(ctx.page(t(ctx.lang, "Mail", "メール"), body).into_response())
+    let body = views::mail(l, &mail, &policy, crate::clock::now(), &listed);
+    Ok(ctx.page(t(l, "Mail", "メール"), body).into_response())
 }
 
 async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>) -> Page {
@@ -324,35 +408,65 @@ async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>)
     Ok(ctx.page(&id, views::timeline(ctx.lang, &m, events)).into_response())
 }
 
-async fn alerts(State(app): State<App>, ctx: Ctx) -> Page {
-    let alerts = app.store().list_alerts(200).await.map_err(unavailable(&ctx))?;
-    Ok(ctx.page(t(ctx.lang, "Alerts", "アラート"), views::alerts(ctx.lang, &alerts)).into_response())
+async fn alerts(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
+    let listing = listing_of::<AlertState>(q).map_err(bad_request(&ctx))?;
+    let (all, _) = app.store().alert_page(listing.with_cursor(None), EVERY).await.map_err(unavailable(&ctx))?;
+    let matching = all.len() as u64;
+    let (alerts, left) = page::page(all, listing.after.as_deref(), PER_PAGE, alert_key);
+    let l = ctx.lang;
+    let listed = views::Listed {
+        choices: vec![
+            Choice {
+                field: "state",
+                label: t(l, "State", "状態"),
+                options: names_of(AlertState::ALL.iter().map(|s| s.as_str())),
+            },
+            Choice { field: "machine", label: t(l, "Machine", "マシン"), options: machines(&app) },
+        ],
+        paged: paged(&alerts, matching, left, alert_key),
+        listing,
+    };
+    Ok(ctx.page(t(l, "Alerts", "アラート"), views::alerts(l, &alerts, &listed)).into_response())
 }
 
-async fn jobs(State(app): State<App>, ctx: Ctx, filter: Result<Query<views::JobFilter>, QueryRejection>) -> Page {
-    let filter = filter.map_err(|e| failure(&ctx, StatusCode::BAD_REQUEST, &e.body_text()))?.0.normalized();
-    if let Some(state) = &filter.state
-        && let Err(e) = state.parse::<pcmail_core::jobs::JobState>()
-    {
-        return Err(failure(&ctx, StatusCode::BAD_REQUEST, &e));
-    }
-    let counts = app.store().job_counts().await.map_err(unavailable(&ctx))?;
-    let query = pcmail_store::JobQuery {
-        queue: filter.queue.clone(),
-        state: filter.state.clone(),
-        limit: views::JOBS_PER_PAGE,
-        after: None,
-        machine: None,
+async fn jobs(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
+    let listing = listing_of::<JobState>(q).map_err(bad_request(&ctx))?;
+    let store = app.store();
+    let counts = store.job_counts().await.map_err(unavailable(&ctx))?;
+    let query = JobQuery {
+        queue: listing.queue.clone(),
+        state: listing.state.clone(),
+        function: listing.function.clone(),
+        limit: 0,
+        ..Default::default()
     };
-    let matching = app.store().count_jobs(query.clone()).await.map_err(unavailable(&ctx))?;
-    let page = pcmail_store::JobQuery { after: filter.after.clone(), ..query };
-    let (jobs, left) = crate::jobs::page(&app, page).await.map_err(unavailable(&ctx))?;
+    let (_, matching) = store.job_page(query.clone()).await.map_err(unavailable(&ctx))?;
+    let page = JobQuery { after: listing.after.clone(), limit: PER_PAGE, ..query };
+    let (jobs, left) = store.job_page(page).await.map_err(unavailable(&ctx))?;
+    let rt = app.runtime();
     let mut queues: Vec<String> = counts.iter().map(|(q, _, _)| q.clone()).collect();
-    queues.extend(app.runtime().pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
+    queues.extend(rt.pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
     queues.sort();
     queues.dedup();
-    let listing = views::JobPage { filter, jobs, matching, left, queues };
-    Ok(ctx.page(t(ctx.lang, "Jobs", "ジョブ"), views::jobs(ctx.lang, &ctx.csrf, &counts, &listing)).into_response())
+    let l = ctx.lang;
+    let listed = views::Listed {
+        choices: vec![
+            Choice { field: "queue", label: t(l, "Queue", "キュー"), options: queues },
+            Choice {
+                field: "state",
+                label: t(l, "State", "状態"),
+                options: names_of(JobState::ALL.iter().map(|s| s.as_str())),
+            },
+            Choice {
+                field: "function",
+                label: t(l, "Function", "機能"),
+                options: rt.functions.iter().map(|(n, _)| n.clone()).collect(),
+            },
+        ],
+        paged: paged(&jobs, matching, left, |j: &Job| j.id.clone()),
+        listing,
+    };
+    Ok(ctx.page(t(l, "Jobs", "ジョブ"), views::jobs(l, &ctx.csrf, &counts, &jobs, &listed)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -360,7 +474,7 @@ struct JobActionForm {
     #[serde(default)]
     csrf: String,
     #[serde(flatten)]
-    back: views::JobFilter,
+    back: Listing,
 }
 
 /// A person's retry or cancel of one job (the CLI's `jobs retry|cancel`), then back to the
@@ -387,7 +501,8 @@ async fn job_action(
         };
         return Err(failure(&ctx, status, e.message()));
     }
-    Ok(Redirect::to(&form.back.normalized().href()).into_response())
+    let back = form.back.normalized();
+    Ok(Redirect::to(&views::href("/ui/jobs", &back, back.after.as_deref())).into_response())
 }
 
 #[derive(Deserialize)]

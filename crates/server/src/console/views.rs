@@ -1,8 +1,6 @@
 //! The console's pages as templates over what the handlers read: no IO, no clock (the time a
 //! page judges by comes in), so each renders the same for the same data.
 
-use std::collections::BTreeMap;
-
 use maud::{Markup, html};
 use pcmail_core::Ts;
 use pcmail_core::alert::{Alert, is_unread_past_sla};
@@ -12,6 +10,7 @@ use pcmail_core::ledger::{Row, RowState, is_overdue};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::SpecRecord;
 use pcmail_core::manifest::spec::MailPolicySpec;
+use pcmail_core::page::Listing;
 
 use pcmail_store::{Activity, Found};
 
@@ -55,7 +54,7 @@ pub struct Totals {
     pub mail: Vec<(MailState, u64)>,
     pub ledger: Vec<(String, String, u64)>,
     pub jobs: Vec<(String, String, u64)>,
-    pub alerts_firing: usize,
+    pub alerts_firing: u64,
 }
 
 /// The 95th percentile of each hour's delivery times (ms) from `since`, 0 for an hour without
@@ -111,7 +110,7 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
         div #totals data-live {
             p {
                 a href="/ui/alerts" { (t(l, "Alerts firing", "発報中のアラート")) }
-                ": " (total("alerts:firing".into(), totals.alerts_firing as u64))
+                ": " (total("alerts:firing".into(), totals.alerts_firing))
             }
             div.columns {
                 section { h2 { a href="/ui/mail" { (t(l, "Mail", "メール")) } } (table(&[t(l, "State", "状態"), ""], mail_rows)) }
@@ -132,17 +131,20 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
     }
 }
 
-/// Every project's rows, review rows and overdue dates marked; `today` judges what is overdue.
-pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
-    let review = rows.iter().filter(|r| r.state == RowState::Review).count();
-    let overdue = rows.iter().filter(|r| is_overdue(r, today)).count();
+/// U3: a page of ledger rows, filtered by project, state, function and assignee; review rows and
+/// overdue dates marked, and counted over every row the filters match (`summary`); `today` judges
+/// what is overdue.
+pub fn ledger(l: Lang, rows: &[Row], summary: (usize, usize), today: &str, listed: &Listed) -> Markup {
+    let (review, overdue) = summary;
     let cells = rows.iter().map(|r| {
         vec![
             html! { (r.project) },
-            html! { a href={ "/ui/ledger/" (seg(&r.project)) "/" (seg(&r.id)) } { (r.id) } },
+            html! { a.row-id href={ "/ui/ledger/" (seg(&r.project)) "/" (seg(&r.id)) } { (r.id) } },
             html! { span.review[r.state == RowState::Review] { (state_label(l, r.state)) } },
             html! { (r.task) },
             html! { span.overdue[is_overdue(r, today)] { (r.due) } },
+            html! { (r.function) },
+            html! { (r.assignee) },
             html! { (r.failures) },
             html! { @if r.run_requested { "▶" } },
         ]
@@ -153,15 +155,18 @@ pub fn ledger(l: Lang, rows: &[Row], today: &str) -> Markup {
         t(l, "State", "状態"),
         t(l, "Task", "タスク"),
         t(l, "Due", "期限"),
+        t(l, "AI function", "AI機能"),
+        t(l, "Assignee", "担当"),
         t(l, "Failures", "失敗回数"),
         t(l, "▶Run", "▶AI実行"),
     ];
-    html! {
+    let list = html! {
         div #ledger-rows data-live {
             p #summary { (t(l, "Waiting for review", "要確認")) ": " (review) " · " (t(l, "Overdue", "期限超過")) ": " (overdue) }
             (table(&headers, cells))
         }
-    }
+    };
+    listing_page(l, "/ui/ledger", listed, list)
 }
 
 /// One row: its fields, the correction form (with the session's CSRF token) and its history,
@@ -207,31 +212,28 @@ pub fn row(l: Lang, csrf: &str, row: &Row, history: Vec<Event>, error: Option<&s
     }
 }
 
-/// Mail by recipient; red where unread past its SLA at `now`.
-pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts) -> Markup {
-    let mut by_machine: BTreeMap<&str, Vec<&Mail>> = BTreeMap::new();
-    for m in mails {
-        by_machine.entry(&m.to).or_default().push(m);
-    }
+/// U3: a page of mail, newest first, filtered by state and machine; red where unread past its
+/// SLA at `now`.
+pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts, listed: &Listed) -> Markup {
     let headers = [
         "id",
         t(l, "From", "送信元"),
+        t(l, "To", "宛先"),
         t(l, "State (red: unread past SLA)", "状態（赤: 未読 SLA 超過）"),
         t(l, "Subject", "件名"),
         t(l, "Sent", "送信日時"),
     ];
-    html! {
-        div #mail-list data-live { @for (machine, mails) in by_machine {
-            h2 { (machine) }
-            (table(&headers, mails.into_iter().map(|m| vec![
-                html! { a href={ "/ui/mail/" (seg(&m.id)) } { (m.id) } },
-                html! { (m.from) },
-                html! { span.overdue[is_unread_past_sla(m, policy, now)] { (m.state.as_str()) } },
-                html! { (m.subject) },
-                html! { (m.created_at.to_rfc3339()) },
-            ])))
-        } }
-    }
+    let rows = mails.iter().map(|m| {
+        vec![
+            html! { a.mail-id href={ "/ui/mail/" (seg(&m.id)) } { (m.id) } },
+            html! { (m.from) },
+            html! { (m.to) },
+            html! { span.overdue[is_unread_past_sla(m, policy, now)] { (m.state.as_str()) } },
+            html! { (m.subject) },
+            html! { (m.created_at.to_rfc3339()) },
+        ]
+    });
+    listing_page(l, "/ui/mail", listed, html! { div #mail-list data-live { (table(&headers, rows)) } })
 }
 
 /// One mail: who to whom, its stamps and its timeline.
@@ -254,11 +256,12 @@ pub fn timeline(l: Lang, m: &Mail, events: Vec<Event>) -> Markup {
     }
 }
 
-pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
+/// U3: a page of alerts, most recently changed first, filtered by state and machine.
+pub fn alerts(l: Lang, alerts: &[Alert], listed: &Listed) -> Markup {
     let rows = alerts.iter().map(|a| {
         vec![
             html! { (a.kind.as_str()) },
-            html! { (a.subject) },
+            html! { span.alert-subject { (a.subject) } },
             html! { (a.state.as_str()) },
             html! { (a.summary) },
             html! { @if let Some(n) = a.notified { (n.as_str()) } },
@@ -273,71 +276,88 @@ pub fn alerts(l: Lang, alerts: &[Alert]) -> Markup {
         t(l, "Notified", "通知済み"),
         t(l, "Changed", "更新"),
     ];
-    html! { div #alert-list data-live { (table(&headers, rows)) } }
+    listing_page(l, "/ui/alerts", listed, html! { div #alert-list data-live { (table(&headers, rows)) } })
 }
 
-/// Jobs a page of the listing shows (U3).
-pub const JOBS_PER_PAGE: usize = 50;
-
-/// The jobs listing's filters and cursor, as its URL and its forms carry them (all text, so an
-/// empty select means "any").
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
-pub struct JobFilter {
-    #[serde(default)]
-    pub queue: Option<String>,
-    #[serde(default)]
-    pub state: Option<String>,
-    /// The cursor: the page starts after this job (the last of the page before).
-    #[serde(default)]
-    pub after: Option<String>,
+/// U3: a listing's link with its filters, from the page after `after`.
+pub fn href(base: &str, listing: &Listing, after: Option<&str>) -> String {
+    let query: Vec<String> =
+        listing.with_cursor(after).pairs().iter().map(|(name, value)| format!("{name}={}", seg(value))).collect();
+    if query.is_empty() { base.to_string() } else { format!("{base}?{}", query.join("&")) }
 }
 
-impl JobFilter {
-    /// Empty fields as absent, so `?queue=&state=dead` filters by state alone.
-    pub fn normalized(self) -> JobFilter {
-        let given = |v: Option<String>| v.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        JobFilter { queue: given(self.queue), state: given(self.state), after: given(self.after) }
-    }
-
-    /// The listing's link with these filters, from the page after `after`.
-    pub fn href_after(&self, after: Option<&str>) -> String {
-        let mut query: Vec<String> = Vec::new();
-        query.extend(self.queue.iter().map(|q| format!("queue={}", seg(q))));
-        query.extend(self.state.iter().map(|s| format!("state={}", seg(s))));
-        query.extend(after.map(|a| format!("after={}", seg(a))));
-        if query.is_empty() { "/ui/jobs".into() } else { format!("/ui/jobs?{}", query.join("&")) }
-    }
-
-    pub fn href(&self) -> String {
-        self.href_after(self.after.as_deref())
-    }
-}
-
-/// One page of the jobs listing and where it sits in what the filters match.
-pub struct JobPage {
-    pub filter: JobFilter,
-    pub jobs: Vec<Job>,
-    /// Jobs the filters match, on every page.
+/// Where one page sits in what the filters match, and the key of its last item (the next page's
+/// cursor).
+pub struct Paged {
+    /// Items the filters match, on every page.
     pub matching: u64,
     /// Of those, the ones after this page.
     pub left: u64,
-    /// Every queue there is, for the filter.
-    pub queues: Vec<String>,
+    pub shown: usize,
+    pub last: Option<String>,
+}
+
+/// A listing's filters, the choices its form offers and where its page sits.
+pub struct Listed<'a> {
+    pub listing: Listing,
+    pub choices: Vec<Choice<'a>>,
+    pub paged: Paged,
+}
+
+/// One select of a listing's filter form: the filter it sets, its label, its choices.
+pub struct Choice<'a> {
+    pub field: &'static str,
+    pub label: &'a str,
+    pub options: Vec<String>,
+}
+
+/// U3: a listing — its filter form, its total ("120 件 · 51–100"), the page (`list`, refreshed
+/// live) and the links to the newest and the next page.
+fn listing_page(l: Lang, base: &str, listed: &Listed, list: Markup) -> Markup {
+    let Listed { listing, choices, paged } = listed;
+    let Paged { matching, left, shown, last } = paged;
+    let first = matching.saturating_sub(left + *shown as u64);
+    html! {
+        form #filter method="get" action=(base) {
+            @for c in choices {
+                label.inline {
+                    (c.label) " "
+                    select id={ "filter-" (c.field) } name=(c.field) {
+                        option value="" { (t(l, "any", "すべて")) }
+                        @for o in &c.options { option value=(o) selected[listing.get(c.field) == Some(o.as_str())] { (o) } }
+                    }
+                }
+            }
+            button #filter-apply { (t(l, "Show", "表示")) }
+        }
+        p #page-info data-live {
+            (matching) " " (t(l, "in all", "件"))
+            @if *shown > 0 { " · " (first + 1) "–" (first + *shown as u64) }
+        }
+        (list)
+        p.pager {
+            @if listing.after.is_some() { a #page-first href=(href(base, listing, None)) { "« " (t(l, "newest", "最初")) } " " }
+            @if let (true, Some(last)) = (*left > 0, last) {
+                a #page-next href=(href(base, listing, Some(last))) { (t(l, "next", "次へ")) " →" }
+            }
+        }
+    }
+}
+
+/// A listing's filters as hidden fields, so a form posted from the page leads back to it.
+fn hidden_listing(listing: &Listing) -> Markup {
+    html! { @for (name, value) in listing.pairs() { input type="hidden" name=(name) value=(value); } }
 }
 
 /// Job counts by queue and state, then the listing: filters, one page, and a retry or cancel
 /// button where a person may press one.
-pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &JobPage) -> Markup {
-    let JobPage { filter, jobs, matching, left, queues } = listing;
-    let first = matching.saturating_sub(left + jobs.len() as u64);
+pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], jobs: &[Job], listed: &Listed) -> Markup {
     let counts = counts.iter().map(|(q, s, n)| vec![html! { (q) }, html! { (s) }, html! { (n) }]);
     let action = |id: &str, verb: &str, label: &str| {
         html! {
             form.inline method="post" action={ "/ui/jobs/" (seg(id)) "/" (verb) } {
                 input type="hidden" name="csrf" value=(csrf);
-                @if let Some(q) = &filter.queue { input type="hidden" name="queue" value=(q); }
-                @if let Some(s) = &filter.state { input type="hidden" name="state" value=(s); }
-                @if let Some(a) = &filter.after { input type="hidden" name="after" value=(a); }
+                (hidden_listing(&listed.listing))
                 button.action data-job=(id) data-action=(verb) { (label) }
             }
         }
@@ -370,36 +390,7 @@ pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], listing: &Job
     html! {
         div #job-counts data-live { (table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], counts)) }
         h2 { (t(l, "Jobs", "ジョブ")) }
-        form #filter method="get" action="/ui/jobs" {
-            label.inline {
-                (t(l, "Queue", "キュー")) " "
-                select #filter-queue name="queue" {
-                    option value="" { (t(l, "any", "すべて")) }
-                    @for q in queues { option value=(q) selected[filter.queue.as_deref() == Some(q)] { (q) } }
-                }
-            }
-            label.inline {
-                (t(l, "State", "状態")) " "
-                select #filter-state name="state" {
-                    option value="" { (t(l, "any", "すべて")) }
-                    @for s in JobState::ALL {
-                        option value=(s.as_str()) selected[filter.state.as_deref() == Some(s.as_str())] { (s.as_str()) }
-                    }
-                }
-            }
-            button #filter-apply { (t(l, "Show", "表示")) }
-        }
-        p #page-info {
-            (matching) " " (t(l, "jobs", "件"))
-            @if !jobs.is_empty() { " · " (first + 1) "–" (first + jobs.len() as u64) }
-        }
-        div #job-list data-live { (table(&headers, rows)) }
-        p.pager {
-            @if filter.after.is_some() { a #page-first href=(filter.href_after(None)) { "« " (t(l, "newest", "最新")) } " " }
-            @if let (true, Some(last)) = (*left > 0, jobs.last()) {
-                a #page-next href=(filter.href_after(Some(&last.id))) { (t(l, "older", "古い")) " →" }
-            }
-        }
+        (listing_page(l, "/ui/jobs", listed, html! { div #job-list data-live { (table(&headers, rows)) } }))
     }
 }
 
@@ -465,7 +456,12 @@ mod tests {
     #[test]
     fn t9_the_ledger_shows_hostile_text_as_text_and_keeps_each_name_one_link_segment() {
         let rows = [row("a/b?c", "<script>steal()</script>", RowState::Review, "2026-12-01")];
-        let page = ledger(Lang::Ja, &rows, "2026-12-02").into_string();
+        let listed = Listed {
+            listing: Listing::default(),
+            choices: vec![],
+            paged: Paged { matching: 1, left: 0, shown: 1, last: None },
+        };
+        let page = ledger(Lang::Ja, &rows, (1, 1), "2026-12-02", &listed).into_string();
         assert!(!page.contains("<script>"), "{page}");
         assert!(page.contains("&lt;script&gt;steal()&lt;/script&gt;"), "{page}");
         assert!(page.contains("href=\"/ui/ledger/a%2Fb%3Fc/T-0001\""), "{page}");

@@ -230,7 +230,8 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
 const JOB_FILTER: &str = "($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2) \
     AND ($3::text IS NULL OR enqueued_by = $3 OR substr(lease_owner, 1, length($3) + 1) = $3 || '/') \
     AND ($4::text IS NULL OR seq < (SELECT c.seq FROM jobs c WHERE c.id = $4 \
-        AND ($3::text IS NULL OR c.enqueued_by = $3 OR substr(c.lease_owner, 1, length($3) + 1) = $3 || '/')))";
+        AND ($3::text IS NULL OR c.enqueued_by = $3 OR substr(c.lease_owner, 1, length($3) + 1) = $3 || '/'))) \
+    AND ($5::text IS NULL OR function = $5)";
 
 async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> Result<()> {
     let ledger_upsert =
@@ -335,23 +336,19 @@ impl Store for PgStore {
     }
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
-        let mut sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE 1 = 1");
-        let mut args: Vec<&String> = Vec::new();
-        if let Some(to) = &q.to {
-            args.push(to);
-            sql += &format!(" AND \"to\" = ${}", args.len());
-        }
-        if let Some(from) = &q.from {
-            args.push(from);
-            sql += &format!(" AND \"from\" = ${}", args.len());
-        }
-        if !q.states.is_empty() {
-            let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
-            sql += &format!(" AND state IN ({})", list.join(", "));
-        }
-        sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
-        let args: Vec<Param> = args.iter().map(|a| *a as Param).collect();
+        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"));
+        let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY seq DESC LIMIT {}", q.limit.max(1));
+        let args: Vec<Param> = args.iter().map(|a| a as Param).collect();
         self.conn().await?.decode(&sql, &args, codec::mail).await
+    }
+
+    async fn count_mail(&self, q: MailQuery) -> Result<u64> {
+        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"));
+        let args: Vec<Param> = args.iter().map(|a| a as Param).collect();
+        let count = |r: &dyn codec::Columns| r.int(0);
+        let sql = format!("SELECT count(*) FROM mail WHERE {filter}");
+        let n = self.conn().await?.decode(&sql, &args, count).await?.pop().unwrap_or(0);
+        Ok(n.max(0) as u64)
     }
 
     async fn events_for(&self, object: &str) -> Result<Vec<Event>> {
@@ -581,9 +578,10 @@ impl Store for PgStore {
     }
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT $5");
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT $6");
         let limit = q.limit as i64;
-        self.conn().await?.decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after, &limit], codec::job).await
+        let params: [Param; 6] = [&q.queue, &q.state, &q.machine, &q.after, &q.function, &limit];
+        self.conn().await?.decode(&sql, &params, codec::job).await
     }
 
     async fn deliveries(&self, since: Ts) -> Result<Vec<(Ts, i64)>> {
@@ -624,7 +622,7 @@ impl Store for PgStore {
         let n = self
             .conn()
             .await?
-            .decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after], count)
+            .decode(&sql, &[&q.queue, &q.state, &q.machine, &q.after, &q.function], count)
             .await?
             .pop()
             .unwrap_or(0);

@@ -42,7 +42,6 @@ use crate::{
 const TABS: [&Tab; 4] = [&LEDGER, &MAIL, &JOBS, &ALERTS];
 /// How often a cycle runs with nothing written, to take in people's edits.
 const IDLE_CYCLE: std::time::Duration = std::time::Duration::from_secs(5);
-const ALL: usize = i64::MAX as usize;
 
 /// Where the working copy of the spreadsheet a `sheets://` URL names lives in `data_dir`.
 pub fn working_copy(url: &str, data_dir: &Path) -> Result<std::path::PathBuf> {
@@ -240,7 +239,7 @@ impl SheetsStore {
             }
             "mail" => {
                 let n = names(MAIL_INSERT_COLUMNS);
-                let mut mail = local.list_mail(MailQuery { limit: ALL, ..Default::default() }).await?;
+                let mut mail = local.list_mail(MailQuery { limit: crate::EVERY, ..Default::default() }).await?;
                 mail.reverse();
                 mail.iter()
                     .map(|m| {
@@ -252,13 +251,13 @@ impl SheetsStore {
             }
             "jobs" => {
                 let n = names(JOB_COLUMNS);
-                let mut jobs = local.list_jobs(JobQuery { limit: ALL, ..Default::default() }).await?;
+                let mut jobs = local.list_jobs(JobQuery { limit: crate::EVERY, ..Default::default() }).await?;
                 jobs.reverse();
                 jobs.iter().map(|j| fields(tab, lang, &n, &codec::job_params(j))).collect()
             }
             _ => {
                 let n = names(ALERT_COLUMNS);
-                let mut alerts = local.list_alerts(ALL).await?;
+                let mut alerts = local.list_alerts(crate::EVERY).await?;
                 alerts.reverse();
                 alerts
                     .iter()
@@ -445,6 +444,10 @@ impl Store for SheetsStore {
 
     async fn list_mail(&self, query: MailQuery) -> Result<Vec<Mail>> {
         self.inner.local.list_mail(query).await
+    }
+
+    async fn count_mail(&self, query: MailQuery) -> Result<u64> {
+        self.inner.local.count_mail(query).await
     }
 
     async fn events_for(&self, object: &str) -> Result<Vec<Event>> {

@@ -339,7 +339,8 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
 const JOB_FILTER: &str = "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2) \
     AND (?3 IS NULL OR enqueued_by = ?3 OR substr(lease_owner, 1, length(?3) + 1) = ?3 || '/') \
     AND (?4 IS NULL OR seq < (SELECT c.seq FROM jobs c WHERE c.id = ?4 \
-        AND (?3 IS NULL OR c.enqueued_by = ?3 OR substr(c.lease_owner, 1, length(?3) + 1) = ?3 || '/')))";
+        AND (?3 IS NULL OR c.enqueued_by = ?3 OR substr(c.lease_owner, 1, length(?3) + 1) = ?3 || '/'))) \
+    AND (?5 IS NULL OR function = ?5)";
 
 /// `VALUES (?1, …, ?n)` for a row of `columns`.
 fn values(columns: &str) -> String {
@@ -443,26 +444,24 @@ impl Store for SqliteStore {
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
         self.read(move |conn| {
-            let mut sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE 1 = 1");
-            let mut args: Vec<String> = Vec::new();
-            if let Some(to) = &q.to {
-                args.push(to.clone());
-                sql += &format!(" AND \"to\" = ?{}", args.len());
-            }
-            if let Some(from) = &q.from {
-                args.push(from.clone());
-                sql += &format!(" AND \"from\" = ?{}", args.len());
-            }
-            if !q.states.is_empty() {
-                let list: Vec<String> = q.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
-                sql += &format!(" AND state IN ({})", list.join(", "));
-            }
-            sql += &format!(" ORDER BY seq DESC LIMIT {}", q.limit.max(1));
-            collect(
-                &mut conn.prepare_cached(&sql).map_err(map_err)?,
-                rusqlite::params_from_iter(args.iter()),
-                codec::mail,
-            )
+            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"));
+            let sql =
+                format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY seq DESC LIMIT {}", q.limit.max(1));
+            let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+            collect(&mut stmt, rusqlite::params_from_iter(args.iter()), codec::mail)
+        })
+        .await
+    }
+
+    async fn count_mail(&self, q: MailQuery) -> Result<u64> {
+        self.read(move |conn| {
+            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"));
+            let sql = format!("SELECT count(*) FROM mail WHERE {filter}");
+            let n: i64 = conn
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.query_row(rusqlite::params_from_iter(args.iter()), |r| r.get(0)))
+                .map_err(map_err)?;
+            Ok(n.max(0) as u64)
         })
         .await
     }
@@ -754,10 +753,10 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT ?5"
+                    "SELECT {JOB_COLUMNS} FROM jobs WHERE {JOB_FILTER} ORDER BY seq DESC LIMIT ?6"
                 ))
                 .map_err(map_err)?;
-            let params = params![q.queue, q.state, q.machine, q.after, q.limit as i64];
+            let params = params![q.queue, q.state, q.machine, q.after, q.function, q.limit as i64];
             collect(&mut stmt, params, codec::job)
         })
         .await
@@ -818,7 +817,7 @@ impl Store for SqliteStore {
             let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");
             let n: i64 = conn
                 .prepare_cached(&sql)
-                .and_then(|mut s| s.query_row(params![q.queue, q.state, q.machine, q.after], |r| r.get(0)))
+                .and_then(|mut s| s.query_row(params![q.queue, q.state, q.machine, q.after, q.function], |r| r.get(0)))
                 .map_err(map_err)?;
             Ok(n.max(0) as u64)
         })
