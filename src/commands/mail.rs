@@ -9,7 +9,7 @@ use pcmail_core::alert::Alert;
 use pcmail_core::api::{SendRequest, StepRequest};
 use pcmail_core::duration::Dur;
 use pcmail_core::mail::{Mail, MailState};
-use pcmail_core::page::{MAX_MAIL_PAGE, MAX_PAGE, alert_key};
+use pcmail_core::page::{MAX_MAIL_PAGE, MAX_PAGE, alert_cursor};
 
 use crate::args::{Output, Paging, SendArgs};
 use crate::exit::{CliError, Exit};
@@ -227,7 +227,7 @@ pub async fn alerts(
     out: Output,
 ) -> anyhow::Result<i32> {
     let filters = [("state", state), ("machine", machine)];
-    let (alerts, more) = super::pages(paging, MAX_PAGE, alert_key, |after, limit| {
+    let (alerts, more) = super::pages(paging, MAX_PAGE, alert_cursor, |after, limit| {
         let query = super::page_query(&filters, limit, after);
         async move { client.get_page::<Alert>("/api/v1/alerts", &query).await }
     })

@@ -280,6 +280,8 @@ fn u3_u6_mail_pages_by_cursor_within_its_mailbox_and_inbox_says_how_many_more() 
     assert_eq!((second.as_slice(), more), (&newest[50..100], 20), "page 2 is the 51st to the 100th newest");
     let (_, from_desk, more) = page(&laptop, "machine=desk&limit=500");
     assert_eq!((from_desk.len(), more), (60, 0), "mail from or to the desk");
+    let (_, by_alias, _) = page(&laptop, "machine=main&limit=500");
+    assert_eq!(by_alias, from_desk, "a machine's alias filters as its label (M3's exact names)");
     let (_, through_another, more) = page(&desk, &format!("box=inbox&after={}", newest[0]));
     assert_eq!((through_another.len(), more), (0, 0), "T2: the laptop's mail is no cursor for the desk");
     let (_, delivered, _) = page(&laptop, "state=delivered");
@@ -330,7 +332,10 @@ fn u3_u6_alerts_filter_by_machine_and_state_and_page_by_cursor() {
     assert_eq!(stderr(&out).lines().last(), Some("2 more (use --limit or --all)"), "U6: {}", stderr(&out));
     let http = reqwest::blocking::Client::new();
     let last = &first["alerts"][1];
-    let after = format!("{}/{}", last["kind"].as_str().unwrap_or(""), last["subject"].as_str().unwrap_or(""));
+    let changed =
+        last["updatedAt"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).expect("updatedAt");
+    let kind = last["kind"].as_str().unwrap_or("");
+    let after = format!("{}/{kind}/{}", changed.timestamp_millis(), last["subject"].as_str().unwrap_or(""));
     let url = format!("{}/api/v1/alerts", s.url);
     let r = http.get(&url).query(&[("state", "firing"), ("after", after.as_str())]).bearer_auth(s.admin_token());
     let rest: Vec<serde_json::Value> = r.send().expect("get").json().expect("json");

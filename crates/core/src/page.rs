@@ -101,31 +101,79 @@ fn is(wanted: &Option<String>, value: &str) -> bool {
     wanted.as_deref().is_none_or(|w| w == value)
 }
 
-/// One page of `items` (already filtered, in listing order): at most `limit` after the item keyed
-/// `after`, and how many follow the page. A cursor that names no item is an empty page, never the
-/// first: a stale or foreign cursor shows nothing rather than restarting.
-pub fn page<T>(items: Vec<T>, after: Option<&str>, limit: usize, key: impl Fn(&T) -> String) -> (Vec<T>, u64) {
-    let start = match after {
-        None => 0,
-        Some(cursor) => match items.iter().position(|item| key(item) == cursor) {
-            Some(i) => i + 1,
-            None => items.len(),
-        },
+/// One page of `items` (already filtered): at most `limit` of those whose position is after the
+/// cursor's, in position order, and how many follow the page. The cursor is a position, not an
+/// item (keyset paging): an item that changed, moved or left the filter since the cursor was
+/// taken shifts nothing, so no page repeats or skips one.
+pub fn page<T, K: Ord>(
+    mut items: Vec<T>,
+    after: Option<&K>,
+    limit: usize,
+    position: impl Fn(&T) -> K,
+) -> (Vec<T>, u64) {
+    items.sort_by_key(|item| position(item));
+    let rest: Vec<T> = match after {
+        None => items,
+        Some(cursor) => items.into_iter().filter(|item| position(item) > *cursor).collect(),
     };
-    let rest = items.len().saturating_sub(start);
-    let shown: Vec<T> = items.into_iter().skip(start).take(limit).collect();
-    let more = (rest - shown.len()) as u64;
-    (shown, more)
+    let more = rest.len().saturating_sub(limit) as u64;
+    (rest.into_iter().take(limit).collect(), more)
 }
 
-/// The key a ledger row is paged by across projects.
-pub fn row_key(row: &Row) -> String {
+/// A ledger row's place in the listing: project, then the number of its id.
+type RowPosition = (String, u64, String);
+
+fn row_position(row: &Row) -> RowPosition {
+    position_of(&row.project, &row.id)
+}
+
+fn position_of(project: &str, id: &str) -> RowPosition {
+    let number = id.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().unwrap_or(u64::MAX);
+    (project.to_string(), number, id.to_string())
+}
+
+/// The cursor a ledger row leaves for the next page: `project/T-0001`.
+pub fn row_cursor(row: &Row) -> String {
     format!("{}/{}", row.project, row.id)
 }
 
-/// The key an alert is paged by (an alert is one per kind and subject).
-pub fn alert_key(alert: &Alert) -> String {
-    format!("{}/{}", alert.kind.as_str(), alert.subject)
+/// A page of ledger rows after a [`row_cursor`]; a cursor that is not one is an empty page.
+pub fn rows_page(rows: Vec<Row>, after: Option<&str>, limit: usize) -> (Vec<Row>, u64) {
+    let cursor = match after.map(|a| a.split_once('/')) {
+        None => None,
+        Some(Some((project, id))) => Some(position_of(project, id)),
+        Some(None) => return (vec![], 0),
+    };
+    page(rows, cursor.as_ref(), limit, row_position)
+}
+
+/// An alert's place in the listing: most recently changed first, then kind and subject.
+type AlertPosition = (std::cmp::Reverse<i64>, String, String);
+
+fn alert_position(alert: &Alert) -> AlertPosition {
+    (std::cmp::Reverse(alert.updated_at.timestamp_millis()), alert.kind.as_str().to_string(), alert.subject.clone())
+}
+
+/// The cursor an alert leaves for the next page: `<changed, ms>/<kind>/<subject>`.
+pub fn alert_cursor(alert: &Alert) -> String {
+    format!("{}/{}/{}", alert.updated_at.timestamp_millis(), alert.kind.as_str(), alert.subject)
+}
+
+/// A page of alerts after an [`alert_cursor`]; a cursor that is not one is an empty page.
+pub fn alerts_page(alerts: Vec<Alert>, after: Option<&str>, limit: usize) -> (Vec<Alert>, u64) {
+    let cursor = match after {
+        None => None,
+        Some(a) => {
+            let mut parts = a.splitn(3, '/');
+            match (parts.next().and_then(|ms| ms.parse::<i64>().ok()), parts.next(), parts.next()) {
+                (Some(ms), Some(kind), Some(subject)) => {
+                    Some((std::cmp::Reverse(ms), kind.to_string(), subject.to_string()))
+                }
+                _ => return (vec![], 0),
+            }
+        }
+    };
+    page(alerts, cursor.as_ref(), limit, alert_position)
 }
 
 #[cfg(test)]
@@ -134,16 +182,40 @@ mod tests {
 
     #[test]
     fn u3_pages_follow_the_cursor_and_count_what_is_left() {
-        let items: Vec<String> = (1..=120).map(|i| format!("i{i}")).collect();
-        let key = |s: &String| s.clone();
-        let (first, more) = page(items.clone(), None, 50, key);
-        assert_eq!((first.len(), first[0].as_str(), more), (50, "i1", 70));
-        let (second, more) = page(items.clone(), Some("i50"), 50, key);
-        assert_eq!((second[0].as_str(), second[49].as_str(), more), ("i51", "i100", 20));
-        let (last, more) = page(items.clone(), Some("i100"), 50, key);
+        let items: Vec<u32> = (1..=120).collect();
+        let (first, more) = page(items.clone(), None, 50, |n| *n);
+        assert_eq!((first.len(), first[0], more), (50, 1, 70));
+        let (second, more) = page(items.clone(), Some(&50), 50, |n| *n);
+        assert_eq!((second[0], second[49], more), (51, 100, 20));
+        let (last, more) = page(items.clone(), Some(&100), 50, |n| *n);
         assert_eq!((last.len(), more), (20, 0));
-        let (unknown, more) = page(items, Some("nobody"), 50, key);
-        assert!(unknown.is_empty() && more == 0, "a cursor naming nothing is an empty page, not the first");
+        // The cursor is a position: the item it was taken from may be gone (or filtered out).
+        let without_50: Vec<u32> = items.into_iter().filter(|n| *n != 50).collect();
+        assert_eq!(page(without_50, Some(&50), 5, |n| *n).0, [51, 52, 53, 54, 55]);
+    }
+
+    fn alert(kind: &str, subject: &str, changed: i64) -> Alert {
+        serde_json::from_value(serde_json::json!({
+            "kind": kind, "subject": subject, "state": "firing", "summary": "", "labels": {},
+            "firingSince": "2026-12-01T00:00:00Z", "resolvedAt": null, "notified": null, "lastSentAt": null,
+            "updatedAt": chrono::DateTime::from_timestamp(changed, 0).unwrap_or_default(),
+        }))
+        .expect("an alert")
+    }
+
+    #[test]
+    fn u3_an_alert_that_changes_between_pages_neither_repeats_nor_skips_one() {
+        let alerts: Vec<Alert> = (1..=6).map(|n| alert("arrival", &format!("m-{n}"), 100 - n)).collect();
+        let (first, more) = alerts_page(alerts.clone(), None, 3);
+        let subjects = |a: &[Alert]| a.iter().map(|a| a.subject.clone()).collect::<Vec<_>>();
+        assert_eq!((subjects(&first), more), (vec!["m-1".to_string(), "m-2".into(), "m-3".into()], 3));
+        let cursor = alert_cursor(&first[2]);
+        // m-3 changes (resolved) and jumps to the top: the next page is still m-4 to m-6.
+        let mut changed = alerts;
+        changed[2].updated_at = chrono::DateTime::from_timestamp(500, 0).unwrap_or_default();
+        let (second, more) = alerts_page(changed, Some(&cursor), 3);
+        assert_eq!((subjects(&second), more), (vec!["m-4".to_string(), "m-5".into(), "m-6".into()], 0));
+        assert_eq!(alerts_page(second, Some("no cursor"), 3), (vec![], 0), "a cursor that is not one");
     }
 
     #[test]
@@ -174,8 +246,11 @@ mod tests {
         assert!(by(|l| l.machine = Some("desk".into())).alert_matches(&alert));
         assert!(!by(|l| l.machine = Some("builder".into())).alert_matches(&alert));
         assert!(!by(|l| l.state = Some("resolved".into())).alert_matches(&alert));
-        assert_eq!(alert_key(&alert), "undelivered/m-1");
-        assert_eq!(row_key(&row), "office/T-0001");
+        assert_eq!(row_cursor(&row), "office/T-0001");
+        let mut later = row.clone();
+        later.id = "T-10000".into();
+        let (after, more) = rows_page(vec![later, row.clone()], Some("office/T-9999"), 5);
+        assert_eq!((after.len(), more), (1, 0), "ids past T-9999 follow it by number, not by text");
     }
 
     #[test]

@@ -40,6 +40,12 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A machine as a listing's filter names it (label, number, hostname or alias, M3's exact
+    /// match), as its label — the name mail and alerts carry; an unknown name stays as given.
+    pub fn machine_label(&self, name: &str) -> String {
+        pcmail_core::roster::resolve(self.roster.as_ref(), name).unwrap_or_else(|_| name.to_string())
+    }
+
     /// The mode of the Function named `name`; None when no such Function is applied.
     pub fn function_mode(&self, name: &str) -> Option<FunctionMode> {
         self.functions.iter().find(|(n, _)| n == name).map(|(_, f)| f.mode)

@@ -29,7 +29,7 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::{Row, RowPatch};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
-use pcmail_core::page::{self, Listing, alert_key, row_key};
+use pcmail_core::page::{self, Listing};
 use tokio::sync::mpsc;
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
@@ -203,6 +203,9 @@ pub(crate) fn like_anywhere(text: &str) -> String {
 pub(crate) const DELIVERIES_SQL: &str = "SELECT d.at, d.at - s.at FROM events d \
     JOIN events s ON s.object = d.object AND s.reason = 'Sent' \
     WHERE d.at >= {since} AND d.reason = 'Delivered' AND d.object LIKE 'mail/%'";
+
+/// Where `rebuild-view` keeps the cross-project view it built (its lines as JSON, L14/L15).
+pub const LEDGER_VIEW_KEY: &str = "ledger_view";
 
 /// A limit that lets every row through (SQL's LIMIT takes an i64).
 pub const EVERY: usize = i64::MAX as usize;
@@ -440,13 +443,13 @@ pub trait Store: Send + Sync + 'static {
     /// Every row of `project` (or of all projects), in project and id order.
     fn ledger_rows(&self, project: Option<&str>) -> impl Future<Output = Result<Vec<Row>>> + Send;
     /// U3: a page of ledger rows (the listing's project's, or every project's in project and id
-    /// order) narrowed by the listing, keyed by [`row_key`]. Read whole and paged in memory: a
+    /// order) narrowed by the listing, after a [`page::row_cursor`]. Read whole and paged in memory: a
     /// ledger is kept by people.
     fn ledger_page(&self, listing: Listing, limit: usize) -> impl Future<Output = Result<(Vec<Row>, u64)>> + Send {
         async move {
             let rows = self.ledger_rows(listing.project.as_deref()).await?;
             let rows = rows.into_iter().filter(|r| listing.row_matches(r)).collect();
-            Ok(page::page(rows, listing.after.as_deref(), limit, row_key))
+            Ok(page::rows_page(rows, listing.after.as_deref(), limit))
         }
     }
     /// Row counts by (project, state), for the gauges.
@@ -509,12 +512,12 @@ pub trait Store: Send + Sync + 'static {
     /// Every alert, most recently changed first (the `alerts` tab).
     fn list_alerts(&self, limit: usize) -> impl Future<Output = Result<Vec<Alert>>> + Send;
     /// U3: a page of alerts, most recently changed first, narrowed by the listing and keyed by
-    /// [`alert_key`]; read whole and paged in memory (E7 prunes the settled ones).
+    /// after a [`page::alert_cursor`]; read whole and paged in memory (E7 prunes the settled ones).
     fn alert_page(&self, listing: Listing, limit: usize) -> impl Future<Output = Result<(Vec<Alert>, u64)>> + Send {
         async move {
             let alerts = self.list_alerts(EVERY).await?;
             let alerts = alerts.into_iter().filter(|a| listing.alert_matches(a)).collect();
-            Ok(page::page(alerts, listing.after.as_deref(), limit, alert_key))
+            Ok(page::alerts_page(alerts, listing.after.as_deref(), limit))
         }
     }
     fn write_alerts(&self, alerts: Vec<Alert>) -> impl Future<Output = Result<()>> + Send;

@@ -21,7 +21,9 @@ pub use run::{
     ClaimError, Edit, Trigger, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref, plan_claim, plan_edit,
     plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
 };
-pub use view::{PurgePlan, ViewProject, is_overdue, plan_purge, render_view, sync_order};
+pub use view::{
+    PurgePlan, ViewLine, ViewMark, ViewProject, is_overdue, plan_purge, render_view, sync_order, view_lines,
+};
 
 /// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -16,32 +16,83 @@ pub fn is_overdue(row: &Row, today: &str) -> bool {
     !row.state.is_closed() && !row.due.is_empty() && row.due.as_str() < today
 }
 
+/// One line of the cross-project view: what the CLI prints and the spreadsheet's view tab shows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "line", rename_all = "camelCase")]
+pub enum ViewLine {
+    Project {
+        project: String,
+    },
+    Row {
+        row: Box<Row>,
+        mark: Option<ViewMark>,
+    },
+    /// The rows past the project's cap: never cut silently.
+    More {
+        project: String,
+        count: usize,
+    },
+    /// A `countOnly` source's open rows.
+    Count {
+        source: String,
+        count: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ViewMark {
+    Overdue,
+    Review,
+}
+
 /// L15: open rows by due date (undated last), `countOnly` sources as counts, at most `cap`
-/// rows a project with a `… N more in <project>` line, overdue and review marked.
-pub fn render_view(projects: &[ViewProject<'_>], today: &str) -> String {
-    let mut out = String::new();
+/// rows a project with a `… N more` line, overdue and review marked.
+pub fn view_lines(projects: &[ViewProject<'_>], today: &str) -> Vec<ViewLine> {
+    let mut lines = Vec::new();
     for p in projects {
         let open: Vec<&Row> = p.rows.iter().filter(|r| !r.state.is_closed()).collect();
         let (counted, mut listed): (Vec<&Row>, Vec<&Row>) =
             open.into_iter().partition(|r| p.count_only.contains(&r.source));
         listed.sort_by(|a, b| (a.due.is_empty(), &a.due, &a.id).cmp(&(b.due.is_empty(), &b.due, &b.id)));
-        out += &format!("## {}\n", p.project);
+        lines.push(ViewLine::Project { project: p.project.to_string() });
         for r in listed.iter().take(p.cap) {
             let mark = match (r.state, is_overdue(r, today)) {
-                (RowState::Review, _) => "[review] ",
-                (_, true) => "[overdue] ",
-                _ => "",
+                (RowState::Review, _) => Some(ViewMark::Review),
+                (_, true) => Some(ViewMark::Overdue),
+                _ => None,
             };
-            let due = if r.due.is_empty() { "-".to_string() } else { r.due.clone() };
-            out += format!("{mark}{} {due} {} ({}) {}", r.id, r.task, r.state, r.assignee).trim_end();
-            out.push('\n');
+            lines.push(ViewLine::Row { row: Box::new((*r).clone()), mark });
         }
         if listed.len() > p.cap {
-            out += &format!("… {} more in {}\n", listed.len() - p.cap, p.project);
+            lines.push(ViewLine::More { project: p.project.to_string(), count: listed.len() - p.cap });
         }
         for source in p.count_only {
-            let n = counted.iter().filter(|r| &r.source == source).count();
-            out += &format!("{source}: {n} open (see its own dashboard)\n");
+            let count = counted.iter().filter(|r| &r.source == source).count();
+            lines.push(ViewLine::Count { source: source.clone(), count });
+        }
+    }
+    lines
+}
+
+/// The view as text, a line each.
+pub fn render_view(lines: &[ViewLine]) -> String {
+    let mut out = String::new();
+    for line in lines {
+        match line {
+            ViewLine::Project { project } => out += &format!("## {project}\n"),
+            ViewLine::Row { row: r, mark } => {
+                let mark = match mark {
+                    Some(ViewMark::Review) => "[review] ",
+                    Some(ViewMark::Overdue) => "[overdue] ",
+                    None => "",
+                };
+                let due = if r.due.is_empty() { "-".to_string() } else { r.due.clone() };
+                out += format!("{mark}{} {due} {} ({}) {}", r.id, r.task, r.state, r.assignee).trim_end();
+                out.push('\n');
+            }
+            ViewLine::More { project, count } => out += &format!("… {count} more in {project}\n"),
+            ViewLine::Count { source, count } => out += &format!("{source}: {count} open (see its own dashboard)\n"),
         }
     }
     out
@@ -140,8 +191,10 @@ mod tests {
         rows.push(row(5, "gantt", "from the gantt chart", RowState::Todo));
         rows.push(row(6, "s", "finished", RowState::Done));
         let count_only = vec!["gantt".to_string()];
-        let view =
-            render_view(&[ViewProject { project: "p", rows: &rows, count_only: &count_only, cap: 2 }], "2026-11-30");
+        let view = render_view(&view_lines(
+            &[ViewProject { project: "p", rows: &rows, count_only: &count_only, cap: 2 }],
+            "2026-11-30",
+        ));
         let lines: Vec<&str> = view.lines().collect();
         assert_eq!(lines[0], "## p");
         assert!(lines[1].starts_with("[overdue] T-0002 2026-11-01"), "{view}");

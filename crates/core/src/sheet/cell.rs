@@ -5,6 +5,8 @@
 //! values reports false mismatches (seed 000: a row written correctly read back as "mismatch"
 //! and was sent again). Both sides are compared in one normal form.
 
+use super::layout::Field;
+
 /// The normal form: booleans `true`/`false`, numbers in their shortest canonical text (`3`, not
 /// `3.0`), empty and absent as `""`, objects and arrays as JSON text, strings as they are.
 pub fn normalize(v: &serde_json::Value) -> String {
@@ -33,14 +35,63 @@ fn canonical_number(n: &serde_json::Number) -> String {
     }
 }
 
+/// How a field's cells are written and read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellKind {
+    Text,
+    /// A checkbox.
+    Boolean,
+    /// A date people type and sort by.
+    Date,
+}
+
+impl CellKind {
+    pub fn of(field: &Field) -> CellKind {
+        if field.boolean {
+            CellKind::Boolean
+        } else if field.date {
+            CellKind::Date
+        } else {
+            CellKind::Text
+        }
+    }
+}
+
 /// A cell as the controller writes it (`valueInputOption=RAW`): `true`/`false` as booleans so a
-/// checkbox column stays a checkbox, everything else as text, so Sheets has nothing to convert.
-pub fn to_wire(cell: &str, boolean: bool) -> serde_json::Value {
-    match (boolean, cell) {
-        (true, "true") => serde_json::Value::Bool(true),
-        (true, "false") => serde_json::Value::Bool(false),
+/// checkbox column stays a checkbox, a `YYYY-MM-DD` date as its serial number (the column's
+/// date format shows it as a date, and the sheet sorts by it), everything else as text, so
+/// Sheets has nothing to convert.
+pub fn to_wire(cell: &str, kind: CellKind) -> serde_json::Value {
+    match (kind, cell) {
+        (CellKind::Boolean, "true") => serde_json::Value::Bool(true),
+        (CellKind::Boolean, "false") => serde_json::Value::Bool(false),
+        (CellKind::Date, _) => date_serial(cell).map_or_else(|| cell.into(), serde_json::Value::from),
         _ => serde_json::Value::String(cell.to_string()),
     }
+}
+
+/// Sheets' day 0 (serial numbers count days from it).
+fn epoch() -> chrono::NaiveDate {
+    chrono::NaiveDate::from_ymd_opt(1899, 12, 30).unwrap_or_default()
+}
+
+/// The serial number of a `YYYY-MM-DD` date; `None` for any other text.
+pub fn date_serial(date: &str) -> Option<i64> {
+    let day = chrono::NaiveDate::parse_from_str(date.trim(), "%Y-%m-%d").ok()?;
+    Some((day - epoch()).num_days())
+}
+
+/// A date cell as read (`UNFORMATTED_VALUE` answers a typed date as its serial number, in the
+/// spreadsheet's own time zone): `YYYY-MM-DD`, with ` HH:MM` when it holds a time of day — the
+/// wall-clock date a person typed. Text (a date typed as text, `来週`) is kept as it is.
+pub fn read_date(cell: &str) -> String {
+    let Ok(serial) = cell.trim().parse::<f64>() else { return cell.to_string() };
+    let seconds = (serial * 86_400.0).round() as i64;
+    let Some(at) = epoch().and_hms_opt(0, 0, 0).and_then(|d| d.checked_add_signed(chrono::TimeDelta::seconds(seconds)))
+    else {
+        return cell.to_string();
+    };
+    if seconds % 86_400 == 0 { at.format("%Y-%m-%d").to_string() } else { at.format("%Y-%m-%d %H:%M").to_string() }
 }
 
 /// `0 → A`, `25 → Z`, `26 → AA`.
@@ -86,11 +137,26 @@ mod tests {
     }
 
     #[test]
-    fn checkboxes_are_written_as_booleans_and_the_rest_as_text() {
-        assert_eq!(to_wire("true", true), json!(true));
-        assert_eq!(to_wire("false", true), json!(false));
-        assert_eq!(to_wire("true", false), json!("true"));
-        assert_eq!(to_wire("0042", false), json!("0042"));
+    fn checkboxes_are_written_as_booleans_dates_as_serials_and_the_rest_as_text() {
+        assert_eq!(to_wire("true", CellKind::Boolean), json!(true));
+        assert_eq!(to_wire("false", CellKind::Boolean), json!(false));
+        assert_eq!(to_wire("true", CellKind::Text), json!("true"));
+        assert_eq!(to_wire("0042", CellKind::Text), json!("0042"));
+        assert_eq!(to_wire("2026-12-24", CellKind::Date), json!(46380), "issue 23's example: 46380 is 2026-12-24");
+        assert_eq!(to_wire("来週", CellKind::Date), json!("来週"), "text that is no date stays text");
+        assert_eq!(to_wire("", CellKind::Date), json!(""));
+    }
+
+    #[test]
+    fn a_date_typed_as_a_date_or_as_text_reads_as_the_same_date() {
+        assert_eq!(read_date(&normalize(&json!(46380))), "2026-12-24");
+        assert_eq!(read_date(&normalize(&json!(46380.0))), "2026-12-24");
+        assert_eq!(read_date("2026-12-24"), "2026-12-24");
+        assert_eq!(read_date(&normalize(&json!(46380.375))), "2026-12-24 09:00", "a time of day, as typed");
+        assert_eq!(read_date("来週"), "来週");
+        assert_eq!(read_date(""), "");
+        assert_eq!(date_serial("1899-12-30"), Some(0));
+        assert_eq!(read_date(&date_serial("2027-03-01").unwrap_or_default().to_string()), "2027-03-01");
     }
 
     #[test]

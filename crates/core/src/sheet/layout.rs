@@ -15,13 +15,18 @@ pub struct Field {
     pub boolean: bool,
     /// A time: RFC 3339 in the sheet, milliseconds in the store.
     pub time: bool,
+    /// A date people type (`YYYY-MM-DD` in the store): written as a date Sheets sorts by, and a
+    /// date typed as one (read back as a serial number) read as `YYYY-MM-DD`.
+    pub date: bool,
+    /// The controller's bookkeeping, hidden from people (seed 001 §1: キー and 失敗回数).
+    pub hidden: bool,
     /// Added to the layout after spreadsheets already had the tab: a header row without it
     /// gets it appended, where any other missing header is an error.
     pub late: bool,
 }
 
 const fn field(key: &'static str, en: &'static str, ja: &'static str) -> Field {
-    Field { key, en, ja, editable: false, boolean: false, time: false, late: false }
+    Field { key, en, ja, editable: false, boolean: false, time: false, date: false, hidden: false, late: false }
 }
 
 /// A controller's column whose header is its store name in both presets.
@@ -39,6 +44,14 @@ const fn editable(f: Field) -> Field {
 
 const fn checkbox(f: Field) -> Field {
     Field { boolean: true, ..f }
+}
+
+const fn date(f: Field) -> Field {
+    Field { date: true, ..f }
+}
+
+const fn hidden(f: Field) -> Field {
+    Field { hidden: true, ..f }
 }
 
 const fn late(f: Field) -> Field {
@@ -68,6 +81,33 @@ pub struct Tab {
     pub key: &'static [&'static str],
 }
 
+/// The title of a project's ledger tab (seed 001 §1: one ledger sheet per project).
+pub fn ledger_title(lang: Lang, project: &str) -> String {
+    match lang {
+        Lang::Ja => format!("{LEDGER_JA}{project}"),
+        Lang::En => format!("{LEDGER_EN}{project}"),
+    }
+}
+
+/// The project a ledger tab's title names, in either preset.
+pub fn ledger_project(title: &str) -> Option<&str> {
+    title.strip_prefix(LEDGER_JA).or_else(|| title.strip_prefix(LEDGER_EN)).filter(|p| !p.is_empty())
+}
+
+const LEDGER_JA: &str = "台帳-";
+const LEDGER_EN: &str = "ledger-";
+
+/// The tab every project's ledger shared before a tab per project: migrated once, then renamed.
+pub const SHARED_LEDGER_TITLE: &str = "ledger";
+
+/// The cross-project view's tab (seed 001 §7), rebuilt by the `rebuild-view` role.
+pub fn view_title(lang: Lang) -> &'static str {
+    match lang {
+        Lang::Ja => "横断ビュー",
+        Lang::En => "view",
+    }
+}
+
 /// The task ledger of seed 001, in its column order.
 pub const LEDGER: Tab = Tab {
     title: "ledger",
@@ -80,14 +120,14 @@ pub const LEDGER: Tab = Tab {
         field("content", "Content", "内容"),
         field("source", "Source", "発生源"),
         field("evidence", "Evidence", "根拠"),
-        editable(field("due", "Due", "期限")),
+        date(editable(field("due", "Due", "期限"))),
         editable(field("assignee", "Assignee", "担当")),
         field("function", "AI function", "AI機能"),
         field("result", "Result", "実行結果"),
         time(field("executed_at", "Executed at", "実行日時")),
         editable(field("instruction", "Instruction", "修正指示")),
-        field("key", "Key", "キー"),
-        field("failures", "Failures", "失敗回数"),
+        hidden(field("key", "Key", "キー")),
+        hidden(field("failures", "Failures", "失敗回数")),
         checkbox(field("refresh", "Refresh", "集約")),
     ],
     key: &["project", "id"],

@@ -145,6 +145,13 @@ pub fn plan_sync(
     plan
 }
 
+/// Where sheet row `row` (1-based) is once the `deletes` (1-based inclusive spans, any order) are
+/// gone: the structural changes of a cycle go first, so its value writes address rows after them.
+pub fn row_after_deletes(row: usize, deletes: &[(usize, usize)]) -> usize {
+    let above: usize = deletes.iter().filter(|(_, last)| *last < row).map(|(first, last)| last - first + 1).sum();
+    row - above
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +174,14 @@ mod tests {
         v[f("run_requested")] = "false".into();
         v[f("task")] = task.into();
         v
+    }
+
+    #[test]
+    fn p8_rows_below_deleted_spans_move_up_by_the_rows_deleted_above_them() {
+        let deletes = [(9, 10), (4, 4)];
+        assert_eq!(row_after_deletes(3, &deletes), 3);
+        assert_eq!(row_after_deletes(5, &deletes), 4);
+        assert_eq!(row_after_deletes(11, &deletes), 8);
     }
 
     fn key(id: &str) -> String {

@@ -70,11 +70,14 @@ pub async fn list(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<JobList>, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
-    super::known_state::<pcmail_core::jobs::JobState>(q.state.as_deref())?;
+    // Blank filters are "any", as on every listing.
+    let given = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+    let (queue, state, function) = (given(q.queue), given(q.state), given(q.function));
+    super::known_state::<pcmail_core::jobs::JobState>(state.as_deref())?;
     let query = JobQuery {
-        queue: q.queue,
-        state: q.state,
-        function: q.function,
+        queue,
+        state,
+        function,
         machine: caller.machine().map(String::from),
         limit: super::page_size(q.limit, 100, MAX_PAGE)?,
         after: q.after.filter(|a| !a.is_empty()),

@@ -47,7 +47,7 @@ pub async fn list(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<impl axum::response::IntoResponse, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
-    let project = resolve_project(&app, q.project.as_deref())?;
+    let project = resolve_project(&app, q.project.as_deref().filter(|p| !p.trim().is_empty()))?;
     let mut listing =
         Listing { state: q.state, function: q.function, machine: q.machine, after: q.after, ..Default::default() }
             .normalized();
@@ -65,7 +65,8 @@ pub async fn list(
 
 pub async fn view(State(app): State<App>) -> Result<Json<LedgerView>, ServiceError> {
     let today = crate::clock::now().format("%Y-%m-%d").to_string();
-    Ok(Json(LedgerView { view: ledger::view(&app, &today).await? }))
+    let lines = ledger::view(&app, &today).await?;
+    Ok(Json(LedgerView { view: pcmail_core::ledger::render_view(&lines) }))
 }
 
 /// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.

@@ -96,7 +96,7 @@ pub async fn list(
     let q = query(q)?;
     let mut filter = MailQuery {
         limit: limit(q.limit, 100)?,
-        machine: q.machine.filter(|m| !m.is_empty()),
+        machine: q.machine.filter(|m| !m.trim().is_empty()).map(|m| app.runtime().machine_label(&m)),
         after: q.after.filter(|a| !a.is_empty()),
         ..Default::default()
     };

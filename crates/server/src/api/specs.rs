@@ -107,7 +107,8 @@ pub async fn alerts(
 ) -> Result<impl axum::response::IntoResponse, ServiceError> {
     caller.require_admin()?;
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
-    let listing = Listing { state: q.state, machine: q.machine, after: q.after, ..Default::default() }.normalized();
+    let mut listing = Listing { state: q.state, machine: q.machine, after: q.after, ..Default::default() }.normalized();
+    listing.machine = listing.machine.map(|m| app.runtime().machine_label(&m));
     super::known_state::<AlertState>(listing.state.as_deref())?;
     let limit = super::page_size(q.limit, 500, MAX_PAGE)?;
     let (alerts, more) = app.store().alert_page(listing, limit).await?;

@@ -22,7 +22,7 @@ use pcmail_core::ids::sha256_hex;
 use pcmail_core::jobs::{Job, JobState};
 use pcmail_core::ledger::{RowState, Trigger, is_overdue};
 use pcmail_core::mail::{Mail, MailState};
-use pcmail_core::page::{self, Listing, PER_PAGE, alert_key, row_key};
+use pcmail_core::page::{self, Listing, PER_PAGE, alert_cursor, row_cursor};
 use pcmail_store::{EVERY, JobQuery, MailQuery, Store};
 use serde::Deserialize;
 
@@ -252,9 +252,11 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
 /// not have, is the message of a 400 page naming it (never an empty list that looks like
 /// "nothing").
 fn listing_of<S: std::str::FromStr<Err = String>>(
+    app: &App,
     q: Result<Query<Listing>, QueryRejection>,
 ) -> Result<Listing, String> {
-    let listing = q.map_err(|e| e.body_text())?.0.normalized();
+    let mut listing = q.map_err(|e| e.body_text())?.0.normalized();
+    listing.machine = listing.machine.map(|m| app.runtime().machine_label(&m));
     if let Some(state) = &listing.state {
         state.parse::<S>()?;
     }
@@ -280,7 +282,7 @@ fn names_of(all: impl IntoIterator<Item = &'static str>) -> Vec<String> {
 }
 
 async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
-    let listing = listing_of::<RowState>(q).map_err(bad_request(&ctx))?;
+    let listing = listing_of::<RowState>(&app, q).map_err(bad_request(&ctx))?;
     let store = app.store();
     // Every row the filters match is read once: the summary counts them all, the page shows 50.
     let (all, _) = store.ledger_page(listing.with_cursor(None), EVERY).await.map_err(unavailable(&ctx))?;
@@ -290,7 +292,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, Quer
         all.iter().filter(|r| is_overdue(r, &today)).count(),
     );
     let matching = all.len() as u64;
-    let (rows, left) = page::page(all, listing.after.as_deref(), PER_PAGE, row_key);
+    let (rows, left) = page::rows_page(all, listing.after.as_deref(), PER_PAGE);
     let functions = app.runtime().functions.iter().map(|(name, _)| name.clone()).collect();
     let l = ctx.lang;
     let listed = views::Listed {
@@ -308,7 +310,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, Quer
             Choice { field: "function", label: t(l, "AI function", "AI機能"), options: functions },
             Choice { field: "machine", label: t(l, "Assignee", "担当"), options: machines(&app) },
         ],
-        paged: paged(&rows, matching, left, row_key),
+        paged: paged(&rows, matching, left, row_cursor),
         listing,
     };
     Ok(ctx.page(t(l, "Ledger", "台帳"), views::ledger(l, &rows, summary, &today, &listed)).into_response())
@@ -371,7 +373,7 @@ async fn row_edit(
 }
 
 async fn mail(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
-    let listing = listing_of::<MailState>(q).map_err(bad_request(&ctx))?;
+    let listing = listing_of::<MailState>(&app, q).map_err(bad_request(&ctx))?;
     let states = listing.state.iter().filter_map(|s| s.parse().ok()).collect();
     let query = MailQuery { states, machine: listing.machine.clone(), limit: 0, ..Default::default() };
     let store = app.store();
@@ -409,10 +411,10 @@ async fn mail_timeline(State(app): State<App>, ctx: Ctx, Path(id): Path<String>)
 }
 
 async fn alerts(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
-    let listing = listing_of::<AlertState>(q).map_err(bad_request(&ctx))?;
+    let listing = listing_of::<AlertState>(&app, q).map_err(bad_request(&ctx))?;
     let (all, _) = app.store().alert_page(listing.with_cursor(None), EVERY).await.map_err(unavailable(&ctx))?;
     let matching = all.len() as u64;
-    let (alerts, left) = page::page(all, listing.after.as_deref(), PER_PAGE, alert_key);
+    let (alerts, left) = page::alerts_page(all, listing.after.as_deref(), PER_PAGE);
     let l = ctx.lang;
     let listed = views::Listed {
         choices: vec![
@@ -423,14 +425,14 @@ async fn alerts(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, Quer
             },
             Choice { field: "machine", label: t(l, "Machine", "マシン"), options: machines(&app) },
         ],
-        paged: paged(&alerts, matching, left, alert_key),
+        paged: paged(&alerts, matching, left, alert_cursor),
         listing,
     };
     Ok(ctx.page(t(l, "Alerts", "アラート"), views::alerts(l, &alerts, &listed)).into_response())
 }
 
 async fn jobs(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
-    let listing = listing_of::<JobState>(q).map_err(bad_request(&ctx))?;
+    let listing = listing_of::<JobState>(&app, q).map_err(bad_request(&ctx))?;
     let store = app.store();
     let counts = store.job_counts().await.map_err(unavailable(&ctx))?;
     let query = JobQuery {

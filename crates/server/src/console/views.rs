@@ -335,7 +335,7 @@ fn listing_page(l: Lang, base: &str, listed: &Listed, list: Markup) -> Markup {
             @if *shown > 0 { " · " (first + 1) "–" (first + *shown as u64) }
         }
         (list)
-        p.pager {
+        p.pager #pager data-live {
             @if listing.after.is_some() { a #page-first href=(href(base, listing, None)) { "« " (t(l, "newest", "最初")) } " " }
             @if let (true, Some(last)) = (*left > 0, last) {
                 a #page-next href=(href(base, listing, Some(last))) { (t(l, "next", "次へ")) " →" }

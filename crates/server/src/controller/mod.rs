@@ -98,8 +98,11 @@ async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
         }
         Key::RebuildView => {
             let today = now.format("%Y-%m-%d").to_string();
-            let view = crate::ledger::view(app, &today).await?;
-            app.store().kv_set("ledger_view", &view).await?
+            // Kept as lines, so a store that shows it (the spreadsheet's view tab) can draw it.
+            let lines = crate::ledger::view(app, &today).await?;
+            app.store()
+                .kv_set(pcmail_store::LEDGER_VIEW_KEY, &serde_json::to_string(&lines).unwrap_or_default())
+                .await?
         }
     }
     Ok(())

@@ -7,9 +7,9 @@ use pcmail_core::api::{Event, MergeCounts, SyncReport};
 use pcmail_core::jobs::LEDGER_UNIQUE_PREFIX;
 use pcmail_core::ledger::source::{Item, format_of, parse_items};
 use pcmail_core::ledger::{
-    Incoming, PurgePlan, Row, RowState, Trigger, ViewProject, aggregate, build_prompt, hands_off, heavy_queue,
-    ledger_ref, merge_plan, plan_claim, plan_edit, plan_handoff, plan_purge, plan_result, plan_skip, plan_stale,
-    render_view, runs_in_pass, sync_order,
+    Incoming, PurgePlan, Row, RowState, Trigger, ViewLine, ViewProject, aggregate, build_prompt, hands_off,
+    heavy_queue, ledger_ref, merge_plan, plan_claim, plan_edit, plan_handoff, plan_purge, plan_result, plan_skip,
+    plan_stale, runs_in_pass, sync_order, view_lines,
 };
 use pcmail_core::manifest::spec::{LedgerSource, LedgerSpec};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
@@ -388,7 +388,8 @@ pub async fn purge(app: &App, project: &str, source: &str, yes: bool, now: Ts) -
 }
 
 /// L15: the cross-project view, rendered from the store now.
-pub async fn view(app: &App, today: &str) -> Result<String, StoreError> {
+/// L15: the cross-project view's lines, as of `today`.
+pub async fn view(app: &App, today: &str) -> Result<Vec<ViewLine>, StoreError> {
     let rt = app.runtime();
     let mut rows_by_project = Vec::new();
     for l in &rt.ledgers {
@@ -406,7 +407,7 @@ pub async fn view(app: &App, today: &str) -> Result<String, StoreError> {
         .zip(&count_only)
         .map(|((l, rows), co)| ViewProject { project: &l.project, rows, count_only: co, cap: l.view_cap as usize })
         .collect();
-    Ok(render_view(&projects, today))
+    Ok(view_lines(&projects, today))
 }
 
 /// Ledger row counts by project and state for `pcmail_ledger_rows` (0 for absent states).

@@ -290,11 +290,13 @@ impl Client {
         self.call(Kind::Write, |h| h.post(&url).json(&body)).await
     }
 
-    /// Rows appended after the last row of `range`'s table.
+    /// Rows appended after the last row of `range`'s table, into the grid's existing empty rows
+    /// (`OVERWRITE`: the checkboxes set on those rows beforehand stay on them; `INSERT_ROWS`
+    /// would push them down past the data).
     pub async fn append(&self, range: &str, rows: Vec<Vec<serde_json::Value>>) -> Result<AppendResponse, StoreError> {
         let url = self.url(&format!("/values/{}:append", encode_path(range)));
         let body = ValueRange { range: range.into(), major_dimension: Some("ROWS".into()), values: rows };
-        let query = [("valueInputOption", "RAW"), ("insertDataOption", "INSERT_ROWS")];
+        let query = [("valueInputOption", "RAW"), ("insertDataOption", "OVERWRITE")];
         self.call(Kind::Write, |h| h.post(&url).query(&query).json(&body)).await
     }
 }

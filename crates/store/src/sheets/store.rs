@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::mpsc;
@@ -21,27 +22,39 @@ use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
 use pcmail_core::jobs::Job;
 use pcmail_core::lease::Lease;
-use pcmail_core::ledger::Row as LedgerRow;
+use pcmail_core::ledger::{Row as LedgerRow, ViewLine, ViewMark};
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
-use pcmail_core::sheet::cell::{a1_row_range, normalize, quote_title, to_wire};
-use pcmail_core::sheet::layout::{ALERTS, JOBS, LEDGER, Lang, MAIL, Tab, header_row, locate};
-use pcmail_core::sheet::plan::{Fields, plan_sync, row_key};
+use pcmail_core::sheet::cell::{CellKind, a1_row_range, normalize, quote_title, read_date, to_wire};
+use pcmail_core::sheet::layout::{
+    ALERTS, JOBS, LEDGER, Lang, LayoutError, MAIL, SHARED_LEDGER_TITLE, Tab, header_row, ledger_project, ledger_title,
+    locate, view_title,
+};
+use pcmail_core::sheet::plan::{Fields, plan_sync, row_after_deletes, row_key};
 
 use super::client::{Client, SheetsConfig};
 use super::render::{FieldRow, fields, names};
-use super::wire::{ValueRange, delete_rows};
+use super::wire::{
+    ValueRange, add_sheet, background, checkboxes, date_column, delete_rows, freeze_header, grow, hide_column,
+    rename_sheet,
+};
 use crate::cells::Batch;
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
 use crate::{
-    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
-    MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
+    Change, Claim, JobQuery, JobSelect, LEDGER_VIEW_KEY, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery,
+    MailSelect, MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
 };
 
-/// The tabs kept on the spreadsheet, in the order they are read.
-const TABS: [&Tab; 4] = [&LEDGER, &MAIL, &JOBS, &ALERTS];
+/// The tabs every spreadsheet has besides a ledger tab per project.
+const SHARED_TABS: [&Tab; 3] = [&MAIL, &JOBS, &ALERTS];
 /// How often a cycle runs with nothing written, to take in people's edits.
 const IDLE_CYCLE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Rows a tab the adapter adds starts with (Google's default).
+const NEW_TAB_ROWS: usize = 1000;
+/// The view tab's background for overdue rows and for rows waiting for review (seed 001 §7).
+const OVERDUE: (f64, f64, f64) = (0.96, 0.8, 0.8);
+const REVIEW: (f64, f64, f64) = (1.0, 0.95, 0.7);
+const PLAIN: (f64, f64, f64) = (1.0, 1.0, 1.0);
 
 /// Where the working copy of the spreadsheet a `sheets://` URL names lives in `data_dir`.
 pub fn working_copy(url: &str, data_dir: &Path) -> Result<std::path::PathBuf> {
@@ -50,6 +63,37 @@ pub fn working_copy(url: &str, data_dir: &Path) -> Result<std::path::PathBuf> {
 
 fn working_copy_of(config: &SheetsConfig, data_dir: &Path) -> std::path::PathBuf {
     data_dir.join(format!("sheets-{}.db", config.spreadsheet_id))
+}
+
+/// What the adapter knows of one tab's grid: its numeric id and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Grid {
+    id: i64,
+    rows: usize,
+    columns: usize,
+}
+
+/// A tab the adapter keeps true to the store: its layout and its title; a ledger tab holds one
+/// project's rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Kept {
+    layout: &'static Tab,
+    title: String,
+    project: Option<String>,
+}
+
+/// What one cycle sends: one structural `batchUpdate` (tabs added and grown, headers frozen,
+/// columns hidden and formatted, rows deleted, checkboxes on the rows about to be appended),
+/// then one values write (addressing rows as they are after the deletes), then an append per tab.
+#[derive(Default)]
+struct Cycle {
+    structure: Vec<serde_json::Value>,
+    values: Vec<ValueRange>,
+    appends: Vec<(String, Vec<Vec<serde_json::Value>>)>,
+    bases: Vec<(String, BTreeMap<String, Fields>)>,
+    dressed: Vec<String>,
+    /// The view tab's rows once this cycle's writes land.
+    view_rows: Option<usize>,
 }
 
 #[derive(Clone)]
@@ -61,7 +105,12 @@ struct Inner {
     local: SqliteStore,
     client: Client,
     lang: Lang,
-    sheet_ids: Mutex<BTreeMap<String, i64>>,
+    grids: Mutex<BTreeMap<String, Grid>>,
+    /// A cycle failed: the grids are read again before the next one (a person may have resized
+    /// or removed a tab).
+    grids_stale: AtomicBool,
+    /// `rebuild-view` built a new view: the view tab is rewritten next cycle.
+    view_dirty: AtomicBool,
     cycle: tokio::sync::Mutex<()>,
     wake: tokio::sync::Notify,
     last_error: Mutex<Option<String>>,
@@ -77,9 +126,9 @@ impl Drop for Inner {
 }
 
 impl SheetsStore {
-    /// Opens the spreadsheet a `sheets://` URL names, with its working copy in `data_dir`:
-    /// creates missing tabs with their header row, fills a new working copy from the sheet, and
-    /// runs a first cycle before answering.
+    /// Opens the spreadsheet a `sheets://` URL names, with its working copy in `data_dir`: fills
+    /// a new working copy from the sheet, and runs a first cycle (which adds the tabs the
+    /// spreadsheet lacks) before answering.
     pub async fn open(url: &str, data_dir: &Path) -> Result<SheetsStore> {
         let config = SheetsConfig::from_url(url)?;
         let lang = config.headers;
@@ -92,14 +141,16 @@ impl SheetsStore {
                 local,
                 client,
                 lang,
-                sheet_ids: Mutex::new(BTreeMap::new()),
+                grids: Mutex::new(BTreeMap::new()),
+                grids_stale: AtomicBool::new(false),
+                view_dirty: AtomicBool::new(false),
                 cycle: tokio::sync::Mutex::new(()),
                 wake: tokio::sync::Notify::new(),
                 last_error: Mutex::new(None),
                 syncer: Mutex::new(None),
             }),
         };
-        store.ensure_tabs().await?;
+        store.learn_grids().await?;
         if fresh {
             store.import().await?;
         }
@@ -138,37 +189,59 @@ impl SheetsStore {
         }
     }
 
-    /// Adds the tabs the spreadsheet lacks (one call) and learns every tab's numeric id.
-    async fn ensure_tabs(&self) -> Result<()> {
+    fn grids(&self) -> BTreeMap<String, Grid> {
+        self.inner.grids.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Every tab's id and grid size, as the spreadsheet has them now (one `spreadsheets.get`).
+    async fn learn_grids(&self) -> Result<()> {
         let sheet = self.inner.client.spreadsheet().await?;
-        let mut ids: BTreeMap<String, i64> =
-            sheet.sheets.iter().map(|s| (s.properties.title.clone(), s.properties.sheet_id)).collect();
-        let missing: Vec<serde_json::Value> = TABS
+        let grids = sheet
+            .sheets
             .iter()
-            .filter(|t| !ids.contains_key(t.title))
-            .map(|t| serde_json::json!({"addSheet": {"properties": {"title": t.title}}}))
+            .map(|s| {
+                let size = s.properties.grid_properties.clone().unwrap_or_default();
+                let grid = Grid {
+                    id: s.properties.sheet_id,
+                    rows: size.row_count as usize,
+                    columns: size.column_count as usize,
+                };
+                (s.properties.title.clone(), grid)
+            })
             .collect();
-        if !missing.is_empty() {
-            let answer = self.inner.client.batch_update(missing).await?;
-            for reply in answer.replies {
-                let p = &reply["addSheet"]["properties"];
-                if let (Some(title), Some(id)) = (p["title"].as_str(), p["sheetId"].as_i64()) {
-                    ids.insert(title.to_string(), id);
-                }
-            }
-        }
-        *self.inner.sheet_ids.lock().unwrap_or_else(PoisonError::into_inner) = ids;
+        *self.inner.grids.lock().unwrap_or_else(PoisonError::into_inner) = grids;
         Ok(())
     }
 
-    /// Every tab as read now: a header row (empty for a new tab) and normalized data rows.
-    async fn read_tabs(&self) -> Result<Vec<(Vec<String>, Vec<Vec<String>>)>> {
-        let ranges: Vec<String> = TABS.iter().map(|t| quote_title(t.title)).collect();
+    /// The tabs the store's rows belong on: a ledger tab per project, then mail, jobs, alerts.
+    async fn kept(&self) -> Result<Vec<Kept>> {
+        let lang = self.inner.lang;
+        let projects = self.inner.local.ledger_projects().await?;
+        let ledgers =
+            projects.into_iter().map(|p| Kept { layout: &LEDGER, title: ledger_title(lang, &p), project: Some(p) });
+        let shared = SHARED_TABS.into_iter().map(|t| Kept { layout: t, title: t.title.into(), project: None });
+        Ok(ledgers.chain(shared).collect())
+    }
+
+    /// The layout of a tab the spreadsheet holds, by its title (ledger tabs in either preset, and
+    /// the one every project shared before).
+    fn layout_of(title: &str) -> Option<&'static Tab> {
+        if ledger_project(title).is_some() || title == SHARED_LEDGER_TITLE {
+            return Some(&LEDGER);
+        }
+        SHARED_TABS.into_iter().find(|t| t.title == title)
+    }
+
+    /// Each titled tab as read now (one `values:batchGet`): a header row (empty for a new tab)
+    /// and normalized data rows.
+    async fn read_tabs(&self, titles: &[String]) -> Result<Vec<(Vec<String>, Vec<Vec<String>>)>> {
+        if titles.is_empty() {
+            return Ok(vec![]);
+        }
+        let ranges: Vec<String> = titles.iter().map(|t| quote_title(t)).collect();
         let read = self.inner.client.batch_get(&ranges).await?;
-        Ok(TABS
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
+        Ok((0..titles.len())
+            .map(|i| {
                 let rows: Vec<Vec<String>> = read
                     .get(i)
                     .map(|r| r.values.iter().map(|row| row.iter().map(normalize).collect()).collect())
@@ -182,14 +255,16 @@ impl SheetsStore {
     /// A new working copy starts as the spreadsheet holds it.
     async fn import(&self) -> Result<()> {
         let local = &self.inner.local;
-        for (tab, (header, rows)) in TABS.into_iter().zip(self.read_tabs().await?) {
+        let titles: Vec<String> = self.grids().into_keys().filter(|t| Self::layout_of(t).is_some()).collect();
+        for (title, (header, rows)) in titles.iter().zip(self.read_tabs(&titles).await?) {
+            let Some(tab) = Self::layout_of(title) else { continue };
             if header.is_empty() {
                 continue;
             }
-            let columns = locate(tab, &header).map_err(|e| StoreError::Schema(e.to_string()))?;
+            let columns = columns_of(tab, title, &header)?;
             let rows: Vec<Fields> = rows
                 .iter()
-                .map(|cells| pcmail_core::sheet::plan::fields_of(cells, &columns))
+                .map(|cells| read_fields(tab, cells, &columns))
                 .filter(|f| row_key(tab, f).is_some())
                 .collect();
             let decode = |list: &str, f: &Fields| FieldRow::new(tab, &names(list), f);
@@ -224,18 +299,20 @@ impl SheetsStore {
             }
             let base: BTreeMap<String, Fields> =
                 rows.into_iter().filter_map(|f| Some((row_key(tab, &f)?, f))).collect();
-            self.save_base(tab, &base).await?;
+            self.save_base(title, &base).await?;
         }
         Ok(())
     }
 
-    /// Each row of `tab` as the working copy holds it, rendered as the tab's fields, oldest first.
-    async fn ours(&self, tab: &Tab) -> Result<Vec<(String, Fields)>> {
-        let (local, lang) = (&self.inner.local, self.inner.lang);
+    /// Each row a tab keeps as the working copy holds it, rendered as the tab's fields, oldest
+    /// first.
+    async fn ours(&self, kept: &Kept) -> Result<Vec<(String, Fields)>> {
+        let (local, lang, tab) = (&self.inner.local, self.inner.lang, kept.layout);
         let rendered: Vec<Fields> = match tab.title {
             "ledger" => {
                 let n = names(LEDGER_COLUMNS);
-                local.ledger_rows(None).await?.iter().map(|r| fields(tab, lang, &n, &codec::ledger_params(r))).collect()
+                let rows = local.ledger_rows(Some(kept.project.as_deref().unwrap_or_default())).await?;
+                rows.iter().map(|r| fields(tab, lang, &n, &codec::ledger_params(r))).collect()
             }
             "mail" => {
                 let n = names(MAIL_INSERT_COLUMNS);
@@ -271,13 +348,13 @@ impl SheetsStore {
         Ok(rendered.into_iter().filter_map(|f| Some((row_key(tab, &f)?, f))).collect())
     }
 
-    async fn base(&self, tab: &Tab) -> Result<BTreeMap<String, Fields>> {
-        let stored = self.inner.local.kv_get(&format!("sheets/base/{}", tab.title)).await?;
+    async fn base(&self, title: &str) -> Result<BTreeMap<String, Fields>> {
+        let stored = self.inner.local.kv_get(&format!("sheets/base/{title}")).await?;
         Ok(stored.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default())
     }
 
-    async fn save_base(&self, tab: &Tab, base: &BTreeMap<String, Fields>) -> Result<()> {
-        self.inner.local.kv_set(&format!("sheets/base/{}", tab.title), &json(base)).await
+    async fn save_base(&self, title: &str, base: &BTreeMap<String, Fields>) -> Result<()> {
+        self.inner.local.kv_set(&format!("sheets/base/{title}"), &json(base)).await
     }
 
     /// People's edits to ledger rows, taken into the working copy.
@@ -334,80 +411,344 @@ impl SheetsStore {
         Ok(())
     }
 
-    /// One cycle: one read of every tab, people's edits taken in, then the writes.
+    /// One cycle: one read of every kept tab, people's edits taken in, then at most one
+    /// structural `batchUpdate`, one values write and an append per tab (P8).
     pub async fn sync_now(&self) -> Result<()> {
         let _one_at_a_time = self.inner.cycle.lock().await;
-        let read = self.read_tabs().await?;
-        let ids = self.inner.sheet_ids.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let (mut updates, mut deletes, mut appends, mut bases) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (tab, (header, rows)) in TABS.into_iter().zip(read) {
-            let columns = if header.is_empty() {
-                let row = header_row(tab, self.inner.lang);
-                let last = row.len() - 1;
-                updates.push(ValueRange {
-                    range: a1_row_range(tab.title, 1, 0, last),
-                    major_dimension: None,
-                    values: vec![row.into_iter().map(serde_json::Value::String).collect()],
-                });
-                (0..tab.fields.len()).collect()
-            } else {
-                let columns = locate(tab, &header).map_err(|e| StoreError::Schema(e.to_string()))?;
-                // Late fields an older tab lacks: their headers are written after its last column.
-                for (f, &column) in columns.iter().enumerate().filter(|(_, c)| **c >= header.len()) {
-                    updates.push(ValueRange {
-                        range: a1_row_range(tab.title, 1, column, column),
-                        major_dimension: None,
-                        values: vec![vec![serde_json::Value::String(self.inner.lang.header(&tab.fields[f]).into())]],
-                    });
-                }
-                columns
-            };
-            let base = self.base(tab).await?;
-            let plan = plan_sync(tab, &columns, &rows, &base, &self.ours(tab).await?);
-            if tab.title == "ledger" && !plan.adopt.is_empty() {
-                self.adopt(plan.adopt.clone()).await?;
-            }
-            let boolean =
-                |column: usize| columns.iter().position(|c| *c == column).is_some_and(|f| tab.fields[f].boolean);
-            for run in &plan.updates {
-                let last = run.first_column + run.values.len() - 1;
-                let values =
-                    run.values.iter().enumerate().map(|(i, v)| to_wire(v, boolean(run.first_column + i))).collect();
-                updates.push(ValueRange {
-                    range: a1_row_range(tab.title, run.row, run.first_column, last),
-                    major_dimension: None,
-                    values: vec![values],
-                });
-            }
-            let sheet_id = ids.get(tab.title).copied().unwrap_or_default();
-            deletes.extend(plan.deletes.iter().map(|&(first, last)| delete_rows(sheet_id, first, last)));
-            if !plan.appends.is_empty() {
-                let rows: Vec<Vec<serde_json::Value>> = plan
-                    .appends
+        if self.inner.grids_stale.swap(false, Ordering::SeqCst) {
+            self.learn_grids().await?;
+        }
+        let outcome = self.cycle().await;
+        if outcome.is_err() {
+            self.inner.grids_stale.store(true, Ordering::SeqCst);
+        }
+        outcome
+    }
+
+    async fn cycle(&self) -> Result<()> {
+        let mut grids = self.grids();
+        let kept = self.kept().await?;
+        // The tab every project shared before is read once more (people's last edits are taken
+        // in), then renamed: its rows now live on their projects' tabs.
+        let shared = grids.get(SHARED_LEDGER_TITLE).copied();
+        let mut titles: Vec<String> =
+            kept.iter().filter(|k| grids.contains_key(&k.title)).map(|k| k.title.clone()).collect();
+        titles.extend(shared.map(|_| SHARED_LEDGER_TITLE.to_string()));
+        let mut read: BTreeMap<String, (Vec<String>, Vec<Vec<String>>)> =
+            titles.iter().cloned().zip(self.read_tabs(&titles).await?).collect();
+        let mut cycle = Cycle::default();
+        if let Some(grid) = shared {
+            let (header, rows) = read.remove(SHARED_LEDGER_TITLE).unwrap_or_default();
+            if !header.is_empty() {
+                let columns = columns_of(&LEDGER, SHARED_LEDGER_TITLE, &header)?;
+                let rows: Vec<Vec<String>> = rows.iter().map(|r| read_cells(&LEDGER, r, &columns)).collect();
+                let base = self.base(SHARED_LEDGER_TITLE).await?;
+                let every_row = self.inner.local.ledger_rows(None).await?;
+                let n = names(LEDGER_COLUMNS);
+                let ours: Vec<(String, Fields)> = every_row
                     .iter()
-                    .map(|cells| cells.iter().enumerate().map(|(c, v)| to_wire(v, boolean(c))).collect())
+                    .map(|r| fields(&LEDGER, self.inner.lang, &n, &codec::ledger_params(r)))
+                    .filter_map(|f| Some((row_key(&LEDGER, &f)?, f)))
                     .collect();
-                appends.push((tab.title, rows));
+                let plan = plan_sync(&LEDGER, &columns, &rows, &base, &ours);
+                self.adopt(plan.adopt).await?;
             }
-            if plan.synced != base {
-                bases.push((tab, plan.synced));
-            }
+            let renamed = format!("{SHARED_LEDGER_TITLE} (migrated)");
+            cycle.structure.push(rename_sheet(grid.id, &renamed));
+            grids.remove(SHARED_LEDGER_TITLE);
+            grids.insert(renamed, grid);
+        }
+        for tab in &kept {
+            let (header, rows) = read.remove(&tab.title).unwrap_or_default();
+            self.plan_tab(tab, header, rows, &mut grids, &mut cycle).await?;
+        }
+        let view = self.inner.view_dirty.swap(false, Ordering::SeqCst);
+        if view && let Err(e) = self.plan_view(&mut grids, &mut cycle).await {
+            self.inner.view_dirty.store(true, Ordering::SeqCst);
+            return Err(e);
         }
         let client = &self.inner.client;
-        if !updates.is_empty() {
-            client.update_values(updates).await?;
+        let sent = async {
+            if !cycle.structure.is_empty() {
+                client.batch_update(std::mem::take(&mut cycle.structure)).await?;
+            }
+            if !cycle.values.is_empty() {
+                client.update_values(std::mem::take(&mut cycle.values)).await?;
+            }
+            for (title, rows) in std::mem::take(&mut cycle.appends) {
+                client.append(&quote_title(&title), rows).await?;
+            }
+            Ok::<(), StoreError>(())
         }
-        if !deletes.is_empty() {
-            client.batch_update(deletes).await?;
+        .await;
+        if let Err(e) = sent {
+            self.inner.view_dirty.fetch_or(view, Ordering::SeqCst);
+            return Err(e);
         }
-        for (title, rows) in appends {
-            client.append(&quote_title(title), rows).await?;
+        *self.inner.grids.lock().unwrap_or_else(PoisonError::into_inner) = grids;
+        for (title, base) in cycle.bases {
+            self.save_base(&title, &base).await?;
         }
-        for (tab, base) in bases {
-            self.save_base(tab, &base).await?;
+        for title in cycle.dressed {
+            self.inner.local.kv_set(&format!("sheets/dressed/{title}"), "1").await?;
+        }
+        if let Some(rows) = cycle.view_rows {
+            self.inner.local.kv_set("sheets/view_rows", &rows.to_string()).await?;
         }
         Ok(())
     }
+
+    /// One tab's part of a cycle: its header and structure, the three-way plan of its rows,
+    /// people's edits taken in, and the writes.
+    async fn plan_tab(
+        &self,
+        kept: &Kept,
+        header: Vec<String>,
+        rows: Vec<Vec<String>>,
+        grids: &mut BTreeMap<String, Grid>,
+        cycle: &mut Cycle,
+    ) -> Result<()> {
+        let (tab, title, lang) = (kept.layout, kept.title.as_str(), self.inner.lang);
+        let columns = if header.is_empty() {
+            let row = header_row(tab, lang);
+            cycle.values.push(ValueRange {
+                range: a1_row_range(title, 1, 0, row.len() - 1),
+                major_dimension: None,
+                values: vec![row.into_iter().map(serde_json::Value::String).collect()],
+            });
+            (0..tab.fields.len()).collect()
+        } else {
+            let columns = columns_of(tab, title, &header)?;
+            // Late fields an older tab lacks: their headers are written after its last column.
+            for (f, &column) in columns.iter().enumerate().filter(|(_, c)| **c >= header.len()) {
+                cycle.values.push(ValueRange {
+                    range: a1_row_range(title, 1, column, column),
+                    major_dimension: None,
+                    values: vec![vec![serde_json::Value::String(lang.header(&tab.fields[f]).into())]],
+                });
+            }
+            columns
+        };
+        let width = columns.iter().max().map_or(0, |m| m + 1).max(header.len());
+        let grid = self.ensure_grid(title, width, grids, cycle);
+        if self.inner.local.kv_get(&format!("sheets/dressed/{title}")).await?.is_none() {
+            cycle.structure.extend(dress(tab, &columns, grid));
+            cycle.dressed.push(title.to_string());
+        }
+        let rows: Vec<Vec<String>> = rows.iter().map(|r| read_cells(tab, r, &columns)).collect();
+        let base = self.base(title).await?;
+        let plan = plan_sync(tab, &columns, &rows, &base, &self.ours(kept).await?);
+        if tab.title == "ledger" && !plan.adopt.is_empty() {
+            self.adopt(plan.adopt.clone()).await?;
+        }
+        let kind = |column: usize| {
+            columns.iter().position(|c| *c == column).map_or(CellKind::Text, |f| CellKind::of(&tab.fields[f]))
+        };
+        cycle.structure.extend(plan.deletes.iter().map(|&(first, last)| delete_rows(grid.id, first, last)));
+        for run in &plan.updates {
+            let last = run.first_column + run.values.len() - 1;
+            let row = row_after_deletes(run.row, &plan.deletes);
+            let values = run.values.iter().enumerate().map(|(i, v)| to_wire(v, kind(run.first_column + i))).collect();
+            cycle.values.push(ValueRange {
+                range: a1_row_range(title, row, run.first_column, last),
+                major_dimension: None,
+                values: vec![values],
+            });
+        }
+        if !plan.appends.is_empty() {
+            // Appended after the last row read (as `values:append` finds it), rows deleted above
+            // taken off: only these rows get checkboxes (seed 001 §10).
+            let deleted: usize = plan.deletes.iter().map(|(first, last)| last - first + 1).sum();
+            let first = rows.len() + 2 - deleted;
+            let last = first + plan.appends.len() - 1;
+            if let Some(g) = grids.get_mut(title)
+                && g.rows < last
+            {
+                cycle.structure.push(grow(grid.id, "ROWS", last - g.rows));
+                g.rows = last;
+            }
+            for (f, field) in tab.fields.iter().enumerate() {
+                if field.boolean && field.editable {
+                    cycle.structure.push(checkboxes(grid.id, columns[f], first, last));
+                }
+            }
+            let rows = plan
+                .appends
+                .iter()
+                .map(|cells| cells.iter().enumerate().map(|(c, v)| to_wire(v, kind(c))).collect())
+                .collect();
+            cycle.appends.push((title.to_string(), rows));
+        }
+        if plan.synced != base {
+            cycle.bases.push((title.to_string(), plan.synced));
+        }
+        Ok(())
+    }
+
+    /// The tab's grid, added (sized to `width` columns, its header frozen) when the spreadsheet
+    /// lacks it, or grown before a write would pass its last column.
+    fn ensure_grid(&self, title: &str, width: usize, grids: &mut BTreeMap<String, Grid>, cycle: &mut Cycle) -> Grid {
+        match grids.get_mut(title) {
+            Some(grid) => {
+                if grid.columns < width {
+                    cycle.structure.push(grow(grid.id, "COLUMNS", width - grid.columns));
+                    grid.columns = width;
+                }
+                *grid
+            }
+            None => {
+                let id = grids.values().map(|g| g.id).max().map_or(1, |m| m + 1);
+                let grid = Grid { id, rows: NEW_TAB_ROWS, columns: width };
+                cycle.structure.push(add_sheet(id, title, grid.rows, grid.columns));
+                grids.insert(title.to_string(), grid);
+                grid
+            }
+        }
+    }
+
+    /// The view tab rewritten from the lines `rebuild-view` stored: every line's cells, blanks
+    /// over what a longer view left, and backgrounds for overdue and review rows.
+    async fn plan_view(&self, grids: &mut BTreeMap<String, Grid>, cycle: &mut Cycle) -> Result<()> {
+        let stored = self.inner.local.kv_get(LEDGER_VIEW_KEY).await?.unwrap_or_default();
+        let lines: Vec<ViewLine> = serde_json::from_str(&stored).unwrap_or_default();
+        let lang = self.inner.lang;
+        let title = view_title(lang);
+        let mut cells = vec![view_header(lang)];
+        cells.extend(lines.iter().map(|l| view_cells(lang, l)));
+        let before: usize =
+            self.inner.local.kv_get("sheets/view_rows").await?.and_then(|n| n.parse().ok()).unwrap_or_default();
+        let written = cells.len().max(before);
+        cells.resize(written, vec![String::new(); VIEW_WIDTH]);
+        let grid = self.ensure_grid(title, VIEW_WIDTH, grids, cycle);
+        if grid.rows < written {
+            cycle.structure.push(grow(grid.id, "ROWS", written - grid.rows));
+            if let Some(g) = grids.get_mut(title) {
+                g.rows = written;
+            }
+        }
+        if written > 1 {
+            cycle.structure.push(background(grid.id, 2, written, PLAIN));
+        }
+        for (i, line) in lines.iter().enumerate() {
+            let colour = match line {
+                ViewLine::Row { mark: Some(ViewMark::Overdue), .. } => OVERDUE,
+                ViewLine::Row { mark: Some(ViewMark::Review), .. } => REVIEW,
+                _ => continue,
+            };
+            cycle.structure.push(background(grid.id, i + 2, i + 2, colour));
+        }
+        if self.inner.local.kv_get(&format!("sheets/dressed/{title}")).await?.is_none() {
+            cycle.structure.extend([freeze_header(grid.id), date_column(grid.id, VIEW_DUE, NEW_TAB_ROWS.max(written))]);
+            cycle.dressed.push(title.to_string());
+        }
+        let values = cells
+            .into_iter()
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .map(|(c, v)| to_wire(v, if c == VIEW_DUE { CellKind::Date } else { CellKind::Text }))
+                    .collect()
+            })
+            .collect();
+        cycle.values.push(ValueRange {
+            range: format!("{}!A1:F{written}", quote_title(title)),
+            major_dimension: None,
+            values,
+        });
+        cycle.view_rows = Some(lines.len() + 1);
+        Ok(())
+    }
+}
+
+/// The view tab's columns: project, task id, due, task, state, assignee.
+const VIEW_WIDTH: usize = 6;
+const VIEW_DUE: usize = 2;
+
+fn view_header(lang: Lang) -> Vec<String> {
+    let ja = ["案件", "タスクID", "期限", "タスク", "状態", "担当"];
+    let en = ["Project", "Task ID", "Due", "Task", "State", "Assignee"];
+    match lang {
+        Lang::Ja => ja,
+        Lang::En => en,
+    }
+    .map(String::from)
+    .to_vec()
+}
+
+/// One view line as the tab's cells; the line past a project's cap says how many rows it left
+/// out and where they are (seed 001 §7: never cut silently).
+fn view_cells(lang: Lang, line: &ViewLine) -> Vec<String> {
+    let mut cells = vec![String::new(); VIEW_WIDTH];
+    match line {
+        ViewLine::Project { project } => cells[0] = project.clone(),
+        ViewLine::Row { row, .. } => {
+            let state = match lang {
+                Lang::Ja => row.state.ja(),
+                Lang::En => row.state.as_str(),
+            };
+            cells = vec![
+                row.project.clone(),
+                row.id.clone(),
+                row.due.clone(),
+                row.task.clone(),
+                state.into(),
+                row.assignee.clone(),
+            ];
+        }
+        ViewLine::More { project, count } => {
+            cells[1] = match lang {
+                Lang::Ja => format!("… 他 {count} 件は案件の台帳で"),
+                Lang::En => format!("… {count} more in {project}'s ledger"),
+            }
+        }
+        ViewLine::Count { source, count } => {
+            cells[1] = match lang {
+                Lang::Ja => format!("{source}: 未完了 {count} 件（専用の一覧で）"),
+                Lang::En => format!("{source}: {count} open (see its own dashboard)"),
+            }
+        }
+    }
+    cells
+}
+
+/// The structure a tab gets once: its header row frozen, the controller's bookkeeping columns
+/// hidden, date columns shown as dates (formats write no values, so they span the grid's rows).
+fn dress(tab: &Tab, columns: &[usize], grid: Grid) -> Vec<serde_json::Value> {
+    let mut requests = vec![freeze_header(grid.id)];
+    for (f, field) in tab.fields.iter().enumerate() {
+        if field.hidden {
+            requests.push(hide_column(grid.id, columns[f]));
+        }
+        if field.date {
+            requests.push(date_column(grid.id, columns[f], grid.rows.max(2)));
+        }
+    }
+    requests
+}
+
+/// Where `title`'s fields are, found by header; an error names the tab as people see it.
+fn columns_of(tab: &Tab, title: &str, header: &[String]) -> Result<Vec<usize>> {
+    locate(tab, header).map_err(|mut e| {
+        let (LayoutError::MissingColumn { tab, .. } | LayoutError::DuplicateColumn { tab, .. }) = &mut e;
+        *tab = title.to_string();
+        StoreError::Schema(e.to_string())
+    })
+}
+
+/// A sheet row's cells with its date columns read as dates (a typed date comes as a serial).
+fn read_cells(tab: &Tab, cells: &[String], columns: &[usize]) -> Vec<String> {
+    let mut cells = cells.to_vec();
+    for (f, _) in tab.fields.iter().enumerate().filter(|(_, f)| f.date) {
+        if let Some(cell) = cells.get_mut(columns[f]) {
+            *cell = read_date(cell);
+        }
+    }
+    cells
+}
+
+/// A sheet row's fields, its dates read as dates.
+fn read_fields(tab: &Tab, cells: &[String], columns: &[usize]) -> Fields {
+    pcmail_core::sheet::plan::fields_of(&read_cells(tab, cells, columns), columns)
 }
 
 /// Forwards a write to the working copy and wakes the syncer.
@@ -519,7 +860,12 @@ impl Store for SheetsStore {
     }
 
     async fn kv_set(&self, key: &str, value: &str) -> Result<()> {
-        self.inner.local.kv_set(key, value).await
+        self.inner.local.kv_set(key, value).await?;
+        if key == LEDGER_VIEW_KEY {
+            self.inner.view_dirty.store(true, Ordering::SeqCst);
+            self.changed();
+        }
+        Ok(())
     }
 
     async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
@@ -629,6 +975,9 @@ mod tests {
 
     type Guard = (Standin, tempfile::TempDir);
 
+    /// Project `p`'s ledger tab.
+    const P_TAB: &str = "台帳-p";
+
     async fn open(standin: &Standin, dir: &Path) -> SheetsStore {
         SheetsStore::open(&standin.store_url(""), dir).await.expect("open")
     }
@@ -646,8 +995,10 @@ mod tests {
         store.sync_now().await.expect("sync");
         let dir = tempfile::tempdir().expect("tempdir");
         let again = open(&guard.0, dir.path()).await;
-        for tab in TABS {
-            let (mut a, mut b) = (store.ours(tab).await.expect("ours"), again.ours(tab).await.expect("theirs"));
+        let kept = store.kept().await.expect("tabs");
+        assert_eq!(kept, again.kept().await.expect("tabs"), "the same tabs");
+        for tab in kept {
+            let (mut a, mut b) = (store.ours(&tab).await.expect("ours"), again.ours(&tab).await.expect("theirs"));
             a.sort();
             b.sort();
             assert_eq!(a, b, "tab {}", tab.title);
@@ -706,13 +1057,13 @@ mod tests {
             store.stop_background();
             add_rows(&store, n).await;
             store.sync_now().await.expect("sync");
-            assert_eq!(sheet_rows(&standin, "ledger").len(), n as usize);
+            assert_eq!(sheet_rows(&standin, P_TAB).len(), n as usize);
             standin.reset_calls();
             set_results(&store, "ok").await;
             store.sync_now().await.expect("sync");
             assert_eq!(standin.calls(), ["batchGet", "values.batchUpdate"], "{n} rows changed");
             let result = LEDGER.fields.iter().position(|f| f.key == "result").expect("result");
-            assert!(sheet_rows(&standin, "ledger").iter().all(|r| r[result] == "ok"));
+            assert!(sheet_rows(&standin, P_TAB).iter().all(|r| r[result] == "ok"));
         }
     }
 
@@ -741,7 +1092,7 @@ mod tests {
         store.sync_now().await.expect("sync through the 429s");
         let calls = standin.calls();
         assert_eq!(calls.iter().filter(|c| c.ends_with(" 429")).count(), 2, "{calls:?}");
-        let rows = sheet_rows(&standin, "ledger");
+        let rows = sheet_rows(&standin, P_TAB);
         let ids: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
         assert_eq!(ids, ["T-0001", "T-0004", "T-0005", "T-0006", "T-0007"], "each delete and append once");
         assert!(rows[..4].iter().all(|r| r.contains(&"done".to_string())));
@@ -758,7 +1109,7 @@ mod tests {
         add_rows(&store, 3).await;
         set_results(&store, "42").await;
         store.sync_now().await.expect("sync");
-        let stored = standin.cells("ledger");
+        let stored = standin.cells(P_TAB);
         assert!(
             stored.iter().flatten().any(|v| v == &json!(42.0)) && stored.iter().flatten().any(|v| v == &json!(false))
         );
@@ -789,11 +1140,11 @@ mod tests {
             })
             .await
             .expect("claim");
-        standin.edit("ledger", 2, col("state"), json!("不要"));
-        standin.edit("ledger", 2, col("instruction"), json!("もっと短く"));
-        standin.edit("ledger", 2, col("run_requested"), json!(true));
+        standin.edit(P_TAB, 2, col("state"), json!("不要"));
+        standin.edit(P_TAB, 2, col("instruction"), json!("もっと短く"));
+        standin.edit(P_TAB, 2, col("run_requested"), json!(true));
         store.sync_now().await.expect("sync");
-        let sheet = &sheet_rows(&standin, "ledger")[0];
+        let sheet = &sheet_rows(&standin, P_TAB)[0];
         assert_eq!((sheet[col("state")].as_str(), sheet[col("instruction")].as_str()), ("不要", "もっと短く"));
         assert_eq!(sheet[col("result")], "working", "the controller's own cell is written");
         let local = store.ledger_rows(Some("p")).await.expect("rows");
@@ -813,10 +1164,10 @@ mod tests {
         store.sync_now().await.expect("sync");
         let col = |key: &str| LEDGER.fields.iter().position(|f| f.key == key).expect("field");
         set_results(&store, "draft ready").await;
-        standin.edit_after_next_read("ledger", 2, col("state"), json!("完了"));
-        standin.edit_after_next_read("ledger", 2, col("instruction"), json!("表にして"));
+        standin.edit_after_next_read(P_TAB, 2, col("state"), json!("完了"));
+        standin.edit_after_next_read(P_TAB, 2, col("instruction"), json!("表にして"));
         store.sync_now().await.expect("sync");
-        let sheet = &sheet_rows(&standin, "ledger")[0];
+        let sheet = &sheet_rows(&standin, P_TAB)[0];
         assert_eq!(
             (sheet[col("state")].as_str(), sheet[col("instruction")].as_str(), sheet[col("result")].as_str()),
             ("完了", "表にして", "draft ready"),
@@ -838,10 +1189,10 @@ mod tests {
         add_rows(&store, 2).await;
         store.sync_now().await.expect("sync");
         let run = LEDGER.fields.iter().position(|f| f.key == "run_requested").expect("field");
-        standin.edit("ledger", 10, run, json!(false));
-        standin.delete_row("ledger", 2);
+        standin.edit(P_TAB, 10, run, json!(false));
+        standin.delete_row(P_TAB, 2);
         store.sync_now().await.expect("sync");
-        let ids: Vec<String> = sheet_rows(&standin, "ledger")
+        let ids: Vec<String> = sheet_rows(&standin, P_TAB)
             .iter()
             .map(|r| r.get(1).cloned().unwrap_or_default())
             .filter(|id| !id.is_empty())
@@ -853,9 +1204,211 @@ mod tests {
     #[tokio::test]
     async fn a_missing_header_is_named() {
         let ((standin, _dir), store) = fresh().await;
+        add_rows(&store, 1).await;
+        store.sync_now().await.expect("sync");
         let col = LEDGER.fields.iter().position(|f| f.key == "instruction").expect("field");
-        standin.edit("ledger", 1, col, json!("メモ"));
+        standin.edit(P_TAB, 1, col, json!("メモ"));
         let err = store.sync_now().await.expect_err("refused").to_string();
         assert!(err.contains("修正指示"), "{err}");
+    }
+}
+
+/// Issue 23: the spreadsheet looks and behaves like seed 001's ledger.
+#[cfg(test)]
+mod seed_001_tests {
+    use super::super::standin::Standin;
+    use super::*;
+    use pcmail_core::ledger::{RowState, ViewProject, view_lines};
+    use serde_json::json;
+
+    fn col(key: &str) -> usize {
+        LEDGER.fields.iter().position(|f| f.key == key).expect("field")
+    }
+
+    fn row(project: &str, n: u32, due: &str) -> LedgerRow {
+        LedgerRow {
+            project: project.into(),
+            id: pcmail_core::ledger::row_id(n),
+            state: RowState::Todo,
+            run_requested: false,
+            task: format!("task {n}"),
+            content: String::new(),
+            source: "csv".into(),
+            evidence: String::new(),
+            due: due.into(),
+            assignee: String::new(),
+            function: "f".into(),
+            result: String::new(),
+            executed_at: None,
+            instruction: String::new(),
+            key: format!("csv|task{n}"),
+            failures: 0,
+            refresh: false,
+        }
+    }
+
+    async fn add(store: &SheetsStore, project: &str, rows: Vec<LedgerRow>) {
+        let next = rows.len() as u32 + 1;
+        let writes = LedgerWrites { add: rows, next_seq: Some(next), ..Default::default() };
+        store.ledger_transaction(project, LedgerSelect::Ids(vec![]), move |_| (writes, ())).await.expect("add");
+    }
+
+    async fn open(standin: &Standin, dir: &Path) -> SheetsStore {
+        let store = SheetsStore::open(&standin.store_url(""), dir).await.expect("open");
+        store.stop_background();
+        store
+    }
+
+    /// Calls of each kind: seed 000's quota budget is per cycle.
+    fn count(calls: &[String], kind: &str) -> usize {
+        calls.iter().filter(|c| *c == kind).count()
+    }
+
+    #[tokio::test]
+    async fn seed_001_appended_rows_get_checkboxes_the_header_is_frozen_and_the_bookkeeping_hidden() {
+        let standin = Standin::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        add(&store, "p", (1..=3).map(|n| row("p", n, "")).collect()).await;
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        let calls = standin.calls();
+        assert_eq!(
+            (count(&calls, "batchUpdate"), count(&calls, "values.batchUpdate"), count(&calls, "append")),
+            (1, 1, 1),
+            "P8: the new tab, its header and its rows in one call each: {calls:?}"
+        );
+        let tab = "台帳-p";
+        assert_eq!(standin.checkbox_rows(tab, col("run_requested")), [2, 3, 4], "the three appended rows only");
+        let (_, columns, frozen) = standin.grid(tab);
+        assert_eq!((columns, frozen), (LEDGER.fields.len(), 1), "sized to its columns, the header frozen");
+        assert_eq!(standin.hidden_columns(tab), [col("key"), col("failures")], "キー and 失敗回数 hidden");
+        assert_eq!(standin.number_format(tab, col("due")), Some(json!({"type": "DATE", "pattern": "yyyy-mm-dd"})));
+        add(&store, "p", vec![row("p", 4, "")]).await;
+        store.sync_now().await.expect("sync");
+        assert_eq!(standin.checkbox_rows(tab, col("run_requested")), [2, 3, 4, 5], "one more appended row");
+        // A person ticks the checkbox: the row is asked to run.
+        standin.edit(tab, 5, col("run_requested"), json!(true));
+        store.sync_now().await.expect("sync");
+        let rows = store.ledger_rows(Some("p")).await.expect("rows");
+        assert!(rows.iter().find(|r| r.id == "T-0004").is_some_and(|r| r.run_requested), "{rows:?}");
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        assert_eq!(standin.calls(), ["batchGet"], "dressing and checkboxes happen once");
+    }
+
+    #[tokio::test]
+    async fn seed_001_a_date_typed_as_a_date_or_as_text_reads_as_that_date_and_dates_are_written_as_dates() {
+        let standin = Standin::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        add(&store, "p", vec![row("p", 1, ""), row("p", 2, ""), row("p", 3, "2027-01-15")]).await;
+        store.sync_now().await.expect("sync");
+        let tab = "台帳-p";
+        assert_eq!(standin.cells(tab)[3][col("due")], json!(46402), "a due date is written as a date Sheets sorts by");
+        standin.type_date(tab, 2, col("due"), "2026-12-24");
+        standin.edit(tab, 3, col("due"), json!("2026-12-24"));
+        store.sync_now().await.expect("sync");
+        let dues: Vec<String> = store.ledger_rows(Some("p")).await.expect("rows").into_iter().map(|r| r.due).collect();
+        assert_eq!(dues, ["2026-12-24", "2026-12-24", "2027-01-15"], "never the serial 46380");
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        assert_eq!(standin.calls(), ["batchGet"], "a date read back as a serial is no change to write");
+    }
+
+    #[tokio::test]
+    async fn seed_001_a_column_added_to_the_layout_grows_the_tab_before_its_header_is_written() {
+        let standin = Standin::start().await;
+        // An older jobs tab: no `enqueued_by` column, its grid exactly as wide as its header.
+        let mut header: Vec<serde_json::Value> =
+            header_row(&JOBS, Lang::Ja).into_iter().map(serde_json::Value::String).collect();
+        header.pop();
+        let width = header.len();
+        standin.add_tab("jobs", width, vec![header]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        let (_, columns, _) = standin.grid("jobs");
+        assert_eq!(columns, width + 1, "grown by the one column the layout added");
+        assert_eq!(standin.cells("jobs")[0].get(width), Some(&json!("enqueued_by")));
+        let calls = standin.calls();
+        let grown = calls.iter().position(|c| c == "batchUpdate").expect("a structural call");
+        let written = calls.iter().position(|c| c == "values.batchUpdate").expect("a values write");
+        assert!(grown < written, "the grid grows before the write that needs it: {calls:?}");
+        drop(store);
+    }
+
+    #[tokio::test]
+    async fn seed_001_two_projects_get_two_tabs_and_the_shared_tab_is_migrated_once() {
+        let standin = Standin::start().await;
+        let header: Vec<serde_json::Value> =
+            header_row(&LEDGER, Lang::Ja).into_iter().map(serde_json::Value::String).collect();
+        let n = names(LEDGER_COLUMNS);
+        let cells = |r: &LedgerRow| -> Vec<serde_json::Value> {
+            fields(&LEDGER, Lang::Ja, &n, &codec::ledger_params(r)).into_iter().map(serde_json::Value::String).collect()
+        };
+        let rows = [row("a", 1, ""), row("b", 1, ""), row("a", 2, "")];
+        standin.add_tab(SHARED_LEDGER_TITLE, 26, std::iter::once(header).chain(rows.iter().map(cells)).collect());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        let titles = standin.titles();
+        for t in ["台帳-a", "台帳-b", "ledger (migrated)"] {
+            assert!(titles.iter().any(|x| x == t), "{t} in {titles:?}");
+        }
+        assert!(!titles.iter().any(|t| t == SHARED_LEDGER_TITLE), "the shared tab is renamed: {titles:?}");
+        let ids = |tab: &str| -> Vec<String> {
+            standin.cells(tab).iter().skip(1).map(|r| normalize(&r[col("id")])).collect()
+        };
+        assert_eq!(
+            (ids("台帳-a"), ids("台帳-b")),
+            (vec!["T-0001".to_string(), "T-0002".into()], vec!["T-0001".to_string()])
+        );
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        assert_eq!(standin.calls(), ["batchGet"], "migrated once: nothing more to write");
+        // Reopened from the sheet alone, the rows come from the projects' tabs.
+        let again_dir = tempfile::tempdir().expect("tempdir");
+        let again = open(&standin, again_dir.path()).await;
+        assert_eq!(again.ledger_rows(None).await.expect("rows").len(), 3);
+    }
+
+    #[tokio::test]
+    async fn seed_001_the_view_tab_shows_each_projects_cap_the_more_line_and_colours_overdue_and_review() {
+        let standin = Standin::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        let mut rows: Vec<LedgerRow> = (1..=5).map(|n| row("p", n, &format!("2026-12-{:02}", 10 + n))).collect();
+        rows[0].due = "2026-11-01".into();
+        rows[1].state = RowState::Review;
+        let count_only: Vec<String> = vec![];
+        let lines =
+            view_lines(&[ViewProject { project: "p", rows: &rows, count_only: &count_only, cap: 3 }], "2026-12-01");
+        store.kv_set(LEDGER_VIEW_KEY, &serde_json::to_string(&lines).expect("json")).await.expect("kv");
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        let calls = standin.calls();
+        assert!(count(&calls, "batchUpdate") <= 1 && count(&calls, "values.batchUpdate") <= 1, "P8: {calls:?}");
+        let view: Vec<Vec<String>> =
+            standin.cells("横断ビュー").iter().map(|r| r.iter().map(normalize).collect()).collect();
+        assert_eq!(view[0][..3], ["案件", "タスクID", "期限"]);
+        assert_eq!(view[1][0], "p");
+        assert_eq!((view[2][1].as_str(), view[3][1].as_str(), view[4][1].as_str()), ("T-0001", "T-0002", "T-0003"));
+        assert_eq!(view[5][1], "… 他 2 件は案件の台帳で", "the cap says what it left out");
+        assert_eq!(view[2][2], "46327", "due as a date serial, the column formatted as dates");
+        let colour = |row: usize| standin.background("横断ビュー", row);
+        assert_eq!(colour(3), Some(json!({"red": 0.96, "green": 0.8, "blue": 0.8})), "T-0001 is overdue");
+        assert_eq!(colour(4), Some(json!({"red": 1.0, "green": 0.95, "blue": 0.7})), "T-0002 waits for review");
+        assert_eq!(colour(5), Some(json!({"red": 1.0, "green": 1.0, "blue": 1.0})), "T-0003 plain");
+        // A shorter view next morning: what the longer one left is blanked, its colours reset.
+        let lines = view_lines(
+            &[ViewProject { project: "p", rows: &rows[2..3], count_only: &count_only, cap: 3 }],
+            "2026-12-01",
+        );
+        store.kv_set(LEDGER_VIEW_KEY, &serde_json::to_string(&lines).expect("json")).await.expect("kv");
+        store.sync_now().await.expect("sync");
+        let view: Vec<Vec<String>> =
+            standin.cells("横断ビュー").iter().map(|r| r.iter().map(normalize).collect()).collect();
+        let shown: Vec<&Vec<String>> = view.iter().filter(|r| r.iter().any(|c| !c.is_empty())).collect();
+        assert_eq!(shown.len(), 3, "header, project, one row: {view:?}");
+        assert_eq!(colour(3), Some(json!({"red": 1.0, "green": 1.0, "blue": 1.0})));
     }
 }

@@ -109,6 +109,76 @@ pub fn delete_rows(sheet_id: i64, first: usize, last: usize) -> serde_json::Valu
     }}})
 }
 
+/// A GridRange over sheet rows `first..=last` (1-based) and, when given, columns `first..=last`
+/// (0-based); without columns it spans whole rows.
+fn grid_range(sheet_id: i64, rows: (usize, usize), columns: Option<(usize, usize)>) -> serde_json::Value {
+    let mut range = serde_json::json!({"sheetId": sheet_id, "startRowIndex": rows.0 - 1, "endRowIndex": rows.1});
+    if let Some((first, last)) = columns {
+        range["startColumnIndex"] = first.into();
+        range["endColumnIndex"] = (last + 1).into();
+    }
+    range
+}
+
+/// `addSheet`: a tab with our own id (so later requests of the same call can name it), sized to
+/// its columns, its header row frozen.
+pub fn add_sheet(sheet_id: i64, title: &str, rows: usize, columns: usize) -> serde_json::Value {
+    serde_json::json!({"addSheet": {"properties": {"sheetId": sheet_id, "title": title, "gridProperties": {
+        "rowCount": rows, "columnCount": columns, "frozenRowCount": 1
+    }}}})
+}
+
+/// `appendDimension`: `length` more rows or columns at the end of a tab's grid.
+pub fn grow(sheet_id: i64, dimension: &str, length: usize) -> serde_json::Value {
+    serde_json::json!({"appendDimension": {"sheetId": sheet_id, "dimension": dimension, "length": length}})
+}
+
+pub fn freeze_header(sheet_id: i64) -> serde_json::Value {
+    serde_json::json!({"updateSheetProperties": {
+        "properties": {"sheetId": sheet_id, "gridProperties": {"frozenRowCount": 1}},
+        "fields": "gridProperties.frozenRowCount"
+    }})
+}
+
+pub fn rename_sheet(sheet_id: i64, title: &str) -> serde_json::Value {
+    serde_json::json!({"updateSheetProperties": {"properties": {"sheetId": sheet_id, "title": title}, "fields": "title"}})
+}
+
+/// Hides one column (0-based) from people; the API still reads and writes it.
+pub fn hide_column(sheet_id: i64, column: usize) -> serde_json::Value {
+    serde_json::json!({"updateDimensionProperties": {
+        "range": {"sheetId": sheet_id, "dimension": "COLUMNS", "startIndex": column, "endIndex": column + 1},
+        "properties": {"hiddenByUser": true},
+        "fields": "hiddenByUser"
+    }})
+}
+
+/// A column's data rows shown as `yyyy-mm-dd` dates (a format: it writes no value).
+pub fn date_column(sheet_id: i64, column: usize, rows: usize) -> serde_json::Value {
+    serde_json::json!({"repeatCell": {
+        "range": grid_range(sheet_id, (2, rows), Some((column, column))),
+        "cell": {"userEnteredFormat": {"numberFormat": {"type": "DATE", "pattern": "yyyy-mm-dd"}}},
+        "fields": "userEnteredFormat.numberFormat"
+    }})
+}
+
+/// Checkboxes (a BOOLEAN validation rule) on one column of sheet rows `first..=last` (1-based).
+pub fn checkboxes(sheet_id: i64, column: usize, first: usize, last: usize) -> serde_json::Value {
+    serde_json::json!({"setDataValidation": {
+        "range": grid_range(sheet_id, (first, last), Some((column, column))),
+        "rule": {"condition": {"type": "BOOLEAN"}, "strict": true}
+    }})
+}
+
+/// Sheet rows `first..=last` (1-based, whole rows) with a background colour (RGB, 0–1).
+pub fn background(sheet_id: i64, first: usize, last: usize, rgb: (f64, f64, f64)) -> serde_json::Value {
+    serde_json::json!({"repeatCell": {
+        "range": grid_range(sheet_id, (first, last), None),
+        "cell": {"userEnteredFormat": {"backgroundColor": {"red": rgb.0, "green": rgb.1, "blue": rgb.2}}},
+        "fields": "userEnteredFormat.backgroundColor"
+    }})
+}
+
 /// Google's error body: `{"error": {"code", "message", "status"}}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBody {

@@ -2,10 +2,15 @@
 //! cannot reach Google. It speaks the documented wire format (held to the recorded exchanges in
 //! `tests/sheets-wire/`): a JWT bearer grant checked against the service account's public key,
 //! `spreadsheets.get`, `values:batchGet` with ragged rows (trailing empty cells and rows
-//! omitted) and typed values, `values:batchUpdate`, `values:append`, and atomic
-//! `spreadsheets:batchUpdate` (`addSheet`, `deleteDimension`). It counts calls and answers 429
-//! on demand. With `coerce`, written text that looks like a number or TRUE/FALSE is stored as
-//! one, as Sheets does with what people type.
+//! omitted) and typed values (a typed date as its serial number: `dateTimeRenderOption`
+//! defaults to SERIAL_NUMBER), `values:batchUpdate`, `values:append`, and atomic
+//! `spreadsheets:batchUpdate` (`addSheet` with its own id and grid, `deleteDimension`,
+//! `appendDimension`, `updateSheetProperties` for the frozen rows and the title,
+//! `updateDimensionProperties` for hidden columns, `repeatCell` formats, `setDataValidation`).
+//! Grids have limits: a value written past a tab's last column (or, outside an append, its last
+//! row) is refused with Google's "exceeds grid limits". It counts calls and answers 429 on
+//! demand. With `coerce`, written text that looks like a number or TRUE/FALSE is stored as one,
+//! as Sheets does with what people type.
 //!
 //! Included as a module by the tests that use it; its parent names the adapter's JWT helpers
 //! `jwt` (`claims`, `verify`).
@@ -54,13 +59,53 @@ pub fn account() -> &'static Account {
     })
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Tab {
     id: i64,
     title: String,
     cells: Vec<Vec<Value>>,
     rows: usize,
     columns: usize,
+    frozen_rows: u64,
+    hidden_columns: std::collections::BTreeSet<usize>,
+    /// Cells (0-based row, column) with a checkbox rule.
+    checkboxes: std::collections::BTreeSet<(usize, usize)>,
+    /// Background colours by 0-based row (formats applied to whole rows).
+    backgrounds: std::collections::BTreeMap<usize, Value>,
+    /// Number formats by column.
+    number_formats: std::collections::BTreeMap<usize, Value>,
+}
+
+impl Tab {
+    fn new(id: i64, title: &str, rows: usize, columns: usize) -> Tab {
+        Tab { id, title: title.into(), rows, columns, ..Tab::default() }
+    }
+
+    /// Rows `start..end` (0-based) gone: what was below moves up, formats and rules with it.
+    fn delete_rows(&mut self, start: usize, end: usize) {
+        for row in (start..end.min(self.cells.len())).rev() {
+            self.cells.remove(row);
+        }
+        let shift = |row: usize| {
+            if row >= end {
+                Some(row - (end - start))
+            } else if row < start {
+                Some(row)
+            } else {
+                None
+            }
+        };
+        self.checkboxes = self.checkboxes.iter().filter_map(|&(r, c)| Some((shift(r)?, c))).collect();
+        self.backgrounds =
+            std::mem::take(&mut self.backgrounds).into_iter().filter_map(|(r, v)| Some((shift(r)?, v))).collect();
+        self.rows -= end - start;
+    }
+}
+
+/// A request's GridRange as 0-based half-open row and column spans (open ends to the grid's).
+fn span(range: &Value, tab: &Tab) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    let at = |k: &str, default: usize| range[k].as_u64().map_or(default, |v| v as usize);
+    (at("startRowIndex", 0)..at("endRowIndex", tab.rows), at("startColumnIndex", 0)..at("endColumnIndex", tab.columns))
 }
 
 #[derive(Default)]
@@ -93,13 +138,7 @@ impl Standin {
             .route("/v4/spreadsheets/{*rest}", axum::routing::any(sheets))
             .with_state(shared.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
-        shared.tabs.lock().expect("lock").push(Tab {
-            id: 0,
-            title: "Sheet1".into(),
-            cells: Vec::new(),
-            rows: 1000,
-            columns: 26,
-        });
+        shared.tabs.lock().expect("lock").push(Tab::new(0, "Sheet1", 1000, 26));
         Standin { url, spreadsheet_id: "1standinSpreadsheetId".into(), shared }
     }
 
@@ -159,6 +198,56 @@ impl Standin {
     /// controller's read and its write.
     pub fn edit_after_next_read(&self, title: &str, row: usize, column: usize, value: Value) {
         self.shared.after_read.lock().expect("lock").push((title.into(), row, column, value));
+    }
+
+    /// A person types a date into a cell (1-based row): Sheets stores it as its serial number.
+    pub fn type_date(&self, title: &str, row: usize, column: usize, date: &str) {
+        let day = chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").expect("a YYYY-MM-DD date");
+        let epoch = chrono::NaiveDate::from_ymd_opt(1899, 12, 30).expect("epoch");
+        self.edit(title, row, column, json!((day - epoch).num_days()));
+    }
+
+    /// A tab a person made: `columns` wide (exactly its header, when that is as wide), with
+    /// these rows (the header first).
+    pub fn add_tab(&self, title: &str, columns: usize, rows: Vec<Vec<Value>>) {
+        let mut tabs = self.shared.tabs.lock().expect("lock");
+        let id = tabs.iter().map(|t| t.id).max().unwrap_or(0) + 100;
+        let mut tab = Tab::new(id, title, 1000, columns);
+        tab.cells = rows;
+        tabs.push(tab);
+    }
+
+    /// The titles of the tabs, in order.
+    pub fn titles(&self) -> Vec<String> {
+        self.shared.tabs.lock().expect("lock").iter().map(|t| t.title.clone()).collect()
+    }
+
+    fn with_tab<T>(&self, title: &str, f: impl FnOnce(&Tab) -> T) -> T {
+        let tabs = self.shared.tabs.lock().expect("lock");
+        f(tabs.iter().find(|t| t.title == title).expect("tab"))
+    }
+
+    /// A tab's grid: (rows, columns, frozen rows).
+    pub fn grid(&self, title: &str) -> (usize, usize, u64) {
+        self.with_tab(title, |t| (t.rows, t.columns, t.frozen_rows))
+    }
+
+    pub fn hidden_columns(&self, title: &str) -> Vec<usize> {
+        self.with_tab(title, |t| t.hidden_columns.iter().copied().collect())
+    }
+
+    /// Sheet rows (1-based) whose cell in `column` has a checkbox.
+    pub fn checkbox_rows(&self, title: &str, column: usize) -> Vec<usize> {
+        self.with_tab(title, |t| t.checkboxes.iter().filter(|(_, c)| *c == column).map(|(r, _)| r + 1).collect())
+    }
+
+    /// A sheet row's (1-based) background colour, if one was set.
+    pub fn background(&self, title: &str, row: usize) -> Option<Value> {
+        self.with_tab(title, |t| t.backgrounds.get(&(row - 1)).cloned())
+    }
+
+    pub fn number_format(&self, title: &str, column: usize) -> Option<Value> {
+        self.with_tab(title, |t| t.number_formats.get(&column).cloned())
     }
 
     /// A person deletes a sheet row (1-based).
@@ -326,7 +415,7 @@ async fn sheets(
                 .enumerate()
                 .map(|(i, t)| {
                     json!({"properties": {"sheetId": t.id, "title": t.title, "index": i, "sheetType": "GRID",
-                    "gridProperties": {"rowCount": t.rows, "columnCount": t.columns}}})
+                    "gridProperties": {"rowCount": t.rows, "columnCount": t.columns, "frozenRowCount": t.frozen_rows}}})
                 })
                 .collect();
             axum::Json(json!({"spreadsheetId": spreadsheet_id, "properties": {"title": "pcmail"}, "sheets": sheets}))
@@ -374,10 +463,14 @@ async fn sheets(
                     return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {r}"));
                 };
                 for (i, row) in d["values"].as_array().into_iter().flatten().enumerate() {
-                    if r0 + i >= tab.rows {
+                    let width = row.as_array().map_or(0, Vec::len);
+                    if r0 + i >= tab.rows || c0 + width > tab.columns {
                         return google_error(
                             StatusCode::BAD_REQUEST,
-                            &format!("Range ({r}) exceeds grid limits. Max rows: {}", tab.rows),
+                            &format!(
+                                "Range ({r}) exceeds grid limits. Max rows: {}, max columns: {}",
+                                tab.rows, tab.columns
+                            ),
                         );
                     }
                     for (j, v) in row.as_array().into_iter().flatten().enumerate() {
@@ -400,6 +493,24 @@ async fn sheets(
             };
             let start = trimmed(&tab.cells).len();
             let rows = body["values"].as_array().cloned().unwrap_or_default();
+            // INSERT_ROWS adds rows as needed; columns it does not add.
+            if let Some(wide) = rows.iter().map(|r| r.as_array().map_or(0, Vec::len)).find(|w| *w > tab.columns) {
+                return google_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Range ({range}) exceeds grid limits. Max columns: {} (a row of {wide})", tab.columns),
+                );
+            }
+            // INSERT_ROWS inserts rows for the data (what was below, rules and formats too,
+            // moves down); OVERWRITE writes into the rows after the table. Both add rows past the
+            // grid's end as needed.
+            if params.iter().any(|(k, v)| k == "insertDataOption" && v == "INSERT_ROWS") {
+                let n = rows.len();
+                let moved = |r: usize| if r >= start { r + n } else { r };
+                tab.checkboxes = tab.checkboxes.iter().map(|&(r, c)| (moved(r), c)).collect();
+                tab.backgrounds =
+                    std::mem::take(&mut tab.backgrounds).into_iter().map(|(r, v)| (moved(r), v)).collect();
+                tab.rows += n;
+            }
             tab.cells.truncate(start);
             for (i, row) in rows.iter().enumerate() {
                 for (j, v) in row.as_array().into_iter().flatten().enumerate() {
@@ -417,17 +528,122 @@ async fn sheets(
             let mut next = tabs.clone();
             let mut replies = Vec::new();
             for request in body["requests"].as_array().into_iter().flatten() {
+                let sheet_of = |next: &[Tab], id: &Value| next.iter().position(|t| Some(t.id) == id.as_i64());
+                let no_grid = |id: &Value| google_error(StatusCode::BAD_REQUEST, &format!("No grid with id: {id}"));
                 if let Some(add) = request.get("addSheet") {
-                    let title = add["properties"]["title"].as_str().unwrap_or_default().to_string();
+                    let p = &add["properties"];
+                    let title = p["title"].as_str().unwrap_or_default().to_string();
                     if next.iter().any(|t| t.title == title) {
                         return google_error(
                             StatusCode::BAD_REQUEST,
                             &format!("A sheet with the name \"{title}\" already exists."),
                         );
                     }
-                    let id = next.iter().map(|t| t.id).max().unwrap_or(0) + 1;
-                    next.push(Tab { id, title: title.clone(), cells: Vec::new(), rows: 1000, columns: 26 });
+                    let id = match p["sheetId"].as_i64() {
+                        Some(id) if next.iter().any(|t| t.id == id) => {
+                            return google_error(
+                                StatusCode::BAD_REQUEST,
+                                &format!("A sheet with id {id} already exists."),
+                            );
+                        }
+                        Some(id) => id,
+                        None => next.iter().map(|t| t.id).max().unwrap_or(0) + 1,
+                    };
+                    let grid = &p["gridProperties"];
+                    let size = |k: &str, default: u64| grid[k].as_u64().unwrap_or(default) as usize;
+                    let mut tab = Tab::new(id, &title, size("rowCount", 1000), size("columnCount", 26));
+                    tab.frozen_rows = grid["frozenRowCount"].as_u64().unwrap_or(0);
+                    next.push(tab);
                     replies.push(json!({"addSheet": {"properties": {"sheetId": id, "title": title}}}));
+                } else if let Some(grow) = request.get("appendDimension") {
+                    let Some(i) = sheet_of(&next, &grow["sheetId"]) else {
+                        return no_grid(&grow["sheetId"]);
+                    };
+                    let length = grow["length"].as_u64().unwrap_or(0) as usize;
+                    match grow["dimension"].as_str() {
+                        Some("ROWS") => next[i].rows += length,
+                        Some("COLUMNS") => next[i].columns += length,
+                        _ => return google_error(StatusCode::BAD_REQUEST, "Invalid appendDimension"),
+                    }
+                    replies.push(json!({}));
+                } else if let Some(update) = request.get("updateSheetProperties") {
+                    let p = &update["properties"];
+                    let Some(i) = sheet_of(&next, &p["sheetId"]) else {
+                        return no_grid(&p["sheetId"]);
+                    };
+                    for field in update["fields"].as_str().unwrap_or_default().split(',') {
+                        match field.trim() {
+                            "title" => next[i].title = p["title"].as_str().unwrap_or_default().into(),
+                            "gridProperties.frozenRowCount" => {
+                                next[i].frozen_rows = p["gridProperties"]["frozenRowCount"].as_u64().unwrap_or(0)
+                            }
+                            other => {
+                                return google_error(StatusCode::BAD_REQUEST, &format!("unsupported field {other}"));
+                            }
+                        }
+                    }
+                    replies.push(json!({}));
+                } else if let Some(update) = request.get("updateDimensionProperties") {
+                    let range = &update["range"];
+                    let Some(i) = sheet_of(&next, &range["sheetId"]) else {
+                        return no_grid(&range["sheetId"]);
+                    };
+                    let (start, end) = (
+                        range["startIndex"].as_u64().unwrap_or(0) as usize,
+                        range["endIndex"].as_u64().unwrap_or(0) as usize,
+                    );
+                    if range["dimension"] != "COLUMNS" || end > next[i].columns || update["fields"] != "hiddenByUser" {
+                        return google_error(StatusCode::BAD_REQUEST, "Invalid updateDimensionProperties");
+                    }
+                    let hide = update["properties"]["hiddenByUser"].as_bool().unwrap_or(false);
+                    for c in start..end {
+                        if hide {
+                            next[i].hidden_columns.insert(c);
+                        } else {
+                            next[i].hidden_columns.remove(&c);
+                        }
+                    }
+                    replies.push(json!({}));
+                } else if let Some(repeat) = request.get("repeatCell") {
+                    let Some(i) = sheet_of(&next, &repeat["range"]["sheetId"]) else {
+                        return no_grid(&repeat["range"]["sheetId"]);
+                    };
+                    let (rows, columns) = span(&repeat["range"], &next[i]);
+                    if rows.end > next[i].rows || columns.end > next[i].columns {
+                        return google_error(StatusCode::BAD_REQUEST, "Range exceeds grid limits");
+                    }
+                    let format = &repeat["cell"]["userEnteredFormat"];
+                    match repeat["fields"].as_str() {
+                        Some("userEnteredFormat.backgroundColor") => {
+                            for r in rows {
+                                next[i].backgrounds.insert(r, format["backgroundColor"].clone());
+                            }
+                        }
+                        Some("userEnteredFormat.numberFormat") => {
+                            for c in columns {
+                                next[i].number_formats.insert(c, format["numberFormat"].clone());
+                            }
+                        }
+                        _ => return google_error(StatusCode::BAD_REQUEST, "unsupported repeatCell fields"),
+                    }
+                    replies.push(json!({}));
+                } else if let Some(rule) = request.get("setDataValidation") {
+                    let Some(i) = sheet_of(&next, &rule["range"]["sheetId"]) else {
+                        return no_grid(&rule["range"]["sheetId"]);
+                    };
+                    let (rows, columns) = span(&rule["range"], &next[i]);
+                    if rows.end > next[i].rows || columns.end > next[i].columns {
+                        return google_error(StatusCode::BAD_REQUEST, "Range exceeds grid limits");
+                    }
+                    if rule["rule"]["condition"]["type"] != "BOOLEAN" {
+                        return google_error(StatusCode::BAD_REQUEST, "only BOOLEAN rules are modelled");
+                    }
+                    for r in rows {
+                        for c in columns.clone() {
+                            next[i].checkboxes.insert((r, c));
+                        }
+                    }
+                    replies.push(json!({}));
                 } else if let Some(del) = request.get("deleteDimension") {
                     let range = &del["range"];
                     let id = range["sheetId"].as_i64().unwrap_or(-1);
@@ -441,10 +657,7 @@ async fn sheets(
                     if range["dimension"] != "ROWS" || start >= end || end > tab.rows {
                         return google_error(StatusCode::BAD_REQUEST, "Invalid deleteDimension range");
                     }
-                    for row in (start..end.min(tab.cells.len())).rev() {
-                        tab.cells.remove(row);
-                    }
-                    tab.rows -= end - start;
+                    tab.delete_rows(start, end);
                     replies.push(json!({}));
                 } else {
                     return google_error(StatusCode::BAD_REQUEST, &format!("unsupported request {request}"));
