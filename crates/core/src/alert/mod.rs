@@ -120,10 +120,10 @@ impl AlertState {
 impl FromStr for AlertState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [AlertState::Firing, AlertState::Resolved, AlertState::Notice]
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown alert state {s:?}"))
+        AlertState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            let known: Vec<&str> = AlertState::ALL.iter().map(|k| k.as_str()).collect();
+            format!("unknown alert state {s:?}; known states: {}", known.join(", "))
+        })
     }
 }
 
