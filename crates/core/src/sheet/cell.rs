@@ -71,27 +71,39 @@ pub fn to_wire(cell: &str, kind: CellKind) -> serde_json::Value {
 }
 
 /// Sheets' day 0 (serial numbers count days from it).
-fn epoch() -> chrono::NaiveDate {
-    chrono::NaiveDate::from_ymd_opt(1899, 12, 30).unwrap_or_default()
+fn epoch() -> chrono::NaiveDateTime {
+    chrono::NaiveDate::from_ymd_opt(1899, 12, 30).and_then(|d| d.and_hms_opt(0, 0, 0)).unwrap_or_default()
 }
 
-/// The serial number of a `YYYY-MM-DD` date; `None` for any other text.
+/// The serial number of a date written exactly `YYYY-MM-DD`; `None` for any other text (which is
+/// then written as the text it is, so it reads back unchanged).
 pub fn date_serial(date: &str) -> Option<i64> {
-    let day = chrono::NaiveDate::parse_from_str(date.trim(), "%Y-%m-%d").ok()?;
-    Some((day - epoch()).num_days())
+    let day = chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok()?;
+    let serial = (day.and_hms_opt(0, 0, 0)? - epoch()).num_days();
+    (serial_date(serial as f64).as_deref() == Some(date)).then_some(serial)
 }
 
-/// A date cell as read (`UNFORMATTED_VALUE` answers a typed date as its serial number, in the
-/// spreadsheet's own time zone): `YYYY-MM-DD`, with ` HH:MM` when it holds a time of day — the
-/// wall-clock date a person typed. Text (a date typed as text, `来週`) is kept as it is.
-pub fn read_date(cell: &str) -> String {
-    let Ok(serial) = cell.trim().parse::<f64>() else { return cell.to_string() };
+/// A date cell Sheets answered as a number (`UNFORMATTED_VALUE` gives a typed date as its serial,
+/// in the spreadsheet's own time zone): `YYYY-MM-DD`, with ` HH:MM` when it holds a time of day —
+/// the wall-clock date a person typed. `None` for a number that is no date (before 1900, after
+/// 9999, not finite): the cell is then read as the number it is.
+pub fn serial_date(serial: f64) -> Option<String> {
+    if !serial.is_finite() || !(1.0..2_958_466.0).contains(&serial) {
+        return None;
+    }
     let seconds = (serial * 86_400.0).round() as i64;
-    let Some(at) = epoch().and_hms_opt(0, 0, 0).and_then(|d| d.checked_add_signed(chrono::TimeDelta::seconds(seconds)))
-    else {
-        return cell.to_string();
-    };
-    if seconds % 86_400 == 0 { at.format("%Y-%m-%d").to_string() } else { at.format("%Y-%m-%d %H:%M").to_string() }
+    let at = epoch().checked_add_signed(chrono::TimeDelta::try_seconds(seconds)?)?;
+    Some(if seconds % 86_400 == 0 {
+        at.format("%Y-%m-%d").to_string()
+    } else {
+        at.format("%Y-%m-%d %H:%M").to_string()
+    })
+}
+
+/// A date column's cell as read: a number is a typed date, anything else (a date typed as text,
+/// `来週`) is read as it is.
+pub fn read_date(v: &serde_json::Value) -> String {
+    v.as_f64().filter(|_| v.is_number()).and_then(serial_date).unwrap_or_else(|| normalize(v))
 }
 
 /// `0 → A`, `25 → Z`, `26 → AA`.
@@ -149,14 +161,24 @@ mod tests {
 
     #[test]
     fn a_date_typed_as_a_date_or_as_text_reads_as_the_same_date() {
-        assert_eq!(read_date(&normalize(&json!(46380))), "2026-12-24");
-        assert_eq!(read_date(&normalize(&json!(46380.0))), "2026-12-24");
-        assert_eq!(read_date("2026-12-24"), "2026-12-24");
-        assert_eq!(read_date(&normalize(&json!(46380.375))), "2026-12-24 09:00", "a time of day, as typed");
-        assert_eq!(read_date("来週"), "来週");
-        assert_eq!(read_date(""), "");
-        assert_eq!(date_serial("1899-12-30"), Some(0));
-        assert_eq!(read_date(&date_serial("2027-03-01").unwrap_or_default().to_string()), "2027-03-01");
+        assert_eq!(read_date(&json!(46380)), "2026-12-24");
+        assert_eq!(read_date(&json!(46380.0)), "2026-12-24");
+        assert_eq!(read_date(&json!("2026-12-24")), "2026-12-24");
+        assert_eq!(read_date(&json!(46380.375)), "2026-12-24 09:00", "a time of day, as typed");
+        assert_eq!(read_date(&json!("来週")), "来週");
+        assert_eq!(read_date(&json!(null)), "");
+        assert_eq!(read_date(&json!(date_serial("2027-03-01"))), "2027-03-01");
+    }
+
+    #[test]
+    fn only_numbers_that_are_dates_read_as_dates_and_only_exact_dates_are_written_as_serials() {
+        assert_eq!(read_date(&json!("20261224")), "20261224", "text that looks like a number stays text");
+        assert_eq!(read_date(&json!("NaN")), "NaN");
+        assert_eq!(read_date(&json!(1e15)), "1000000000000000", "a pasted phone number is no date, and no panic");
+        assert_eq!(read_date(&json!(-3)), "-3");
+        assert_eq!(date_serial("2026-1-5"), None, "written as text, so it reads back as typed");
+        assert_eq!(date_serial(" 2026-12-24"), None);
+        assert_eq!(date_serial("9999-12-31"), Some(2_958_465));
     }
 
     #[test]

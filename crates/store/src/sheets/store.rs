@@ -89,9 +89,13 @@ struct Kept {
 struct Cycle {
     structure: Vec<serde_json::Value>,
     values: Vec<ValueRange>,
+    /// Rows to append, each batch with the range it is anchored at (`'tab'!A<first row>`).
     appends: Vec<(String, Vec<Vec<serde_json::Value>>)>,
     bases: Vec<(String, BTreeMap<String, Fields>)>,
-    dressed: Vec<String>,
+    /// Tabs (by sheet id: a tab a person deleted comes back with a new one) dressed this cycle.
+    dressed: Vec<i64>,
+    /// Tabs this cycle adds.
+    added: Vec<i64>,
     /// The view tab's rows once this cycle's writes land.
     view_rows: Option<usize>,
 }
@@ -154,6 +158,9 @@ impl SheetsStore {
         if fresh {
             store.import().await?;
         }
+        // The last view `rebuild-view` built is drawn again: a restart may have cut its cycle.
+        let stored_view = store.inner.local.kv_get(LEDGER_VIEW_KEY).await?;
+        store.inner.view_dirty.store(stored_view.is_some(), Ordering::SeqCst);
         store.sync_now().await?;
         let weak = Arc::downgrade(&store.inner);
         let task = tokio::spawn(async move {
@@ -226,15 +233,15 @@ impl SheetsStore {
     /// The layout of a tab the spreadsheet holds, by its title (ledger tabs in either preset, and
     /// the one every project shared before).
     fn layout_of(title: &str) -> Option<&'static Tab> {
-        if ledger_project(title).is_some() || title == SHARED_LEDGER_TITLE {
+        if ledger_project(title).is_some_and(pcmail_core::text::is_name) || title == SHARED_LEDGER_TITLE {
             return Some(&LEDGER);
         }
         SHARED_TABS.into_iter().find(|t| t.title == title)
     }
 
-    /// Each titled tab as read now (one `values:batchGet`): a header row (empty for a new tab)
-    /// and normalized data rows.
-    async fn read_tabs(&self, titles: &[String]) -> Result<Vec<(Vec<String>, Vec<Vec<String>>)>> {
+    /// Each titled tab as read now (one `values:batchGet`): a normalized header row (empty for
+    /// a new tab) and the data rows as Sheets typed them (a date column's number is a date).
+    async fn read_tabs(&self, titles: &[String]) -> Result<Vec<TabRead>> {
         if titles.is_empty() {
             return Ok(vec![]);
         }
@@ -242,12 +249,9 @@ impl SheetsStore {
         let read = self.inner.client.batch_get(&ranges).await?;
         Ok((0..titles.len())
             .map(|i| {
-                let rows: Vec<Vec<String>> = read
-                    .get(i)
-                    .map(|r| r.values.iter().map(|row| row.iter().map(normalize).collect()).collect())
-                    .unwrap_or_default();
-                let mut rows = rows.into_iter();
-                (rows.next().unwrap_or_default(), rows.collect())
+                let mut rows = read.get(i).map(|r| r.values.clone()).unwrap_or_default().into_iter();
+                let header = rows.next().unwrap_or_default().iter().map(normalize).collect();
+                (header, rows.collect())
             })
             .collect())
     }
@@ -273,7 +277,11 @@ impl SheetsStore {
                     let mut by_project: BTreeMap<String, Vec<LedgerRow>> = BTreeMap::new();
                     for f in &rows {
                         let row = codec::ledger_row(&decode(LEDGER_COLUMNS, f))?;
-                        by_project.entry(row.project.clone()).or_default().push(row);
+                        // A project's tab holds its own rows; one copied in from elsewhere is a
+                        // person's, and left on the sheet.
+                        if ledger_project(title).is_none_or(|p| p == row.project) {
+                            by_project.entry(row.project.clone()).or_default().push(row);
+                        }
                     }
                     for (project, add) in by_project {
                         let next = add.iter().filter_map(|r| r.id.trim_start_matches("T-").parse::<u32>().ok()).max();
@@ -415,8 +423,9 @@ impl SheetsStore {
     /// structural `batchUpdate`, one values write and an append per tab (P8).
     pub async fn sync_now(&self) -> Result<()> {
         let _one_at_a_time = self.inner.cycle.lock().await;
-        if self.inner.grids_stale.swap(false, Ordering::SeqCst) {
+        if self.inner.grids_stale.load(Ordering::SeqCst) {
             self.learn_grids().await?;
+            self.inner.grids_stale.store(false, Ordering::SeqCst);
         }
         let outcome = self.cycle().await;
         if outcome.is_err() {
@@ -434,8 +443,7 @@ impl SheetsStore {
         let mut titles: Vec<String> =
             kept.iter().filter(|k| grids.contains_key(&k.title)).map(|k| k.title.clone()).collect();
         titles.extend(shared.map(|_| SHARED_LEDGER_TITLE.to_string()));
-        let mut read: BTreeMap<String, (Vec<String>, Vec<Vec<String>>)> =
-            titles.iter().cloned().zip(self.read_tabs(&titles).await?).collect();
+        let mut read: BTreeMap<String, TabRead> = titles.iter().cloned().zip(self.read_tabs(&titles).await?).collect();
         let mut cycle = Cycle::default();
         if let Some(grid) = shared {
             let (header, rows) = read.remove(SHARED_LEDGER_TITLE).unwrap_or_default();
@@ -453,7 +461,13 @@ impl SheetsStore {
                 let plan = plan_sync(&LEDGER, &columns, &rows, &base, &ours);
                 self.adopt(plan.adopt).await?;
             }
-            let renamed = format!("{SHARED_LEDGER_TITLE} (migrated)");
+            let renamed = (1..)
+                .map(|n| match n {
+                    1 => format!("{SHARED_LEDGER_TITLE} (migrated)"),
+                    n => format!("{SHARED_LEDGER_TITLE} (migrated {n})"),
+                })
+                .find(|t| !grids.contains_key(t))
+                .unwrap_or_default();
             cycle.structure.push(rename_sheet(grid.id, &renamed));
             grids.remove(SHARED_LEDGER_TITLE);
             grids.insert(renamed, grid);
@@ -475,8 +489,8 @@ impl SheetsStore {
             if !cycle.values.is_empty() {
                 client.update_values(std::mem::take(&mut cycle.values)).await?;
             }
-            for (title, rows) in std::mem::take(&mut cycle.appends) {
-                client.append(&quote_title(&title), rows).await?;
+            for (range, rows) in std::mem::take(&mut cycle.appends) {
+                client.append(&range, rows).await?;
             }
             Ok::<(), StoreError>(())
         }
@@ -489,8 +503,8 @@ impl SheetsStore {
         for (title, base) in cycle.bases {
             self.save_base(&title, &base).await?;
         }
-        for title in cycle.dressed {
-            self.inner.local.kv_set(&format!("sheets/dressed/{title}"), "1").await?;
+        for id in cycle.dressed {
+            self.inner.local.kv_set(&format!("sheets/dressed/{id}"), "1").await?;
         }
         if let Some(rows) = cycle.view_rows {
             self.inner.local.kv_set("sheets/view_rows", &rows.to_string()).await?;
@@ -504,7 +518,7 @@ impl SheetsStore {
         &self,
         kept: &Kept,
         header: Vec<String>,
-        rows: Vec<Vec<String>>,
+        rows: Vec<Vec<serde_json::Value>>,
         grids: &mut BTreeMap<String, Grid>,
         cycle: &mut Cycle,
     ) -> Result<()> {
@@ -531,9 +545,9 @@ impl SheetsStore {
         };
         let width = columns.iter().max().map_or(0, |m| m + 1).max(header.len());
         let grid = self.ensure_grid(title, width, grids, cycle);
-        if self.inner.local.kv_get(&format!("sheets/dressed/{title}")).await?.is_none() {
+        if !self.dressed(grid, cycle).await? {
             cycle.structure.extend(dress(tab, &columns, grid));
-            cycle.dressed.push(title.to_string());
+            cycle.dressed.push(grid.id);
         }
         let rows: Vec<Vec<String>> = rows.iter().map(|r| read_cells(tab, r, &columns)).collect();
         let base = self.base(title).await?;
@@ -555,17 +569,22 @@ impl SheetsStore {
                 values: vec![values],
             });
         }
+        // The grid as it is once the deletes are gone.
+        let deleted: usize = plan.deletes.iter().map(|(first, last)| last - first + 1).sum();
+        let have = grid.rows.saturating_sub(deleted);
+        if let Some(g) = grids.get_mut(title) {
+            g.rows = have;
+        }
         if !plan.appends.is_empty() {
-            // Appended after the last row read (as `values:append` finds it), rows deleted above
-            // taken off: only these rows get checkboxes (seed 001 §10).
-            let deleted: usize = plan.deletes.iter().map(|(first, last)| last - first + 1).sum();
+            // Written from the row after the last one read (deleted rows above taken off), the
+            // append anchored there: the rows get checkboxes, and only they (seed 001 §10).
             let first = rows.len() + 2 - deleted;
             let last = first + plan.appends.len() - 1;
-            if let Some(g) = grids.get_mut(title)
-                && g.rows < last
-            {
-                cycle.structure.push(grow(grid.id, "ROWS", last - g.rows));
-                g.rows = last;
+            if have < last {
+                cycle.structure.extend(grow_rows(tab, &columns, grid.id, have, last));
+                if let Some(g) = grids.get_mut(title) {
+                    g.rows = last;
+                }
             }
             for (f, field) in tab.fields.iter().enumerate() {
                 if field.boolean && field.editable {
@@ -577,12 +596,20 @@ impl SheetsStore {
                 .iter()
                 .map(|cells| cells.iter().enumerate().map(|(c, v)| to_wire(v, kind(c))).collect())
                 .collect();
-            cycle.appends.push((title.to_string(), rows));
+            cycle.appends.push((format!("{}!A{first}", quote_title(title)), rows));
         }
         if plan.synced != base {
             cycle.bases.push((title.to_string(), plan.synced));
         }
         Ok(())
+    }
+
+    /// Whether the tab got its frozen header, hidden columns and date formats (once a tab).
+    async fn dressed(&self, grid: Grid, cycle: &Cycle) -> Result<bool> {
+        if cycle.added.contains(&grid.id) {
+            return Ok(false);
+        }
+        Ok(self.inner.local.kv_get(&format!("sheets/dressed/{}", grid.id)).await?.is_some())
     }
 
     /// The tab's grid, added (sized to `width` columns, its header frozen) when the spreadsheet
@@ -600,6 +627,8 @@ impl SheetsStore {
                 let id = grids.values().map(|g| g.id).max().map_or(1, |m| m + 1);
                 let grid = Grid { id, rows: NEW_TAB_ROWS, columns: width };
                 cycle.structure.push(add_sheet(id, title, grid.rows, grid.columns));
+                // A new tab is dressed whatever a tab that once had its id was.
+                cycle.added.push(id);
                 grids.insert(title.to_string(), grid);
                 grid
             }
@@ -637,9 +666,12 @@ impl SheetsStore {
             };
             cycle.structure.push(background(grid.id, i + 2, i + 2, colour));
         }
-        if self.inner.local.kv_get(&format!("sheets/dressed/{title}")).await?.is_none() {
-            cycle.structure.extend([freeze_header(grid.id), date_column(grid.id, VIEW_DUE, NEW_TAB_ROWS.max(written))]);
-            cycle.dressed.push(title.to_string());
+        if !self.dressed(grid, cycle).await? {
+            cycle.structure.push(freeze_header(grid.id));
+            cycle.dressed.push(grid.id);
+        }
+        if written > 1 {
+            cycle.structure.push(date_column(grid.id, VIEW_DUE, 2, written));
         }
         let values = cells
             .into_iter()
@@ -711,6 +743,16 @@ fn view_cells(lang: Lang, line: &ViewLine) -> Vec<String> {
     cells
 }
 
+/// Rows `have + 1 ..= last` added to a tab's grid, its date columns formatted on them too (a row
+/// `appendDimension` adds carries no format).
+fn grow_rows(tab: &Tab, columns: &[usize], id: i64, have: usize, last: usize) -> Vec<serde_json::Value> {
+    let mut requests = vec![grow(id, "ROWS", last - have)];
+    for (f, _) in tab.fields.iter().enumerate().filter(|(_, f)| f.date) {
+        requests.push(date_column(id, columns[f], have.max(1) + 1, last));
+    }
+    requests
+}
+
 /// The structure a tab gets once: its header row frozen, the controller's bookkeeping columns
 /// hidden, date columns shown as dates (formats write no values, so they span the grid's rows).
 fn dress(tab: &Tab, columns: &[usize], grid: Grid) -> Vec<serde_json::Value> {
@@ -719,8 +761,8 @@ fn dress(tab: &Tab, columns: &[usize], grid: Grid) -> Vec<serde_json::Value> {
         if field.hidden {
             requests.push(hide_column(grid.id, columns[f]));
         }
-        if field.date {
-            requests.push(date_column(grid.id, columns[f], grid.rows.max(2)));
+        if field.date && grid.rows >= 2 {
+            requests.push(date_column(grid.id, columns[f], 2, grid.rows));
         }
     }
     requests
@@ -735,19 +777,18 @@ fn columns_of(tab: &Tab, title: &str, header: &[String]) -> Result<Vec<usize>> {
     })
 }
 
-/// A sheet row's cells with its date columns read as dates (a typed date comes as a serial).
-fn read_cells(tab: &Tab, cells: &[String], columns: &[usize]) -> Vec<String> {
-    let mut cells = cells.to_vec();
-    for (f, _) in tab.fields.iter().enumerate().filter(|(_, f)| f.date) {
-        if let Some(cell) = cells.get_mut(columns[f]) {
-            *cell = read_date(cell);
-        }
-    }
-    cells
+/// A tab as one read answers it: its normalized header and its rows as Sheets typed them.
+type TabRead = (Vec<String>, Vec<Vec<serde_json::Value>>);
+
+/// A sheet row's cells in the normal form, its date columns' numbers read as dates (a typed date
+/// comes as its serial).
+fn read_cells(tab: &Tab, cells: &[serde_json::Value], columns: &[usize]) -> Vec<String> {
+    let dates: Vec<usize> = tab.fields.iter().enumerate().filter(|(_, f)| f.date).map(|(f, _)| columns[f]).collect();
+    cells.iter().enumerate().map(|(c, v)| if dates.contains(&c) { read_date(v) } else { normalize(v) }).collect()
 }
 
 /// A sheet row's fields, its dates read as dates.
-fn read_fields(tab: &Tab, cells: &[String], columns: &[usize]) -> Fields {
+fn read_fields(tab: &Tab, cells: &[serde_json::Value], columns: &[usize]) -> Fields {
     pcmail_core::sheet::plan::fields_of(&read_cells(tab, cells, columns), columns)
 }
 
@@ -1369,6 +1410,96 @@ mod seed_001_tests {
         let again_dir = tempfile::tempdir().expect("tempdir");
         let again = open(&standin, again_dir.path()).await;
         assert_eq!(again.ledger_rows(None).await.expect("rows").len(), 3);
+    }
+
+    #[tokio::test]
+    async fn seed_001_a_full_grid_grows_for_a_purge_and_an_append_in_one_cycle_and_notes_below_stay() {
+        let standin = Standin::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        add(&store, "p", (1..=998).map(|n| row("p", n, "")).collect()).await;
+        store.sync_now().await.expect("sync");
+        let tab = "台帳-p";
+        assert_eq!(standin.grid(tab).0, 1000, "998 rows and the header in a 1000-row tab, one row free");
+        // The store purges T-0001 and adds two rows: 999 rows after the delete, 1001 needed.
+        store
+            .ledger_transaction("p", LedgerSelect::Ids(vec![]), |_| {
+                let writes = LedgerWrites {
+                    add: vec![row("p", 999, ""), row("p", 1000, "")],
+                    delete: vec!["T-0001".into()],
+                    next_seq: Some(1001),
+                    ..Default::default()
+                };
+                (writes, ())
+            })
+            .await
+            .expect("purge and add");
+        store.sync_now().await.expect("the grid grows after the delete, before the checkboxes");
+        let ids: Vec<String> = standin.cells(tab).iter().skip(1).map(|r| normalize(&r[col("id")])).collect();
+        assert_eq!(
+            (ids.len(), ids.first().map(String::as_str), ids.last().map(String::as_str)),
+            (999, Some("T-0002"), Some("T-1000"))
+        );
+        let boxes = standin.checkbox_rows(tab, col("run_requested"));
+        assert_eq!((boxes.len(), boxes.last()), (999, Some(&1000)), "the appended rows 999 and 1000 have theirs");
+        // A person's note two rows below the table: new rows go after everything read, never
+        // over it (an append into the first blank row would overwrite it once rows outnumber
+        // the blank ones).
+        standin.edit(tab, 1003, 0, json!("メモ: 来週まとめて確認"));
+        add(&store, "p", vec![row("p", 1001, ""), row("p", 1002, ""), row("p", 1003, "")]).await;
+        store.sync_now().await.expect("sync");
+        let cells = standin.cells(tab);
+        assert_eq!(cells[1002][0], json!("メモ: 来週まとめて確認"), "the note stands");
+        let ids: Vec<String> = cells[1003..].iter().map(|r| normalize(&r[col("id")])).collect();
+        assert_eq!(ids, ["T-1001", "T-1002", "T-1003"]);
+        assert_eq!(standin.checkbox_rows(tab, col("run_requested")).last(), Some(&1006));
+    }
+
+    #[tokio::test]
+    async fn seed_001_text_in_the_date_column_stays_text_and_a_deleted_tab_comes_back_dressed() {
+        let standin = Standin::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        add(&store, "p", vec![row("p", 1, "20261224"), row("p", 2, "2026-1-5")]).await;
+        store.sync_now().await.expect("sync");
+        standin.reset_calls();
+        store.sync_now().await.expect("sync");
+        assert_eq!(standin.calls(), ["batchGet"], "text read back as written: no edit to adopt, nothing to write");
+        let dues: Vec<String> = store.ledger_rows(Some("p")).await.expect("rows").into_iter().map(|r| r.due).collect();
+        assert_eq!(dues, ["20261224", "2026-1-5"]);
+        // A person deletes the tab: the next cycles find it gone, add it back and dress it again.
+        standin.delete_tab("台帳-p");
+        let _ = store.sync_now().await;
+        store.sync_now().await.expect("the grids are read again after a failed cycle");
+        assert_eq!(standin.hidden_columns("台帳-p"), [col("key"), col("failures")]);
+        assert_eq!(standin.cells("台帳-p").len(), 3, "the header and both rows");
+    }
+
+    #[tokio::test]
+    async fn seed_001_migration_picks_a_free_title_and_import_takes_only_a_projects_own_rows() {
+        let standin = Standin::start().await;
+        let header: Vec<serde_json::Value> =
+            header_row(&LEDGER, Lang::Ja).into_iter().map(serde_json::Value::String).collect();
+        let n = names(LEDGER_COLUMNS);
+        let cells = |r: &LedgerRow| -> Vec<serde_json::Value> {
+            fields(&LEDGER, Lang::Ja, &n, &codec::ledger_params(r)).into_iter().map(serde_json::Value::String).collect()
+        };
+        standin.add_tab("ledger (migrated)", 26, vec![vec![json!("an older migration, kept")]]);
+        standin.add_tab(SHARED_LEDGER_TITLE, 26, vec![header.clone(), cells(&row("a", 1, ""))]);
+        // A person's copy of project a's rows on another project's tab, and a tab of notes.
+        standin.add_tab("台帳-b", 26, vec![header, cells(&row("a", 7, ""))]);
+        standin.add_tab("台帳-メモ", 26, vec![vec![json!("自由なメモ")]]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(&standin, dir.path()).await;
+        assert!(standin.titles().iter().any(|t| t == "ledger (migrated 2)"), "{:?}", standin.titles());
+        let ids: Vec<String> = store
+            .ledger_rows(None)
+            .await
+            .expect("rows")
+            .into_iter()
+            .map(|r| format!("{}/{}", r.project, r.id))
+            .collect();
+        assert_eq!(ids, ["a/T-0001"], "a row on another project's tab is a person's, not imported");
     }
 
     #[tokio::test]

@@ -153,10 +153,11 @@ pub fn hide_column(sheet_id: i64, column: usize) -> serde_json::Value {
     }})
 }
 
-/// A column's data rows shown as `yyyy-mm-dd` dates (a format: it writes no value).
-pub fn date_column(sheet_id: i64, column: usize, rows: usize) -> serde_json::Value {
+/// A column's rows `first..=last` (1-based) shown as `yyyy-mm-dd` dates (a format: it writes no
+/// value).
+pub fn date_column(sheet_id: i64, column: usize, first: usize, last: usize) -> serde_json::Value {
     serde_json::json!({"repeatCell": {
-        "range": grid_range(sheet_id, (2, rows), Some((column, column))),
+        "range": grid_range(sheet_id, (first, last), Some((column, column))),
         "cell": {"userEnteredFormat": {"numberFormat": {"type": "DATE", "pattern": "yyyy-mm-dd"}}},
         "fields": "userEnteredFormat.numberFormat"
     }})

@@ -217,6 +217,11 @@ impl Standin {
         tabs.push(tab);
     }
 
+    /// A person deletes a whole tab.
+    pub fn delete_tab(&self, title: &str) {
+        self.shared.tabs.lock().expect("lock").retain(|t| t.title != title);
+    }
+
     /// The titles of the tabs, in order.
     pub fn titles(&self) -> Vec<String> {
         self.shared.tabs.lock().expect("lock").iter().map(|t| t.title.clone()).collect()
@@ -485,13 +490,19 @@ async fn sheets(
         "append" => {
             let range = tail.trim_start_matches("values/").trim_end_matches(":append");
             let range = percent_decode(range);
-            let Some((title, ..)) = parse_range(&range) else {
+            let Some((title, first_row, ..)) = parse_range(&range) else {
                 return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {range}"));
             };
             let Some(tab) = tabs.iter_mut().find(|t| t.title == title) else {
                 return google_error(StatusCode::BAD_REQUEST, &format!("Unable to parse range: {range}"));
             };
-            let start = trimmed(&tab.cells).len();
+            // The table is the block of rows with data from the range's first row down; the first
+            // empty row ends it, and the values go there (rows further down are not the table's).
+            let empty = |row: &Vec<Value>| row.iter().all(|v| v.is_null() || v.as_str() == Some(""));
+            let mut start = first_row;
+            while tab.cells.get(start).is_some_and(|r| !empty(r)) {
+                start += 1;
+            }
             let rows = body["values"].as_array().cloned().unwrap_or_default();
             // INSERT_ROWS adds rows as needed; columns it does not add.
             if let Some(wide) = rows.iter().map(|r| r.as_array().map_or(0, Vec::len)).find(|w| *w > tab.columns) {
@@ -510,9 +521,14 @@ async fn sheets(
                 tab.backgrounds =
                     std::mem::take(&mut tab.backgrounds).into_iter().map(|(r, v)| (moved(r), v)).collect();
                 tab.rows += n;
+                if start < tab.cells.len() {
+                    tab.cells.splice(start..start, std::iter::repeat_n(Vec::new(), n));
+                }
             }
-            tab.cells.truncate(start);
             for (i, row) in rows.iter().enumerate() {
+                if let Some(old) = tab.cells.get_mut(start + i) {
+                    old.clear();
+                }
                 for (j, v) in row.as_array().into_iter().flatten().enumerate() {
                     set(&mut tab.cells, start + i, j, if coerce { coerced(v) } else { v.clone() });
                 }
