@@ -10,7 +10,7 @@ use pcmail_core::ledger::{Incoming, merge_plan};
 use pcmail_core::mail::{Mail, MailKind, MailState};
 use pcmail_server::controller::{mail_sweep, pass};
 use pcmail_server::{App, ServeConfig};
-use pcmail_store::{JobSelect, LedgerSelect, LedgerWrites, MailWrites, Store};
+use pcmail_store::{JobSelect, LedgerSelect, LedgerWrites, MailQuery, MailWrites, Store};
 
 use crate::table::{Row, percentile};
 
@@ -135,6 +135,7 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
         assert_eq!(expired, 10_000, "the sweep moves exactly the due mails");
     }
 
+    let listing = listing_costs(&app, total).await;
     drop(app);
     let what = format!("idle reconcile pass, {total} mails + {0} ledger rows + {0} jobs, median of 200", total / 10);
     let rows = vec![
@@ -151,5 +152,49 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
             Duration::from_millis(250),
         ),
     ];
-    (dir, rows)
+    (dir, rows.into_iter().chain(listing).collect())
+}
+
+/// U3 over the same store: what a console mail page costs (a page of 50 and the total the
+/// heading shows), first, deep and filtered, against the one read the console made before it
+/// paged (the newest 500, no count). Medians of 20.
+async fn listing_costs(app: &App, total: u64) -> Vec<Row> {
+    let store = app.store();
+    let median = |mut times: Vec<Duration>| percentile(&mut times, 0.5);
+    let timed = |query: MailQuery| {
+        let store = store.clone();
+        async move {
+            let mut times = Vec::new();
+            for _ in 0..20 {
+                let t = Instant::now();
+                let (page, _) = store.mail_page(MailQuery { limit: 50, ..query.clone() }).await.expect("page");
+                store.mail_page(MailQuery { limit: 0, after: None, ..query.clone() }).await.expect("count");
+                times.push(t.elapsed());
+                assert!(!page.is_empty(), "a page of mail");
+            }
+            times
+        }
+    };
+    let first = median(timed(MailQuery::default()).await);
+    let deep = median(timed(MailQuery { after: Some(format!("mail--{:08x}", total / 2)), ..Default::default() }).await);
+    let filtered = median(timed(MailQuery { machine: Some("pc3".into()), ..Default::default() }).await);
+    let mut before = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        store.list_mail(MailQuery { limit: 500, ..Default::default() }).await.expect("list");
+        before.push(t.elapsed());
+    }
+    let before = median(before);
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    let ratio = |d: Duration| d.as_secs_f64() / before.as_secs_f64().max(1e-9);
+    vec![
+        Row::note("U3", format!("console mail page over {total} mails: 50 + the total, first page"), ms(first)),
+        Row::note("", format!("the same, after the {}th mail (deep)", total / 2), ms(deep)),
+        Row::note("", "the same, one machine's mail (from or to)", ms(filtered)),
+        Row::note(
+            "",
+            "baseline: the newest 500, no count (the console's read before U3)",
+            format!("{} (first page ÷ baseline {:.2} ×)", ms(before), ratio(first)),
+        ),
+    ]
 }
