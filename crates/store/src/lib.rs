@@ -399,15 +399,32 @@ pub trait Store: Send + Sync + 'static {
     fn count_mail(&self, query: MailQuery) -> impl Future<Output = Result<u64>> + Send;
     /// U3: one page of mail after the query's cursor, and how many match after it (a page of
     /// none counts every match after the cursor).
+    ///
+    /// A listing narrowed by state alone (the admin's) is counted from the trigger-kept
+    /// `mail_counts`, so its first page costs one page read whatever the mail stored; other
+    /// counts scan what they match.
     fn mail_page(&self, query: MailQuery) -> impl Future<Output = Result<(Vec<Mail>, u64)>> + Send {
         async move {
+            let by_state_alone = query.to.is_none() && query.from.is_none() && query.machine.is_none();
+            let kept_count = || async {
+                let counts = self.mail_counts().await?;
+                let wanted = |c: &MailCount| query.states.is_empty() || query.states.contains(&c.state);
+                Ok::<u64, StoreError>(counts.iter().filter(|c| wanted(c)).map(|c| c.count).sum())
+            };
             if query.limit == 0 {
-                return Ok((vec![], self.count_mail(query).await?));
+                let total = match (by_state_alone, &query.after) {
+                    (true, None) => kept_count().await?,
+                    _ => self.count_mail(query.clone()).await?,
+                };
+                return Ok((vec![], total));
             }
             let mail = self.list_mail(query.clone()).await?;
             let more = match mail.last() {
-                Some(last) => self.count_mail(MailQuery { after: Some(last.id.clone()), ..query }).await?,
                 None => 0,
+                Some(_) if by_state_alone && query.after.is_none() => {
+                    kept_count().await?.saturating_sub(mail.len() as u64)
+                }
+                Some(last) => self.count_mail(MailQuery { after: Some(last.id.clone()), ..query }).await?,
             };
             Ok((mail, more))
         }

@@ -277,8 +277,9 @@ fn machines(app: &App) -> Vec<String> {
     app.runtime().roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect()
 }
 
-fn names_of(all: impl IntoIterator<Item = &'static str>) -> Vec<String> {
-    all.into_iter().map(String::from).collect()
+/// The filter by state, offering every state the listing's items have.
+fn state_choice(l: Lang, states: impl IntoIterator<Item = &'static str>) -> Choice<'static> {
+    Choice { field: "state", label: t(l, "State", "状態"), options: states.into_iter().map(String::from).collect() }
 }
 
 async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryRejection>) -> Page {
@@ -302,11 +303,7 @@ async fn ledger(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, Quer
                 label: t(l, "Project", "案件"),
                 options: store.ledger_projects().await.map_err(unavailable(&ctx))?,
             },
-            Choice {
-                field: "state",
-                label: t(l, "State", "状態"),
-                options: names_of(RowState::ALL.iter().map(|s| s.as_str())),
-            },
+            state_choice(l, RowState::ALL.iter().map(|s| s.as_str())),
             Choice { field: "function", label: t(l, "AI function", "AI機能"), options: functions },
             Choice { field: "machine", label: t(l, "Assignee", "担当"), options: machines(&app) },
         ],
@@ -379,15 +376,19 @@ async fn mail(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryR
     let store = app.store();
     let (_, matching) = store.mail_page(query.clone()).await.map_err(unavailable(&ctx))?;
     let page = MailQuery { after: listing.after.clone(), limit: PER_PAGE, ..query };
-    let (mail, left) = store.mail_page(page).await.map_err(unavailable(&ctx))?;
+    // The first page's rest is the total less the page: one count, not two.
+    let (mail, left) = match page.after {
+        None => {
+            let mail = store.list_mail(page).await.map_err(unavailable(&ctx))?;
+            let left = matching.saturating_sub(mail.len() as u64);
+            (mail, left)
+        }
+        Some(_) => store.mail_page(page).await.map_err(unavailable(&ctx))?,
+    };
     let l = ctx.lang;
     let listed = views::Listed {
         choices: vec![
-            Choice {
-                field: "state",
-                label: t(l, "State", "状態"),
-                options: names_of(MailState::ALL.iter().map(|s| s.as_str())),
-            },
+            state_choice(l, MailState::ALL.iter().map(|s| s.as_str())),
             Choice {
                 field: "machine",
                 label: t(l, "Machine (from or to)", "マシン（送信元か宛先）"),
@@ -418,11 +419,7 @@ async fn alerts(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, Quer
     let l = ctx.lang;
     let listed = views::Listed {
         choices: vec![
-            Choice {
-                field: "state",
-                label: t(l, "State", "状態"),
-                options: names_of(AlertState::ALL.iter().map(|s| s.as_str())),
-            },
+            state_choice(l, AlertState::ALL.iter().map(|s| s.as_str())),
             Choice { field: "machine", label: t(l, "Machine", "マシン"), options: machines(&app) },
         ],
         paged: paged(&alerts, matching, left, alert_cursor),
@@ -454,11 +451,7 @@ async fn jobs(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryR
     let listed = views::Listed {
         choices: vec![
             Choice { field: "queue", label: t(l, "Queue", "キュー"), options: queues },
-            Choice {
-                field: "state",
-                label: t(l, "State", "状態"),
-                options: names_of(JobState::ALL.iter().map(|s| s.as_str())),
-            },
+            state_choice(l, JobState::ALL.iter().map(|s| s.as_str())),
             Choice {
                 field: "function",
                 label: t(l, "Function", "機能"),
