@@ -336,14 +336,14 @@ impl Store for PgStore {
     }
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
-        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"));
+        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"), false);
         let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY seq DESC LIMIT {}", q.limit.max(1));
         let args: Vec<Param> = args.iter().map(|a| a as Param).collect();
         self.conn().await?.decode(&sql, &args, codec::mail).await
     }
 
     async fn count_mail(&self, q: MailQuery) -> Result<u64> {
-        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"));
+        let (filter, args) = crate::mail_where(&q, |n| format!("${n}"), false);
         let args: Vec<Param> = args.iter().map(|a| a as Param).collect();
         let count = |r: &dyn codec::Columns| r.int(0);
         let sql = format!("SELECT count(*) FROM mail WHERE {filter}");

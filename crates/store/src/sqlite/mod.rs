@@ -444,7 +444,7 @@ impl Store for SqliteStore {
 
     async fn list_mail(&self, q: MailQuery) -> Result<Vec<Mail>> {
         self.read(move |conn| {
-            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"));
+            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"), true);
             let sql =
                 format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY seq DESC LIMIT {}", q.limit.max(1));
             let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
@@ -455,7 +455,7 @@ impl Store for SqliteStore {
 
     async fn count_mail(&self, q: MailQuery) -> Result<u64> {
         self.read(move |conn| {
-            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"));
+            let (filter, args) = crate::mail_where(&q, |n| format!("?{n}"), false);
             let sql = format!("SELECT count(*) FROM mail WHERE {filter}");
             let n: i64 = conn
                 .prepare_cached(&sql)
