@@ -35,7 +35,8 @@ struct Inner {
     sent: Vec<Value>,
     reactions: Vec<Value>,
     /// Answers to give the next calls instead of the real one: (status, body).
-    script: Vec<(u16, Value)>,
+    /// Scripted answers by method, taken last first.
+    script: std::collections::BTreeMap<String, Vec<(u16, Value)>>,
     /// A PC cache to check at each `getUpdates` (I7), and what the checks found wrong.
     cache: Option<PathBuf>,
     violations: Vec<String>,
@@ -94,9 +95,12 @@ impl BotApi {
         id
     }
 
-    /// The next calls (of any method) answer these instead.
-    pub fn script(&self, answers: Vec<(u16, Value)>) {
-        self.with(|s| s.script = answers);
+    /// The next calls of `method` answer these instead (a poller's `getUpdates` running
+    /// meanwhile never takes a `sendMessage`'s scripted answer).
+    pub fn script(&self, method: &str, answers: Vec<(u16, Value)>) {
+        self.with(|s| {
+            s.script.insert(method.to_string(), answers);
+        });
     }
 
     /// At each `getUpdates`, checks that every update its offset confirms is in this cache.
@@ -149,7 +153,8 @@ async fn call(
         return answer(fail(401, "Unauthorized"));
     }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if let Some(scripted) = shared.inner.lock().expect("lock").script.pop() {
+    let scripted = shared.inner.lock().expect("lock").script.get_mut(&method).and_then(Vec::pop);
+    if let Some(scripted) = scripted {
         return answer(scripted);
     }
     match method.as_str() {

@@ -101,7 +101,7 @@ fn i7_i8_50_messages_in_3_chats_are_each_an_intent_once_and_pushed_once_with_cha
     // Telegram first asks to slow down: the poller waits its retry_after and goes on.
     let slow_down = json!({"ok": false, "error_code": 429, "description": "Too Many Requests: retry after 1",
         "parameters": {"retry_after": 1}});
-    api.script(vec![(429, slow_down)]);
+    api.script("getUpdates", vec![(429, slow_down)]);
     // No agent: the MCP server polls the bot itself (it holds the PC's poller lock).
     let mut mcp = McpClient::start(&home, "secretary", true);
     let chats = [-1_001_234, 2002, 3003];
@@ -207,10 +207,10 @@ fn i8_a_reply_closes_exactly_its_chat_and_message_a_refused_one_nothing_and_a_re
         (Some(&*a.to_string()), Some(7))
     );
 
-    api.script(vec![(
-        403,
-        json!({"ok": false, "error_code": 403, "description": "Forbidden: bot was blocked by the user"}),
-    )]);
+    api.script(
+        "sendMessage",
+        vec![(403, json!({"ok": false, "error_code": 403, "description": "Forbidden: bot was blocked by the user"}))],
+    );
     let (refused, is_error) = mcp.call("telegram_reply", json!({"chat_id": b, "reply_to": "7", "text": "x"}));
     assert!(
         is_error && refused.contains("bot was blocked") && refused.contains("nothing was sent or closed"),
