@@ -437,8 +437,7 @@ impl SheetsStore {
     async fn cycle(&self) -> Result<()> {
         let mut grids = self.grids();
         let kept = self.kept().await?;
-        // The tab every project shared before is read once more (people's last edits are taken
-        // in), then renamed: its rows now live on their projects' tabs.
+        // The tab every project shared before is read once more, then migrated.
         let shared = grids.get(SHARED_LEDGER_TITLE).copied();
         let mut titles: Vec<String> =
             kept.iter().filter(|k| grids.contains_key(&k.title)).map(|k| k.title.clone()).collect();
@@ -446,31 +445,8 @@ impl SheetsStore {
         let mut read: BTreeMap<String, TabRead> = titles.iter().cloned().zip(self.read_tabs(&titles).await?).collect();
         let mut cycle = Cycle::default();
         if let Some(grid) = shared {
-            let (header, rows) = read.remove(SHARED_LEDGER_TITLE).unwrap_or_default();
-            if !header.is_empty() {
-                let columns = columns_of(&LEDGER, SHARED_LEDGER_TITLE, &header)?;
-                let rows: Vec<Vec<String>> = rows.iter().map(|r| read_cells(&LEDGER, r, &columns)).collect();
-                let base = self.base(SHARED_LEDGER_TITLE).await?;
-                let every_row = self.inner.local.ledger_rows(None).await?;
-                let n = names(LEDGER_COLUMNS);
-                let ours: Vec<(String, Fields)> = every_row
-                    .iter()
-                    .map(|r| fields(&LEDGER, self.inner.lang, &n, &codec::ledger_params(r)))
-                    .filter_map(|f| Some((row_key(&LEDGER, &f)?, f)))
-                    .collect();
-                let plan = plan_sync(&LEDGER, &columns, &rows, &base, &ours);
-                self.adopt(plan.adopt).await?;
-            }
-            let renamed = (1..)
-                .map(|n| match n {
-                    1 => format!("{SHARED_LEDGER_TITLE} (migrated)"),
-                    n => format!("{SHARED_LEDGER_TITLE} (migrated {n})"),
-                })
-                .find(|t| !grids.contains_key(t))
-                .unwrap_or_default();
-            cycle.structure.push(rename_sheet(grid.id, &renamed));
-            grids.remove(SHARED_LEDGER_TITLE);
-            grids.insert(renamed, grid);
+            let last_read = read.remove(SHARED_LEDGER_TITLE).unwrap_or_default();
+            self.migrate_shared_tab(grid, last_read, &mut grids, &mut cycle).await?;
         }
         for tab in &kept {
             let (header, rows) = read.remove(&tab.title).unwrap_or_default();
@@ -509,6 +485,45 @@ impl SheetsStore {
         if let Some(rows) = cycle.view_rows {
             self.inner.local.kv_set("sheets/view_rows", &rows.to_string()).await?;
         }
+        Ok(())
+    }
+
+    /// The tab every project shared before a tab per project: people's last edits on it taken
+    /// in, then renamed (to a free title) so no cycle reads it again; its rows are appended to
+    /// their projects' tabs by the same cycle.
+    async fn migrate_shared_tab(
+        &self,
+        grid: Grid,
+        (header, rows): TabRead,
+        grids: &mut BTreeMap<String, Grid>,
+        cycle: &mut Cycle,
+    ) -> Result<()> {
+        if !header.is_empty() {
+            let columns = columns_of(&LEDGER, SHARED_LEDGER_TITLE, &header)?;
+            let rows: Vec<Vec<String>> = rows.iter().map(|r| read_cells(&LEDGER, r, &columns)).collect();
+            let base = self.base(SHARED_LEDGER_TITLE).await?;
+            let n = names(LEDGER_COLUMNS);
+            let ours: Vec<(String, Fields)> = self
+                .inner
+                .local
+                .ledger_rows(None)
+                .await?
+                .iter()
+                .map(|r| fields(&LEDGER, self.inner.lang, &n, &codec::ledger_params(r)))
+                .filter_map(|f| Some((row_key(&LEDGER, &f)?, f)))
+                .collect();
+            self.adopt(plan_sync(&LEDGER, &columns, &rows, &base, &ours).adopt).await?;
+        }
+        let renamed = (1..)
+            .map(|n| match n {
+                1 => format!("{SHARED_LEDGER_TITLE} (migrated)"),
+                n => format!("{SHARED_LEDGER_TITLE} (migrated {n})"),
+            })
+            .find(|t| !grids.contains_key(t))
+            .unwrap_or_default();
+        cycle.structure.push(rename_sheet(grid.id, &renamed));
+        grids.remove(SHARED_LEDGER_TITLE);
+        grids.insert(renamed, grid);
         Ok(())
     }
 
