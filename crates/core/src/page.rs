@@ -1,5 +1,6 @@
 //! U3: every listing — mail, ledger rows, jobs, alerts — narrowed by the same filters and paged
-//! by a cursor (the key of the last item shown), so a page never shifts when items arrive.
+//! by a cursor (the place of the last item shown), so a page never shifts when items arrive,
+//! change or leave the filter.
 //!
 //! Mail and jobs grow without bound and are paged by the store's SQL; ledger rows (kept by
 //! people) and alerts (pruned by E7) are read whole and paged here.
@@ -38,7 +39,7 @@ pub struct Listing {
     pub queue: Option<String>,
     #[serde(default)]
     pub function: Option<String>,
-    /// The cursor: the page starts after this item (the last of the page before).
+    /// The cursor: the page starts after this place (the last item of the page before).
     #[serde(default)]
     pub after: Option<String>,
 }
