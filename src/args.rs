@@ -375,7 +375,9 @@ pub enum LedgerCommand {
     },
     /// Add a task; prints {added, updated, skipped} or {error}, and never fails its caller
     Push {
-        #[arg(long)]
+        /// The rows' source: this machine's own (push:MACHINE) when left out; others only as
+        /// the Ledger's `pushers` grant them (T11)
+        #[arg(long, default_value = "")]
         source: String,
         #[arg(long)]
         task: String,

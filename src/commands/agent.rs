@@ -8,6 +8,7 @@ use pcmail_agent::client::{Client, ClientError, home};
 use pcmail_agent::hooks::{self, HOOK_BUSY, HookEvent};
 use pcmail_agent::install::{self, Os};
 use pcmail_agent::sync::{self, POLLER_BUSY};
+use pcmail_core::agent::QueuedCall;
 use pcmail_core::agent::needs_reregister;
 use pcmail_core::duration::Dur;
 use pcmail_core::intent::{InboundMessage, intent_mail};
@@ -158,13 +159,19 @@ pub async fn record_intent(
     drop(cache);
     println!("{}", mail.id);
     if !created {
-        eprintln!("already recorded: {}", mail.external_key.unwrap_or_default());
+        eprintln!("already recorded: {}", mail.external_key.as_deref().unwrap_or_default());
     }
     // Best effort, briefly: the agent sends whatever is still queued.
     if let Some(client) = client.and_then(|c| c.with_timeout(std::time::Duration::from_secs(3)).ok())
         && let Err(e) = sync::flush(&client, &home).await
     {
         eprintln!("recorded locally; the server will be told later ({e})");
+    }
+    // T10: a refusal is never silent. The message stays in this PC's cache either way.
+    let key = mail.external_key.unwrap_or_default();
+    if let Some(why) = Cache::open(&home, HOOK_BUSY)?.refusal_of(QueuedCall::Intent, &key)? {
+        eprintln!("the server refused to record {key}; it is kept on this PC and not sent again (T10): {why}");
+        return Ok(1);
     }
     Ok(0)
 }

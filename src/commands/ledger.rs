@@ -78,12 +78,16 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
         LedgerCommand::Push { source, task, content, evidence, due, assignee, function } => {
             let item = Incoming { source, task, content, evidence, due, assignee, function, refresh: false };
             let body = PushRequest { project, items: vec![item] };
-            // L7: a push never breaks its caller: the answer is always one JSON line, exit 0.
-            let answer = match client.post::<_, MergeCounts>("/api/v1/ledger/push", &body).await {
-                Ok(counts) => serde_json::to_value(counts)?,
-                Err(e) => json!({"error": e.to_string()}),
+            // L7: a push never breaks its caller: the answer is always one JSON line, exit 0 —
+            // but a push refused for good (T11, not this machine's source) exits 6, so the one
+            // who set it up notices.
+            let (answer, exit) = match client.post::<_, MergeCounts>("/api/v1/ledger/push", &body).await {
+                Ok(counts) => (serde_json::to_value(counts)?, 0),
+                Err(e) if e.status() == Some(403) => (json!({"error": e.to_string()}), Exit::Unauthorized as i32),
+                Err(e) => (json!({"error": e.to_string()}), 0),
             };
             println!("{answer}");
+            return Ok(exit);
         }
         LedgerCommand::Sync => {
             let report: SyncReport = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod botapi;
+mod boundaries;
 mod console;
 mod deploy;
 mod endurance;

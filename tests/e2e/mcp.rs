@@ -238,11 +238,15 @@ fn mcp_tools_list_fits_2500_tokens_and_every_tool_moves_the_mail_at_the_server()
     assert_eq!(state(&s, &desk, &request)["state"], "seen", "status only looks");
 
     assert_eq!(mcp.ok("intents", json!({})), "no pending intents");
-    ok(s.ctl_stdin(
+    // The laptop is no recorder: the server refuses it and says so (T10), and the message
+    // stays on this PC, where its session answers it.
+    let recorded = s.ctl_stdin(
         &laptop,
         &["intent", "record", "--chat", "-100", "--message", "7", "--from", "kim", "--text", "-"],
         Some(b"are you there?"),
-    ));
+    );
+    assert_eq!(code(&recorded), 1, "{}", stderr(&recorded));
+    assert!(stderr(&recorded).contains("refused"), "{}", stderr(&recorded));
     let intents = mcp.ok("intents", json!({}));
     assert!(intents.contains("chat_id=-100 reply_to=7") && intents.contains("are you there?"), "{intents}");
 

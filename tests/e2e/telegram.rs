@@ -15,6 +15,40 @@ use crate::mcp::McpClient;
 
 /// The office roster with an IntentPolicy that reminds and escalates within seconds, whose
 /// recorders are the desk and the laptop, and (when given) chats outside which are dropped.
+#[test]
+fn t13_replies_and_reactions_go_only_to_allowed_chats_about_recorded_messages() {
+    let api = BotApi::start();
+    let (s, _dir) = server("  allowedChats: [-1001]\n");
+    let (_desk, home) = bot_pc(&s, "desk", &api);
+    let mut mcp = McpClient::start(&home, "secretary", true);
+    for n in 0..11 {
+        api.message(-1001, "kim", &format!("A {n}"));
+    }
+    eventually(20, "11 intents", || (intents(&home).len() == 11).then_some(()));
+    // The intent policy reaches the PC with its first poll.
+    eventually(20, "the policy in the PC's cache", || {
+        let db = rusqlite::Connection::open(home.join("cache.db")).ok()?;
+        let policy: String =
+            db.query_row("SELECT value FROM state WHERE key = 'intent_policy'", [], |r| r.get(0)).ok()?;
+        policy.contains("-1001").then_some(())
+    });
+    for (tool, args) in [
+        ("telegram_reply", json!({"chat_id": -100777, "reply_to": 1, "text": "x"})),
+        ("telegram_react", json!({"chat_id": "-100777", "message_id": 1, "emoji": "👀"})),
+    ] {
+        let (text, is_error) = mcp.call(tool, args);
+        assert!(is_error && text.contains("allowedChats (T13)") && text.contains("nothing was sent"), "{tool}: {text}");
+    }
+    let (text, is_error) = mcp.call("telegram_react", json!({"chat_id": -1001, "message_id": 500, "emoji": "👀"}));
+    assert!(is_error && text.contains("never recorded"), "{text}");
+    assert!(api.sent().is_empty() && api.reactions().is_empty(), "nothing went out");
+    // Ids compare as integers: "011" is message 11, and its intent is the one closed.
+    let done = mcp.ok("telegram_reply", json!({"chat_id": "-1001", "reply_to": "011", "text": "了解"}));
+    assert!(done.contains("message 11; its intent is done"), "{done}");
+    assert_eq!(state_of(&home, "telegram--1001-11"), "done");
+    assert_eq!(api.sent()[0]["reply_parameters"]["message_id"].as_i64(), Some(11));
+}
+
 fn server(allowed: &str) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = dir.path().join("m");
@@ -218,7 +252,8 @@ fn i8_a_reply_closes_exactly_its_chat_and_message_a_refused_one_nothing_and_a_re
     );
     assert_ne!(state_of(&home, &key(b, 7)), "done", "a refused reply closes nothing");
     let (unknown, is_error) = mcp.call("telegram_reply", json!({"chat_id": b, "reply_to": 99, "text": "x"}));
-    assert!(is_error && unknown.contains("message to be replied not found"), "{unknown}");
+    assert!(is_error && unknown.contains("never recorded") && unknown.contains("nothing was sent"), "T13: {unknown}");
+    assert_eq!(api.sent().len(), 1, "nothing more went out");
 
     let seen = mcp.ok("telegram_react", json!({"chat_id": b, "message_id": 7, "emoji": "👀"}));
     assert!(seen.contains("its intent is seen"), "{seen}");

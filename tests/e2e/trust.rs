@@ -101,18 +101,21 @@ fn t1_t2_every_job_route_by_every_identity_only_the_claimer_moves_a_claimed_job(
         assert_eq!(ids(&jobs), sees, "T2: {who} lists the jobs it enqueued or claimed");
         assert!(!text.contains(&token), "T1: {who}'s listing shows no lease token: {text}");
     }
-    // J6 answers the job holding the key, but never another machine's payload or token.
+    // T12: a key another machine holds is not desk's: desk's job is its own, and nothing of
+    // the other machine's job (payload, token) reaches it.
     let (status, held, text) =
         call(&s, "POST", "/api/v1/jobs", Some(&desk), json!({"queue": "q", "function": "work", "uniqueKey": "k"}));
-    assert_eq!((status, held["created"].as_bool(), held["job"]["id"].as_str()), (200, Some(false), Some(a.as_str())));
+    assert_eq!((status, held["created"].as_bool()), (200, Some(true)), "{text}");
+    assert_ne!(held["job"]["id"].as_str(), Some(a.as_str()));
     assert!(!text.contains("secret-a") && !text.contains(&token), "{text}");
 
-    // Every report route with the right token, by everyone but the claimer: refused, unchanged.
+    // Every report route with the right token, by everyone but the claimer: refused, unchanged
+    // — 403 to whom may list the job (T1), 404 to machines that may not (T16).
     let before = job_as_admin(&s, &a);
     for action in ["heartbeat", "complete", "fail"] {
         for (who, t, expected) in [
-            ("desk", Some(&desk), 403),
-            ("builder", Some(&builder), 403),
+            ("desk", Some(&desk), 404),
+            ("builder", Some(&builder), 404),
             ("admin", Some(&admin), 403),
             ("none", None, 401),
         ] {
@@ -141,9 +144,9 @@ fn t1_t2_every_job_route_by_every_identity_only_the_claimer_moves_a_claimed_job(
     // A job the server's own pool runs: no machine, nor the admin, can report on it.
     let slow = enqueue(&s, &admin, json!({"queue": "slow", "function": "slow"}));
     eventually(10, "the pool to claim it", || (job_as_admin(&s, &slow)["state"] == "running").then_some(()));
-    for t in [&laptop, &desk, &builder, &admin] {
+    for (t, expected) in [(&laptop, 404), (&desk, 404), (&builder, 404), (&admin, 403)] {
         let forged = call(&s, "POST", &format!("/api/v1/jobs/{slow}/complete"), Some(t), json!({"token": "guess"}));
-        assert_eq!(forged.0, 403, "{}", forged.2);
+        assert_eq!(forged.0, expected, "{}", forged.2);
     }
     let ended = eventually(15, "the pool to finish it", || {
         let j = job_as_admin(&s, &slow);
@@ -157,9 +160,9 @@ fn t1_t2_every_job_route_by_every_identity_only_the_claimer_moves_a_claimed_job(
 fn t3_ledger_ref_is_refused_and_a_ledger_row_changes_only_through_its_own_paths() {
     let (s, _dir) = setup();
     let (laptop, builder, admin) = (s.token("laptop"), s.token("builder"), s.admin_token());
-    let item = json!({"source": "s", "task": "月次集計", "function": "crunch"});
+    let item = json!({"task": "月次集計", "function": "crunch"});
     let (status, _, text) = call(&s, "POST", "/api/v1/ledger/push", Some(&builder), json!({"items": [item]}));
-    assert_eq!(status, 200, "L7: any machine may push a task: {text}");
+    assert_eq!(status, 200, "L7/T11: any machine may push a task to its own source: {text}");
     let row = || {
         let (_, rows, _) = call(&s, "GET", "/api/v1/ledger?project=office", Some(&admin), json!(null));
         rows[0].clone()
@@ -180,7 +183,7 @@ fn t3_ledger_ref_is_refused_and_a_ledger_row_changes_only_through_its_own_paths(
     for (path, body) in [
         ("/api/v1/ledger/rows/T-0001", json!({"state": "done", "instruction": "x"})),
         ("/api/v1/ledger/rows/T-0001/run", json!({})),
-        ("/api/v1/ledger/purge", json!({"source": "s", "yes": true})),
+        ("/api/v1/ledger/purge", json!({"source": "push:builder", "yes": true})),
         ("/api/v1/ledger/execute-checked", json!({})),
         ("/api/v1/ledger/sync", json!({})),
     ] {
@@ -206,7 +209,7 @@ fn t3_ledger_ref_is_refused_and_a_ledger_row_changes_only_through_its_own_paths(
             Some(&builder),
             json!({"token": "x", "result": "forged"}),
         );
-        assert!(status == 403 || status == 409, "{action}: {status} {text}");
+        assert_eq!(status, 404, "T16: a job it may not list is not there to it: {action}: {text}");
     }
     assert_eq!(row()["state"], "todo");
     // The pool's worker runs it: that is the row's own path, and its result lands.
@@ -314,7 +317,7 @@ fn t8_the_data_dir_and_every_file_in_it_stay_private_after_start_and_after_use()
     ok(s.ctl(&laptop, &["login", "--server", &s.url, "--token", &laptop]));
     ok(s.ctl(&laptop, &["poll"]));
     ok(s.ctl(&laptop, &["read", &id]));
-    ok(s.ctl(&desk, &["ledger", "push", "--project", "office", "--source", "s", "--task", "t"]));
+    ok(s.ctl(&desk, &["ledger", "push", "--project", "office", "--task", "t"]));
     s.restart();
     ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "after restart", "--body", "b"]));
     ok(s.ctl(&laptop, &["poll"]));

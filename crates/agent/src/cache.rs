@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pcmail_core::Ts;
-use pcmail_core::agent::{NextStep, merge_polled, validate_polled};
+use pcmail_core::agent::{NextStep, QueuedCall, merge_polled, validate_polled};
 use pcmail_core::api::StepRequest;
 use pcmail_core::mail::{Mail, Step, apply_step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
@@ -121,6 +121,12 @@ const MIGRATIONS: &[&str] = &[
             WHEN kind = 'answer' THEN 2 ELSE 3 END), created_at DESC, seq DESC)
         WHERE kind != 'intent' AND quarantine IS NULL AND state IN ('new', 'delivered', 'seen');
     "#,
+    // 5: T10 — a call the server refused for good stays in the queue, marked, never sent
+    // again, and is reported to the server once.
+    r#"
+    ALTER TABLE pending ADD COLUMN refused_at INTEGER;
+    ALTER TABLE pending ADD COLUMN reported_at INTEGER;
+    "#,
 ];
 
 /// The presentation group of a row (`present::group` for mail that is open and no intent),
@@ -136,11 +142,13 @@ const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pending {
     pub id: i64,
-    /// `seen`, `ack`, `fail` (target: a mail id) or `intent` (target: an external key).
-    pub action: String,
+    /// A step (target: a mail id) or an intent (target: an external key).
+    pub action: QueuedCall,
     pub target: String,
     pub body: serde_json::Value,
     pub unknown_tries: u32,
+    /// The last failure, or (refused) the server's reason.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -184,7 +192,21 @@ impl Cache {
         let inbox: Vec<&str> = MAIL_TABLE_COLUMNS.iter().chain(INBOX_EXTRA).copied().collect();
         let required: [(&str, &[&str]); 3] = [
             ("inbox", &inbox),
-            ("pending", &["id", "action", "target", "body", "unknown_tries", "next_at", "created_at", "last_error"]),
+            (
+                "pending",
+                &[
+                    "id",
+                    "action",
+                    "target",
+                    "body",
+                    "unknown_tries",
+                    "next_at",
+                    "created_at",
+                    "last_error",
+                    "refused_at",
+                    "reported_at",
+                ],
+            ),
             ("state", &["key", "value"]),
         ];
         schema::migrate_with(&mut conn, MIGRATIONS, &required).map_err(wrap)?;
@@ -313,7 +335,7 @@ impl Cache {
                         insert(tx, &polled, now, Some(&why))?;
                         queue(
                             tx,
-                            "fail",
+                            QueuedCall::Fail,
                             &polled.id,
                             &StepRequest {
                                 result: None,
@@ -398,7 +420,7 @@ impl Cache {
                 return Ok(false);
             }
             insert(tx, mail, now, None)?;
-            queue(tx, "intent", &key, message, now)?;
+            queue(tx, QueuedCall::Intent, &key, message, now)?;
             Ok(true)
         })
     }
@@ -433,44 +455,89 @@ impl Cache {
         })
     }
 
-    /// Queued calls that are due, oldest first.
+    /// Queued calls that are due, oldest first; refused ones are never due again (T10).
     pub fn due_pending(&self, now: Ts) -> Result<Vec<Pending>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT id, action, target, body, unknown_tries FROM pending WHERE next_at <= ?1 ORDER BY id",
+        self.pending_where("next_at <= ?1 AND refused_at IS NULL", ms(now))
+    }
+
+    /// T10: refused calls the server has not been told of yet (`error` holds why).
+    pub fn unreported_refusals(&self) -> Result<Vec<Pending>> {
+        self.pending_where("refused_at IS NOT NULL AND reported_at IS NULL AND ?1", 1)
+    }
+
+    /// T10: why the server refused the queued call for `target`, if it did.
+    pub fn refusal_of(&self, action: QueuedCall, target: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT last_error FROM pending WHERE action = ?1 AND target = ?2 AND refused_at IS NOT NULL \
+                 ORDER BY id DESC LIMIT 1",
+                params![action.as_str(), target],
+                |r| r.get::<_, Option<String>>(0),
             )
-            .map_err(|e| self.wrap(e))?;
+            .optional()
+            .map(Option::flatten)
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn mark_reported(&mut self, id: i64, now: Ts) -> Result<()> {
+        self.write(|tx| tx.execute("UPDATE pending SET reported_at = ?2 WHERE id = ?1", params![id, ms(now)]).map(drop))
+    }
+
+    fn pending_where(&self, filter: &str, arg: i64) -> Result<Vec<Pending>> {
+        let sql = format!(
+            "SELECT id, action, target, body, unknown_tries, last_error FROM pending WHERE {filter} ORDER BY id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
         let rows = stmt
-            .query_map([ms(now)], |r| {
-                let body: String = r.get(3)?;
+            .query_map([arg], |r| {
+                let (action, body): (String, String) = (r.get(1)?, r.get(3)?);
+                let action = QueuedCall::parse(&action).ok_or_else(|| {
+                    let e = format!("unknown queued call {action:?}");
+                    rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into())
+                })?;
                 Ok(Pending {
                     id: r.get(0)?,
-                    action: r.get(1)?,
+                    action,
                     target: r.get(2)?,
                     body: serde_json::from_str(&body).unwrap_or_default(),
                     unknown_tries: r.get(4)?,
+                    error: r.get(5)?,
                 })
             })
             .map_err(|e| self.wrap(e))?;
         rows.map(|r| r.map_err(|e| self.wrap(e))).collect()
     }
 
+    /// Calls still to be sent (refused ones are kept apart, T10).
     pub fn pending_count(&self) -> Result<usize> {
         self.conn
-            .query_row("SELECT count(*) FROM pending", [], |r| r.get::<_, i64>(0))
+            .query_row("SELECT count(*) FROM pending WHERE refused_at IS NULL", [], |r| r.get::<_, i64>(0))
             .map(|n| n as usize)
             .map_err(|e| self.wrap(e))
     }
 
     /// Applies the A4 decision for one queued call; `unknown_tries` is its new count.
-    pub fn settle(&mut self, p: &Pending, next: &NextStep, unknown_tries: u32, error: Option<&str>) -> Result<()> {
+    pub fn settle(
+        &mut self,
+        p: &Pending,
+        next: &NextStep,
+        unknown_tries: u32,
+        error: Option<&str>,
+        now: Ts,
+    ) -> Result<()> {
         self.write(|tx| {
             match next {
                 NextStep::Done => tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?,
                 NextStep::Drop(why) => {
                     tracing::warn!(action = %p.action, target = %p.target, reason = %why, "dropping queued server call");
                     tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?
+                }
+                NextStep::Refused(why) => {
+                    tracing::warn!(action = %p.action, target = %p.target, reason = %why, "the server refused a queued call; kept, not retried");
+                    tx.execute(
+                        "UPDATE pending SET refused_at = ?2, last_error = ?3 WHERE id = ?1",
+                        params![p.id, ms(now), why],
+                    )?
                 }
                 NextStep::RetryAt(at) => tx.execute(
                     "UPDATE pending SET next_at = ?2, unknown_tries = ?3, last_error = ?4 WHERE id = ?1",
@@ -483,11 +550,11 @@ impl Cache {
 }
 
 /// The server route for a local step.
-fn server_call(step: &Step) -> (&'static str, StepRequest) {
+fn server_call(step: &Step) -> (QueuedCall, StepRequest) {
     match step {
-        Step::See | Step::Deliver | Step::Expire => ("seen", StepRequest::default()),
-        Step::Done { result } => ("ack", StepRequest { result: result.clone(), reason: None }),
-        Step::Fail { reason } => ("fail", StepRequest { result: None, reason: Some(reason.clone()) }),
+        Step::See | Step::Deliver | Step::Expire => (QueuedCall::Seen, StepRequest::default()),
+        Step::Done { result } => (QueuedCall::Ack, StepRequest { result: result.clone(), reason: None }),
+        Step::Fail { reason } => (QueuedCall::Fail, StepRequest { result: None, reason: Some(reason.clone()) }),
     }
 }
 
@@ -540,10 +607,16 @@ fn update(tx: &Transaction, m: &Mail) -> rusqlite::Result<()> {
     .map(|_| ())
 }
 
-fn queue(tx: &Transaction, action: &str, target: &str, body: &impl serde::Serialize, now: Ts) -> rusqlite::Result<()> {
+fn queue(
+    tx: &Transaction,
+    action: QueuedCall,
+    target: &str,
+    body: &impl serde::Serialize,
+    now: Ts,
+) -> rusqlite::Result<()> {
     let body = serde_json::to_string(body).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     tx.prepare_cached("INSERT INTO pending (action, target, body, next_at, created_at) VALUES (?1, ?2, ?3, ?4, ?4)")?
-        .execute(params![action, target, body, ms(now)])
+        .execute(params![action.as_str(), target, body, ms(now)])
         .map(|_| ())
 }
 
@@ -654,7 +727,7 @@ pub(crate) mod tests {
         assert_eq!((report.new.len(), report.quarantined.as_slice()), (1, ["mail--00000003".to_string()].as_slice()));
         assert_eq!(c.open_mail().expect("open").len(), 1, "the quarantined mail is never presented");
         let pending = c.due_pending(at(5)).expect("pending");
-        assert_eq!((pending[0].action.as_str(), pending[0].target.as_str()), ("fail", "mail--00000003"));
+        assert_eq!((pending[0].action, pending[0].target.as_str()), (QueuedCall::Fail, "mail--00000003"));
         assert!(pending[0].body["reason"].as_str().is_some_and(|r| r.contains("someone-else")));
     }
 
@@ -678,10 +751,32 @@ pub(crate) mod tests {
         c.step("mail--00000002", Step::Done { result: None }, "me", at(1)).expect("ack");
         let due = c.due_pending(at(1)).expect("due");
         assert_eq!(due.iter().map(|p| p.action.as_str()).collect::<Vec<_>>(), ["seen", "ack"]);
-        c.settle(&due[0], &NextStep::Done, 0, None).expect("done");
-        c.settle(&due[1], &NextStep::RetryAt(at(3601)), 1, Some("404")).expect("later");
+        c.settle(&due[0], &NextStep::Done, 0, None, at(1)).expect("done");
+        c.settle(&due[1], &NextStep::RetryAt(at(3601)), 1, Some("404"), at(1)).expect("later");
         assert!(c.due_pending(at(3600)).expect("due").is_empty());
         assert_eq!(c.due_pending(at(3601)).expect("due")[0].unknown_tries, 1);
+    }
+
+    #[test]
+    fn t10_a_refused_call_is_kept_never_sent_again_and_reported_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(dir.path());
+        let m = intent("-100123", "557", at(0));
+        c.record_intent(&m, &serde_json::json!({}), at(0)).expect("record");
+        let due = c.due_pending(at(1)).expect("due");
+        assert_eq!(due[0].action, QueuedCall::Intent);
+        let why = NextStep::Refused("409: its id is taken".into());
+        c.settle(&due[0], &why, 0, Some("409"), at(1)).expect("refused");
+        assert!(c.due_pending(at(1_000_000)).expect("due").is_empty(), "never sent again");
+        assert_eq!(c.pending_count().expect("count"), 0, "not counted as waiting");
+        let key = m.external_key.clone().expect("key");
+        assert_eq!(c.refusal_of(QueuedCall::Intent, &key).expect("refusal").as_deref(), Some("409: its id is taken"));
+        assert_eq!(c.refusal_of(QueuedCall::Seen, &key).expect("refusal"), None);
+        let unreported = c.unreported_refusals().expect("unreported");
+        assert_eq!(unreported.len(), 1);
+        c.mark_reported(unreported[0].id, at(2)).expect("reported");
+        assert!(c.unreported_refusals().expect("unreported").is_empty(), "reported once");
+        assert!(c.intent_by_key(&key).expect("intent").is_some(), "the message itself stays (I1)");
     }
 
     /// A3: a hook and the poller, each with its own connection, writing at once.

@@ -232,7 +232,7 @@ mod tests {
         assert!(first.contains("mail--00000001") && first.contains("mail--00000002"), "{first}");
         assert_eq!(state(dir.path(), "mail--00000001"), MailState::Seen);
         assert_eq!(state(dir.path(), "mail--00000002"), MailState::Done, "answers are acked once shown");
-        let queued: Vec<String> = c.due_pending(at(3)).expect("due").into_iter().map(|p| p.action).collect();
+        let queued: Vec<&str> = c.due_pending(at(3)).expect("due").into_iter().map(|p| p.action.as_str()).collect();
         assert_eq!(queued, ["ack", "seen"], "the answer group comes before the others");
         let second = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1"}), at(3)));
         assert_eq!(second, "+1 more (0 expired not shown): pcmail-ctl inbox", "same session: count only");

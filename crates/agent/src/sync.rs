@@ -5,10 +5,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pcmail_core::agent::{CallOutcome, NextStep, after_call};
-use pcmail_core::api::{PollResponse, WhoAmI};
+use pcmail_core::agent::{CallOutcome, NextStep, QueuedCall, after_call, call_outcome};
+use pcmail_core::api::{PollResponse, RefusedCall, WhoAmI};
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::spec::IntentPolicySpec;
+use pcmail_core::present::cut;
 use tokio::sync::watch;
 
 use crate::cache::{Cache, CacheError, MergeReport, Pending};
@@ -34,49 +35,63 @@ pub struct CycleReport {
     pub waiting: usize,
 }
 
-fn outcome(action: &str, result: &Result<serde_json::Value, ClientError>) -> CallOutcome {
-    match result {
-        Ok(_) => CallOutcome::Ok,
-        // An intent the server cannot place yet (no Roster, owner unresolved) must wait, never
-        // be dropped: it may be the only record of the message (I1).
-        Err(ClientError::Api { status: 422, .. }) if action == "intent" => CallOutcome::Unreachable,
-        Err(ClientError::Api { status: 404, .. }) => CallOutcome::Unknown,
-        Err(ClientError::Api { status, message, .. })
-            if (400..500).contains(status) && *status != 401 && *status != 408 && *status != 429 =>
-        {
-            CallOutcome::Refused(format!("{status}: {message}"))
-        }
-        Err(_) => CallOutcome::Unreachable,
-    }
+fn outcome(action: QueuedCall, result: &Result<serde_json::Value, ClientError>) -> CallOutcome {
+    let answer = match result {
+        Ok(_) => Ok(()),
+        Err(ClientError::Api { status, message, .. }) => Err((Some(*status), message.as_str())),
+        Err(_) => Err((None, "")),
+    };
+    call_outcome(action, answer)
 }
 
 async fn call(client: &Client, p: &Pending) -> Result<serde_json::Value, ClientError> {
-    match p.action.as_str() {
-        "intent" => client.post("/api/v1/intents", &p.body).await,
-        action => client.post(&format!("/api/v1/mail/{}/{action}", p.target), &p.body).await,
+    match p.action {
+        QueuedCall::Intent => client.post("/api/v1/intents", &p.body).await,
+        step => client.post(&format!("/api/v1/mail/{}/{step}", p.target), &p.body).await,
     }
 }
 
-/// Sends every due queued call once; answers (sent, still waiting).
+/// Sends every due queued call once, then tells the server of calls it refused (T10);
+/// answers (sent, still waiting).
 pub async fn flush(client: &Client, home: &Path) -> Result<(usize, usize), SyncError> {
     let due = Cache::open(home, POLLER_BUSY)?.due_pending(crate::now())?;
     let mut sent = 0;
     for p in &due {
         let result = call(client, p).await;
-        let outcome = outcome(&p.action, &result);
+        let outcome = outcome(p.action, &result);
         let now = crate::now();
         let next = after_call(&outcome, p.unknown_tries, now);
         let unknown = p.unknown_tries + u32::from(outcome == CallOutcome::Unknown);
         let error = result.as_ref().err().map(ToString::to_string);
-        Cache::open(home, POLLER_BUSY)?.settle(p, &next, unknown, error.as_deref())?;
+        Cache::open(home, POLLER_BUSY)?.settle(p, &next, unknown, error.as_deref(), now)?;
         sent += usize::from(next == NextStep::Done);
         if outcome == CallOutcome::Unreachable {
             // The server is down: the rest would fail the same way.
             break;
         }
     }
+    report_refusals(client, home).await?;
     let waiting = Cache::open(home, POLLER_BUSY)?.pending_count()?;
     Ok((sent, waiting))
+}
+
+/// T10: each refused call is reported once. A server that does not know the report (older
+/// than T10, 404) has nowhere to keep it: the refusal stays in the PC's log and cache.
+async fn report_refusals(client: &Client, home: &Path) -> Result<(), SyncError> {
+    for p in Cache::open(home, POLLER_BUSY)?.unreported_refusals()? {
+        let reason = p.error.as_deref().unwrap_or("refused").lines().next().unwrap_or_default();
+        let report = RefusedCall { action: p.action, target: p.target.clone(), reason: cut(reason, 1000) };
+        match client.post::<_, serde_json::Value>("/api/v1/refusals", &report).await {
+            Ok(_) => {}
+            Err(e) if e.status() == Some(404) => {}
+            Err(e) => {
+                tracing::info!(error = %e, "a refused call's report waits for the next poll");
+                return Ok(());
+            }
+        }
+        Cache::open(home, POLLER_BUSY)?.mark_reported(p.id, crate::now())?;
+    }
+    Ok(())
 }
 
 /// One cycle: flush, refresh the policy, poll (long-polling up to `wait`), store, flush again.

@@ -2,8 +2,59 @@
 //! must be re-registered (A5).
 
 use crate::Ts;
-use crate::ids::is_mail_id;
+use crate::ids::is_stored_id;
 use crate::mail::{MAX_BODY_BYTES, Mail};
+
+/// A server call the PC queues (A4): a step of one mail (target: its id) or an intent to
+/// record (target: its external key). Stored and sent by its wire name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueuedCall {
+    Seen,
+    Ack,
+    Fail,
+    Intent,
+}
+
+impl QueuedCall {
+    pub const ALL: [QueuedCall; 4] = [Self::Seen, Self::Ack, Self::Fail, Self::Intent];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Seen => "seen",
+            Self::Ack => "ack",
+            Self::Fail => "fail",
+            Self::Intent => "intent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for QueuedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A4/T10: what the server's answer to one queued call means. `status` is the HTTP status
+/// of an answer that was an error, None for a call that never got one.
+pub fn call_outcome(call: QueuedCall, answer: Result<(), (Option<u16>, &str)>) -> CallOutcome {
+    match answer {
+        Ok(()) => CallOutcome::Ok,
+        // An intent the server cannot place yet (no Roster, owner unresolved) must wait, never
+        // be dropped: it may be the only record of the message (I1).
+        Err((Some(422), _)) if call == QueuedCall::Intent => CallOutcome::Unreachable,
+        Err((Some(404), _)) => CallOutcome::Unknown,
+        // 401 (a token being replaced), 408 and 429 are worth another try.
+        Err((Some(status), message)) if (400..500).contains(&status) && ![401, 408, 429].contains(&status) => {
+            CallOutcome::Refused(format!("{status}: {message}"))
+        }
+        Err(_) => CallOutcome::Unreachable,
+    }
+}
 
 /// How one attempt at a queued server call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,13 +73,15 @@ pub enum NextStep {
     Done,
     RetryAt(Ts),
     Drop(String),
+    /// T10: refused for good. Kept, never sent again, and reported to the server once.
+    Refused(String),
 }
 
 pub const UNKNOWN_BACKOFF: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 pub const UNKNOWN_MAX_TRIES: u32 = 5;
 
 /// A4: unknown actions back off for 1h and are dropped after 5 tries; unreachable ones wait for
-/// the next poll; refusals are dropped at once with the server's reason.
+/// the next poll; refusals are kept with the server's reason and not retried (T10).
 pub fn after_call(outcome: &CallOutcome, unknown_tries_before: u32, now: Ts) -> NextStep {
     match outcome {
         CallOutcome::Ok => NextStep::Done,
@@ -37,7 +90,7 @@ pub fn after_call(outcome: &CallOutcome, unknown_tries_before: u32, now: Ts) -> 
             NextStep::Drop(format!("the server did not know this action after {UNKNOWN_MAX_TRIES} tries"))
         }
         CallOutcome::Unknown => NextStep::RetryAt(now + UNKNOWN_BACKOFF),
-        CallOutcome::Refused(why) => NextStep::Drop(why.clone()),
+        CallOutcome::Refused(why) => NextStep::Refused(why.clone()),
     }
 }
 
@@ -74,7 +127,7 @@ pub fn needs_reregister(last: TaskResult, last_poll: Option<Ts>, now: Ts) -> boo
 /// A2: a polled mail that fails these checks is quarantined (kept aside, reported `fail`),
 /// never presented; the others are unaffected.
 pub fn validate_polled(m: &Mail, me: &str) -> Result<(), String> {
-    if !is_mail_id(&m.id) {
+    if !is_stored_id(&m.id) {
         return Err(format!("malformed id {:?}", m.id));
     }
     if m.to != me {
@@ -137,10 +190,25 @@ mod tests {
     }
 
     #[test]
-    fn a4_unreachable_retries_at_the_next_poll_and_refusals_drop() {
+    fn a4_t10_unreachable_retries_at_the_next_poll_and_refusals_are_kept_not_retried() {
         assert_eq!(after_call(&CallOutcome::Unreachable, 9, at(5)), NextStep::RetryAt(at(5)));
-        assert_eq!(after_call(&CallOutcome::Refused("403".into()), 0, at(5)), NextStep::Drop("403".into()));
+        assert_eq!(after_call(&CallOutcome::Refused("403".into()), 0, at(5)), NextStep::Refused("403".into()));
         assert_eq!(after_call(&CallOutcome::Ok, 0, at(5)), NextStep::Done);
+    }
+
+    #[test]
+    fn t10_a_conflict_refuses_a_queued_intent_while_a_missing_roster_waits() {
+        use QueuedCall::*;
+        let conflict = call_outcome(Intent, Err((Some(409), "taken")));
+        assert_eq!(conflict, CallOutcome::Refused("409: taken".into()));
+        assert_eq!(call_outcome(Intent, Err((Some(422), "no roster"))), CallOutcome::Unreachable);
+        assert_eq!(call_outcome(Seen, Err((Some(422), "bad"))), CallOutcome::Refused("422: bad".into()));
+        assert_eq!(call_outcome(Ack, Err((Some(404), "?"))), CallOutcome::Unknown);
+        for retried in [401, 408, 429, 500, 503] {
+            assert_eq!(call_outcome(Fail, Err((Some(retried), ""))), CallOutcome::Unreachable, "{retried}");
+        }
+        assert_eq!(call_outcome(Seen, Err((None, "connection refused"))), CallOutcome::Unreachable);
+        assert!(QueuedCall::ALL.iter().all(|c| QueuedCall::parse(c.as_str()) == Some(*c)));
     }
 
     #[test]

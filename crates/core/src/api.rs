@@ -194,6 +194,23 @@ impl Validate for PollerReport {
     }
 }
 
+/// `POST /api/v1/refusals` (T10): a queued call the server refused for good, reported once by
+/// the PC that keeps it, so a refusal is never silent on the server's side either.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RefusedCall {
+    pub action: crate::agent::QueuedCall,
+    pub target: String,
+    pub reason: String,
+}
+
+impl Validate for RefusedCall {
+    fn validate(&self) -> Result<(), Invalid> {
+        line("target", &self.target, 200)?;
+        line("reason", &self.reason, 2000)
+    }
+}
+
 /// `POST /api/v1/jobs`: one job for the queue.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -1,8 +1,16 @@
-//! Mail ids (M4, M6) and the hex helpers they share with token hashing.
+//! Mail ids (M4, M6), intent ids (I1, T10) and the hex helpers they share with token hashing.
+//!
+//! Two namespaces (T10): `mail--` ids a client may choose, and `intent--` ids only the server
+//! and the PC derive from a chat message's key. A sender can therefore never take the id a
+//! future Telegram message will need.
 
 use sha2::{Digest, Sha256};
 
 const MAIL_PREFIX: &str = "mail--";
+const INTENT_PREFIX: &str = "intent--";
+/// T10: how many hex digits a client-chosen mail id may carry.
+const MAIL_HEX: std::ops::RangeInclusive<usize> = 8..=32;
+const INTENT_HEX: usize = 16;
 
 /// M4: `mail--` + 8 random lowercase hex digits, from 4 random bytes the caller drew.
 pub fn mail_id(random: [u8; 4]) -> String {
@@ -15,11 +23,39 @@ pub fn reply_id(parent_id: &str, sender: &str) -> String {
     format!("{MAIL_PREFIX}{}", &hex(&digest)[..8])
 }
 
-/// Whether `id` has the shape of M4; anything else is refused at the API's edge.
-pub fn is_mail_id(id: &str) -> bool {
-    id.strip_prefix(MAIL_PREFIX)
-        .is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+/// I1/T10: an intent's id follows from its key, so recording it twice, on the PC or on the
+/// server, is the same row; its prefix is one no client may send under.
+pub fn intent_id(key: &str) -> String {
+    format!("{INTENT_PREFIX}{}", &sha256_hex(key)[..INTENT_HEX])
 }
+
+/// The id an intent got before T10 (`mail--` + 8 hex of the same digest), so a store written
+/// then still finds its intents when a message is recorded again.
+pub fn legacy_intent_id(key: &str) -> String {
+    format!("{MAIL_PREFIX}{}", &sha256_hex(key)[..8])
+}
+
+fn lower_hex(h: &str) -> bool {
+    h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// T10: an id a client may choose for its mail (`mail--` and 8–32 lowercase hex; M4 draws 8).
+pub fn is_mail_id(id: &str) -> bool {
+    id.strip_prefix(MAIL_PREFIX).is_some_and(|h| MAIL_HEX.contains(&h.len()) && lower_hex(h))
+}
+
+pub fn is_intent_id(id: &str) -> bool {
+    id.strip_prefix(INTENT_PREFIX).is_some_and(|h| h.len() == INTENT_HEX && lower_hex(h))
+}
+
+/// Any id a stored mail may have: a client's or a derived intent's (routes that read or move
+/// mail take both).
+pub fn is_stored_id(id: &str) -> bool {
+    is_mail_id(id) || is_intent_id(id)
+}
+
+/// What [`is_mail_id`] asks, in the words an error gives.
+pub const MAIL_ID_SHAPE: &str = "mail-- followed by 8 to 32 lowercase hex digits";
 
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -45,6 +81,20 @@ mod tests {
         assert!(is_mail_id(&id));
         for bad in ["mail--DEADBE01", "mail--deadbe0", "mail-deadbe01", "mail--deadbe0g", ""] {
             assert!(!is_mail_id(bad), "{bad}");
+        }
+        assert!(is_mail_id(&format!("mail--{}", "a".repeat(32))));
+        assert!(!is_mail_id(&format!("mail--{}", "a".repeat(33))));
+    }
+
+    #[test]
+    fn t10_intent_ids_live_outside_what_a_client_may_choose() {
+        let id = intent_id("telegram--100123-557");
+        assert!(id.starts_with("intent--") && is_intent_id(&id) && is_stored_id(&id), "{id}");
+        assert!(!is_mail_id(&id), "a sender could squat {id}");
+        assert_ne!(intent_id("telegram--100123-557"), intent_id("telegram--100123-558"));
+        // No client-choosable id is ever an intent's.
+        for n in MAIL_HEX {
+            assert!(!is_intent_id(&format!("mail--{}", "0".repeat(n))));
         }
     }
 

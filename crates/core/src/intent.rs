@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use crate::Ts;
-use crate::ids::sha256_hex;
+use crate::ids::intent_id;
 use crate::mail::{Mail, MailKind};
 use crate::manifest::spec::IntentPolicySpec;
 use crate::present::cut;
@@ -20,12 +20,6 @@ pub fn external_key(channel: &str, chat: &str, message: &str) -> String {
 /// negative, a message id never is).
 pub fn key_parts<'a>(key: &'a str, channel: &str) -> Option<(&'a str, &'a str)> {
     key.strip_prefix(channel)?.strip_prefix('-')?.rsplit_once('-')
-}
-
-/// An intent's mail id follows from its key, so recording it twice, on the PC or on the
-/// server, is the same row.
-pub fn intent_id(key: &str) -> String {
-    format!("mail--{}", &sha256_hex(key)[..8])
 }
 
 /// An inbound message as `intent record` and `POST /api/v1/intents` take it.

@@ -317,20 +317,35 @@ pub fn plan_claim(job: &Job, owner: &str, token: &str, lease: Dur, now: Ts) -> J
     }
 }
 
-/// J6 for a batch, in order: a job whose unique key a live job holds (one already stored, or
-/// an earlier job of the same batch) is answered with that holder and not written; the rest
-/// are written. Answers `(writes, [(job, created)])`, the answers in the batch's order.
-pub fn plan_enqueue(live: Vec<Job>, incoming: Vec<Job>) -> (Vec<Job>, Vec<(Job, bool)>) {
-    let mut holders: std::collections::HashMap<String, Job> =
-        live.into_iter().filter_map(|j| Some((j.unique_key.clone()?, j))).collect();
+/// T12: whose unique keys a job's key is weighed against — its enqueuer's own (the admin and
+/// the server's ledger share one scope), or everyone's on a pool that declares
+/// `sharedUniqueKeys`.
+pub fn shares_unique_key(holder: &Job, job: &Job, shared: bool) -> bool {
+    holder.unique_key.is_some()
+        && holder.unique_key == job.unique_key
+        && (shared || holder.enqueued_by == job.enqueued_by)
+}
+
+/// Whether the pool serving `queue` shares its unique keys across machines (T12).
+pub fn shared_unique_keys(pools: &[(String, WorkerPoolSpec)], queue: &str) -> bool {
+    pools.iter().any(|(_, p)| p.shared_unique_keys && p.queues.iter().any(|q| q == queue))
+}
+
+/// J6/T12 for a batch, in order: a job whose unique key a live job of its scope holds (one
+/// already stored, or an earlier job of the same batch) is answered with that holder and not
+/// written; the rest are written. `shared` says which queues share keys across machines.
+/// Answers `(writes, [(job, created)])`, the answers in the batch's order.
+pub fn plan_enqueue(live: Vec<Job>, incoming: Vec<Job>, shared: impl Fn(&str) -> bool) -> (Vec<Job>, Vec<(Job, bool)>) {
+    let mut holders: Vec<Job> = live.into_iter().filter(|j| j.unique_key.is_some()).collect();
     let mut writes = Vec::with_capacity(incoming.len());
     let mut answers = Vec::with_capacity(incoming.len());
     for job in incoming {
-        match job.unique_key.as_ref().and_then(|k| holders.get(k)) {
+        let scope_shared = shared(&job.queue);
+        match holders.iter().find(|h| shares_unique_key(h, &job, scope_shared)) {
             Some(holder) => answers.push((holder.clone(), false)),
             None => {
-                if let Some(k) = &job.unique_key {
-                    holders.insert(k.clone(), job.clone());
+                if job.unique_key.is_some() {
+                    holders.push(job.clone());
                 }
                 writes.push(job.clone());
                 answers.push((job, true));
@@ -539,7 +554,7 @@ mod tests {
             keyed("job-d", Some("daily")),
             keyed("job-e", None),
         ];
-        let (writes, answers) = plan_enqueue(vec![stored], batch);
+        let (writes, answers) = plan_enqueue(vec![stored], batch, |_| false);
         let ids = |jobs: Vec<&Job>| jobs.into_iter().map(|j| j.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(writes.iter().collect()), ["job-b", "job-c", "job-e"]);
         let answered: Vec<(String, bool)> = answers.iter().map(|(j, c)| (j.id.clone(), *c)).collect();
@@ -553,6 +568,33 @@ mod tests {
                 ("job-e".into(), true)
             ]
         );
+    }
+
+    #[test]
+    fn t12_a_unique_key_is_scoped_to_its_enqueuer_unless_the_pool_shares_keys() {
+        let keyed = |id: &str, by: Option<&str>, queue: &str| Job {
+            unique_key: Some("invoice-78".into()),
+            enqueued_by: by.map(String::from),
+            ..Job::new(id.into(), queue.into(), "f".into(), "{}".into(), at(0))
+        };
+        let squat = keyed("job-laptop", Some("laptop"), "q");
+        let batch = vec![keyed("job-desk", Some("desk"), "q"), keyed("job-desk2", Some("desk"), "q")];
+        let (writes, answers) = plan_enqueue(vec![squat.clone()], batch.clone(), |_| false);
+        assert_eq!(writes.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["job-desk"], "desk's own job");
+        let answered: Vec<(&str, bool)> = answers.iter().map(|(j, c)| (j.id.as_str(), *c)).collect();
+        assert_eq!(answered, [("job-desk", true), ("job-desk", false)], "never laptop's job");
+        // The admin and the ledger (no enqueuer) share one scope, apart from every machine.
+        let (writes, _) = plan_enqueue(vec![squat.clone()], vec![keyed("job-admin", None, "q")], |_| false);
+        assert_eq!(writes.len(), 1);
+        // A pool that shares keys answers desk with laptop's job.
+        let (writes, answers) = plan_enqueue(vec![squat], batch, |q| q == "q");
+        assert!(writes.is_empty());
+        assert!(answers.iter().all(|(j, created)| j.id == "job-laptop" && !created));
+        let pools = vec![(
+            "p".to_string(),
+            WorkerPoolSpec { queues: vec!["q".into()], shared_unique_keys: true, ..WorkerPoolSpec::default() },
+        )];
+        assert!(shared_unique_keys(&pools, "q") && !shared_unique_keys(&pools, "other"));
     }
 
     #[test]

@@ -112,6 +112,46 @@ fn sender(u: &User) -> String {
     if full.is_empty() { format!("user {}", u.id) } else { crate::text::sanitize(full).replace(['\n', '\r'], " ") }
 }
 
+/// T13: an outbound call's chat and message, as the Bot API's integers (so `011` is message
+/// 11, the one its intent was recorded under).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outbound {
+    pub chat: i64,
+    pub message: i64,
+}
+
+impl Outbound {
+    /// The key of the intent this call answers (I1).
+    pub fn key(&self) -> String {
+        crate::intent::external_key(CHANNEL, &self.chat.to_string(), &self.message.to_string())
+    }
+}
+
+/// T13: a reply or reaction goes only to a chat `allowedChats` lets in (any chat when it is
+/// empty, as for intake), and only about a message recorded as an intent of that chat —
+/// `recorded` answers whether a key is. Anything else is refused with the reason.
+pub fn outbound(
+    policy: &IntentPolicySpec,
+    chat: &str,
+    message: &str,
+    mut recorded: impl FnMut(&str) -> bool,
+) -> Result<Outbound, String> {
+    let int = |field: &str, v: &str| {
+        v.trim().parse::<i64>().map_err(|_| format!("`{field}` must be a Telegram id (an integer), not {v:?}"))
+    };
+    let target = Outbound { chat: int("chat_id", chat)?, message: int("message", message)? };
+    if !policy.allowed_chats.is_empty() && !policy.allowed_chats.contains(&target.chat) {
+        return Err(format!("chat {} is not in the IntentPolicy's allowedChats (T13)", target.chat));
+    }
+    if !recorded(&target.key()) {
+        return Err(format!(
+            "message {} of chat {} was never recorded here; answer only messages that arrived (T13)",
+            target.message, target.chat
+        ));
+    }
+    Ok(target)
+}
+
 /// I7: the offset that confirms `update` once it is recorded (or dropped, or skipped): Telegram
 /// forgets every update below the offset of the next `getUpdates`.
 pub fn confirm(update: &Update) -> i64 {
@@ -192,6 +232,22 @@ mod tests {
             ("telegram", "-100123", "2604", "@kim", "本番を止めて")
         );
         assert_eq!(confirm(&u), 8, "the offset confirms this update and no later one");
+    }
+
+    #[test]
+    fn t13_outbound_chat_goes_only_to_allowed_chats_about_recorded_messages() {
+        let policy = IntentPolicySpec { allowed_chats: vec![-1001], ..IntentPolicySpec::default() };
+        let recorded = |key: &str| key == "telegram--1001-11";
+        assert_eq!(outbound(&policy, "-1001", "011", recorded), Ok(Outbound { chat: -1001, message: 11 }));
+        assert_eq!(outbound(&policy, " -1001", "11", recorded).map(|o| o.key()), Ok("telegram--1001-11".into()));
+        let outside = outbound(&policy, "-100777", "11", |_| true).expect_err("outside allowedChats");
+        assert!(outside.contains("allowedChats (T13)"), "{outside}");
+        let unknown = outbound(&policy, "-1001", "12", recorded).expect_err("never recorded");
+        assert!(unknown.contains("never recorded"), "{unknown}");
+        assert!(outbound(&policy, "-1001", "11; DROP", recorded).is_err());
+        assert!(outbound(&policy, "x", "11", recorded).is_err());
+        let open = IntentPolicySpec::default();
+        assert!(outbound(&open, "-5", "3", |k| k == "telegram--5-3").is_ok(), "no allowedChats: any recorded chat");
     }
 
     #[test]

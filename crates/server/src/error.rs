@@ -65,6 +65,10 @@ impl ServiceError {
     pub fn not_found(m: impl Into<String>) -> Self {
         Self::new(Failure::NotFound, m)
     }
+    /// T16: the one answer for a mail that is not there and for one that is not the caller's.
+    pub fn mail_not_found(id: &str) -> Self {
+        Self::not_found(format!("mail {id} not found"))
+    }
     pub fn conflict(m: impl Into<String>) -> Self {
         Self::new(Failure::Conflict, m)
     }
@@ -132,7 +136,7 @@ impl From<SendError> for ServiceError {
             SendError::Unresolved(r) => Self::from_resolve(r),
             SendError::Loop(_) => Self::new(Failure::LoopRefused, message),
             SendError::DuplicateId(_) => Self::new(Failure::DuplicateId, message),
-            SendError::ParentNotFound(_) => Self::not_found(message),
+            SendError::ParentNotFound(id) => Self::mail_not_found(&id),
             SendError::NotRecipient(_) => Self::forbidden(message),
             SendError::Invalid(_) => Self::unprocessable(message),
         }

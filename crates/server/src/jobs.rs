@@ -8,8 +8,8 @@ use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
-    Actor, ClaimRefusal, Job, JobState, LeaseError, Report, ReportRefusal, claim_terms, declared, lease_owner,
-    plan_admin_move, plan_enqueue, plan_report, plan_rescue,
+    Actor, ClaimRefusal, Job, JobState, LeaseError, Report, ReportRefusal, claim_terms, declared, lease_owner, may_see,
+    plan_admin_move, plan_enqueue, plan_report, plan_rescue, shared_unique_keys,
 };
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
@@ -89,7 +89,11 @@ pub async fn enqueue_many(
     }
     let keys: Vec<String> = jobs.iter().filter_map(|j| j.unique_key.clone()).collect();
     let select = if keys.is_empty() { JobSelect::Ids(vec![]) } else { JobSelect::LiveUnique(keys) };
-    let answers = app.store().jobs_transaction(select, move |live| plan_enqueue(live, jobs)).await?;
+    let mut shared_queues: Vec<String> =
+        jobs.iter().filter(|j| shared_unique_keys(&rt.pools, &j.queue)).map(|j| j.queue.clone()).collect();
+    shared_queues.dedup();
+    let shared = move |queue: &str| shared_queues.iter().any(|q| q == queue);
+    let answers = app.store().jobs_transaction(select, move |live| plan_enqueue(live, jobs, shared)).await?;
     if answers.iter().any(|(_, created)| *created) {
         app.ring_job_bell();
     }
@@ -169,7 +173,11 @@ pub async fn report_many(
             let outcomes: Vec<Result<Job, ServiceError>> = reports
                 .into_iter()
                 .map(|(id, token, report)| {
-                    let job = current.remove(&id).ok_or_else(|| ServiceError::not_found("job not found"))?;
+                    // T16: a job the caller may not list answers as one that is not there.
+                    let job = current
+                        .remove(&id)
+                        .filter(|j| may_see(j, reporter.actor()))
+                        .ok_or_else(|| ServiceError::not_found("job not found"))?;
                     let next =
                         plan_report(&job, &token, reporter.actor(), report, &rt.pools, now, jitter).map_err(refused);
                     let kept = next.as_ref().map_or(job, Clone::clone);

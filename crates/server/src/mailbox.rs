@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use pcmail_core::Ts;
 use pcmail_core::alert::{arrival_notice, poller_alert};
-use pcmail_core::api::{Event, PollResponse, PollerReport, SendRequest, SendResponse};
+use pcmail_core::api::{Event, PollResponse, PollerReport, RefusedCall, SendRequest, SendResponse};
 use pcmail_core::ids;
 use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_record};
 use pcmail_core::mail::{
-    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, deliver_or_expire,
-    plan_send, poll_start, send_ids,
+    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view,
+    deliver_or_expire, plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{MailSelect, MailWrites, Store};
@@ -154,14 +154,18 @@ pub async fn record_intent(
     }
     let recorder = caller.machine().unwrap_or("admin").to_string();
     let mail = intent_mail(&msg, &owner, now, rt.mail_policy.ttl);
-    let id = mail.id.clone();
+    let key = mail.external_key.clone();
+    let legacy = ids::legacy_intent_id(key.as_deref().unwrap_or_default());
     let (outcome, moves) = app
         .store()
-        .mail_transaction(MailSelect::Ids(vec![id.clone()]), move |rows| {
+        .mail_transaction(MailSelect::Ids(vec![mail.id.clone(), legacy]), move |rows| {
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-            let stored = rows.first();
+            // The intent itself, under today's id or (recorded before T10) under its old one;
+            // a client's mail that happens to hold the old id is not it.
+            let same_key = |m: &&Mail| m.kind == MailKind::Intent && m.external_key == key;
+            let stored = rows.iter().find(|m| m.id == mail.id).or_else(|| rows.iter().find(same_key));
             // Another mail holds the id this key derives to: say so rather than drop it.
-            if let Some(other) = stored.filter(|m| m.kind != MailKind::Intent || m.external_key != mail.external_key) {
+            if let Some(other) = stored.filter(|m| !same_key(m)) {
                 let e = ServiceError::conflict(format!(
                     "intent {} cannot be stored: its id {} is taken by another mail ({})",
                     mail.external_key.as_deref().unwrap_or_default(),
@@ -170,22 +174,23 @@ pub async fn record_intent(
                 ));
                 return (writes, (Err(e), moves));
             }
+            let id = stored.map_or_else(|| mail.id.clone(), |m| m.id.clone());
             let outcome = match plan_record(stored, mail, &recorder, now) {
                 Recording::New(mail) => {
                     moves.record(&mut writes, None, mail, &recorder, now);
-                    (true, false)
+                    (id, true, false)
                 }
-                Recording::Same => (false, false),
+                Recording::Same => (id, false, false),
                 Recording::Conflict { event, alert } => {
                     writes.events.push(event);
                     writes.alerts.push(alert);
-                    (false, true)
+                    (id, false, true)
                 }
             };
             (writes, (Ok(outcome), moves))
         })
         .await?;
-    let (created, conflict) = outcome?;
+    let (id, created, conflict) = outcome?;
     moves.publish(app);
     if conflict {
         tracing::warn!(id = %id, recorder = caller.machine().unwrap_or("admin"), "an intent was recorded again with another text");
@@ -225,6 +230,26 @@ pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now
     Ok(())
 }
 
+/// T10: a PC reports a queued call the server refused; counted, and kept as an event of that
+/// machine naming the call and why, so an operator sees what a PC holds back.
+pub async fn refused(app: &App, caller: &Caller, call: RefusedCall, now: Ts) -> Result<(), ServiceError> {
+    let machine = caller
+        .machine()
+        .ok_or_else(|| ServiceError::bad_request("only a machine reports its refused calls (use --as MACHINE)"))?;
+    let event = Event {
+        at: now,
+        object: format!("machine/{machine}"),
+        reason: "PendingRefused".into(),
+        message: format!("{} {} was refused and is kept on the PC: {}", call.action, call.target, call.reason),
+        actor: machine.to_string(),
+    };
+    let writes = MailWrites { events: vec![event], ..MailWrites::default() };
+    app.store().mail_transaction(MailSelect::Ids(vec![]), move |_| (writes, ())).await?;
+    app.metrics().pending_refused.with_label_values(&[call.action.as_str()]).inc();
+    tracing::warn!(machine, action = %call.action, target = %call.target, reason = %call.reason, "a PC reports a refused call");
+    Ok(())
+}
+
 /// Seen, ack (done) or fail one mail, as its recipient (C3). Answers the mail as it now is.
 pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> Result<Mail, ServiceError> {
     let actor = caller.machine().unwrap_or("admin").to_string();
@@ -233,8 +258,9 @@ pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> 
     let (mail, moves) = app
         .store()
         .mail_transaction(MailSelect::Ids(vec![id.to_string()]), move |mut rows| {
-            let Some(mail) = rows.pop() else {
-                return (MailWrites::default(), Err(ServiceError::not_found(format!("mail {id_owned} not found"))));
+            // T16: a mail the caller may not even see answers as one that is not there.
+            let Some(mail) = rows.pop().filter(|m| can_view(m, &principal)) else {
+                return (MailWrites::default(), Err(ServiceError::mail_not_found(&id_owned)));
             };
             if !can_move(&mail, &principal) {
                 let e = ServiceError::forbidden(format!("mail {id_owned} is not addressed to you"));

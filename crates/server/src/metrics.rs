@@ -42,6 +42,7 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub pruned: IntCounterVec,
     pub intents_dropped: IntCounterVec,
+    pub pending_refused: IntCounterVec,
     waits_parked: IntGaugeVec,
 }
 
@@ -157,9 +158,17 @@ impl Metrics {
                 "Chat messages a PC's poller dropped: their chat is outside allowedChats (I9).",
                 &["channel"]
             )?),
+            pending_refused: reg!(counter(
+                "pcmail_pending_refused_total",
+                "Queued PC calls the server refused for good, as the PCs report them (T10).",
+                &["action"]
+            )?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        for call in pcmail_core::agent::QueuedCall::ALL {
+            m.pending_refused.with_label_values(&[call.as_str()]);
+        }
         for outcome in Notified::ALL {
             m.notifications.with_label_values(&[outcome.as_str()]);
         }

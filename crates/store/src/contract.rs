@@ -758,7 +758,7 @@ pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
     assert_eq!(store.get_job("job-9999").await.expect("read"), None);
 }
 
-pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
+pub async fn j6_t12_live_holders_of_a_unique_key_are_found_in_every_scope(store: &impl Store) {
     let mut j = job(1, 0, 0);
     j.unique_key = Some("nightly".into());
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
@@ -767,12 +767,19 @@ pub async fn j6_a_unique_key_held_by_a_live_job_is_found(store: &impl Store) {
         .await
         .expect("find");
     assert_eq!(live.len(), 1);
-    let mut dup = job(2, 0, 0);
-    dup.unique_key = Some("nightly".into());
-    let res = store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![dup], ())).await;
-    assert!(res.is_err(), "the store refuses a second live job with the key");
-    let counts = store.job_counts().await.expect("counts");
-    assert_eq!(counts, vec![("q".to_string(), "queued".to_string(), 1)]);
+    // T12: another machine's job under the same key is stored beside it (the planner decided
+    // it may be), and both are found as holders.
+    let mut other = job(2, 0, 0);
+    other.unique_key = Some("nightly".into());
+    other.enqueued_by = Some("desk".into());
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![other], ())).await.expect("enqueue");
+    let live = store
+        .jobs_transaction(JobSelect::LiveUnique(vec!["nightly".into()]), |found| (vec![], found))
+        .await
+        .expect("find");
+    let mut by: Vec<Option<String>> = live.into_iter().map(|j| j.enqueued_by).collect();
+    by.sort();
+    assert_eq!(by, [None, Some("desk".to_string())]);
 }
 
 pub async fn c1_exactly_one_replica_holds_the_lease(store: &(impl Store + Clone)) {
@@ -1034,7 +1041,7 @@ macro_rules! contract_tests {
             j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens,
             j2_j3_a_rescued_lease_can_no_longer_write,
             j5_a_job_is_read_back_by_id_as_committed,
-            j6_a_unique_key_held_by_a_live_job_is_found,
+            j6_t12_live_holders_of_a_unique_key_are_found_in_every_scope,
             j1_concurrent_claims_never_hand_one_job_to_two_workers,
             c1_exactly_one_replica_holds_the_lease,
             o2_a_backup_holds_every_tab_as_it_was,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pcmail_core::api::{ErrorCode, MailStatus, SearchResults, SendRequest, StepRequest};
 use pcmail_core::ids;
-use pcmail_core::intent::{external_key, listing};
+use pcmail_core::intent::listing;
 use pcmail_core::mail::{Mail, MailKind, MailState, Step};
 use pcmail_core::present;
 use serde_json::{Map, Value, json};
@@ -164,7 +164,7 @@ impl Args<'_> {
     /// A mail id (M4's form), checked before it becomes part of a URL.
     fn id(&self) -> Result<String, ToolError> {
         let id = self.str("id")?;
-        if ids::is_mail_id(&id) {
+        if ids::is_stored_id(&id) {
             Ok(id)
         } else {
             Err(ToolError(format!("`id` must be a mail id like mail--0a1b2c3d, not {id:?}.")))
@@ -285,19 +285,38 @@ async fn telegram(client: Option<&Client>, home: &Path, name: &str, args: &Args<
         ToolError("This PC has no Telegram bot; run `pcmail-ctl telegram login --token-file F`.".into())
     })?;
     let bot = crate::telegram::Bot::new(&config).map_err(|e| ToolError(e.to_string()))?;
-    let chat = args.chat_id("chat_id")?;
-    let (message, step) = if name == "telegram_reply" {
-        let (reply_to, text) = (args.chat_id("reply_to")?, args.str("text")?);
-        bot.reply(&chat, &reply_to, &text).await.map_err(|e| ToolError(format!("{e}; nothing was sent or closed.")))?;
-        (reply_to, Step::Done { result: Some(present::cut(&format!("answered on Telegram: {text}"), 2000)) })
+    let reply = name == "telegram_reply";
+    let (chat, message) = (args.chat_id("chat_id")?, args.chat_id(if reply { "reply_to" } else { "message_id" })?);
+    // T13: only to an allowed chat, about a message recorded there; else nothing is sent.
+    let target = {
+        let cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
+        let policy = cache.intent_policy()?;
+        let mut lookup_error = None;
+        let recorded = |key: &str| match cache.intent_by_key(key) {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                lookup_error.get_or_insert(e.to_string());
+                false
+            }
+        };
+        let target = pcmail_core::telegram::outbound(&policy, &chat, &message, recorded);
+        if let Some(e) = lookup_error {
+            return Err(ToolError(format!("{e}; nothing was sent.")));
+        }
+        target.map_err(|why| ToolError(format!("Refused: {why}; nothing was sent.")))?
+    };
+    let (chat, message) = (target.chat.to_string(), target.message.to_string());
+    let step = if reply {
+        let text = args.str("text")?;
+        bot.reply(&chat, &message, &text).await.map_err(|e| ToolError(format!("{e}; nothing was sent or closed.")))?;
+        Step::Done { result: Some(present::cut(&format!("answered on Telegram: {text}"), 2000)) }
     } else {
-        let message = args.chat_id("message_id")?;
         bot.react(&chat, &message, &args.str("emoji")?)
             .await
             .map_err(|e| ToolError(format!("{e}; nothing was marked.")))?;
-        (message, Step::See)
+        Step::See
     };
-    let key = external_key(pcmail_core::telegram::CHANNEL, &chat, &message);
+    let key = target.key();
     let mut cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
     let closed = match cache.intent_by_key(&key)? {
         Some(intent) => {

@@ -10,6 +10,8 @@ use super::{Row, RowState, dedup_key, row_id};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Incoming {
+    /// Empty in a machine's push: its own source (T11).
+    #[serde(default)]
     pub source: String,
     pub task: String,
     #[serde(default)]
@@ -63,6 +65,22 @@ impl RowPatch {
             && self.due.is_none()
             && self.assignee.is_none()
             && self.function.is_none()
+    }
+
+    /// What the patch writes, for the row's history: each field with its new text (cut).
+    pub fn describe(&self) -> String {
+        let fields = [
+            ("content", &self.content),
+            ("evidence", &self.evidence),
+            ("due", &self.due),
+            ("assignee", &self.assignee),
+            ("function", &self.function),
+        ];
+        let changed: Vec<String> = fields
+            .into_iter()
+            .filter_map(|(name, v)| Some(format!("{name} = {:?}", crate::present::cut(v.as_deref()?, 200))))
+            .collect();
+        changed.join(", ")
     }
 
     /// Applies the patch to a row (the store's write, shared so adapters agree).

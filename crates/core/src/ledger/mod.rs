@@ -5,6 +5,7 @@
 //! cross-project view and the purge plan. All pure: rows, time and ids come in as arguments.
 
 mod merge;
+pub mod push;
 mod run;
 pub mod source;
 mod view;

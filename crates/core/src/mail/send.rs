@@ -147,9 +147,7 @@ pub fn plan_send(
         let to = roster::resolve(ctx.roster, &req.to)?;
         let id = req.id.clone().unwrap_or_else(|| ctx.fresh_id.clone());
         if !ids::is_mail_id(&id) {
-            return Err(SendError::Invalid(format!(
-                "mail id {id:?} must be mail-- followed by 8 lowercase hex digits"
-            )));
+            return Err(SendError::Invalid(format!("mail id {id:?} must be {}", ids::MAIL_ID_SHAPE)));
         }
         let mail = base(id.clone(), to, req.kind.unwrap_or_default(), 0);
         if let Some(same) = seen.candidate {
@@ -167,7 +165,9 @@ pub fn plan_send(
         return Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update: None });
     };
 
-    let parent = seen.parent.ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
+    // T16: a parent the sender may not see is, to the sender, not there.
+    let visible = seen.parent.filter(|p| p.to == sender || p.from == sender);
+    let parent = visible.ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
     if parent.to != sender {
         return Err(SendError::NotRecipient(parent.id.clone()));
     }
@@ -216,9 +216,7 @@ pub fn plan_send(
             (Some(id), Some(_)) => return Err(SendError::DuplicateId(id.clone())),
             (Some(id), None) if ids::is_mail_id(id) => id.clone(),
             (Some(id), None) => {
-                return Err(SendError::Invalid(format!(
-                    "mail id {id:?} must be mail-- followed by 8 lowercase hex digits"
-                )));
+                return Err(SendError::Invalid(format!("mail id {id:?} must be {}", ids::MAIL_ID_SHAPE)));
             }
             (None, _) if seen.fresh_taken => return Err(SendError::DuplicateId(ctx.fresh_id.clone())),
             (None, _) => ctx.fresh_id.clone(),

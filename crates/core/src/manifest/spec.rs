@@ -172,6 +172,10 @@ pub struct WorkerPoolSpec {
     /// E7: finished jobs of this pool's queues are kept this long.
     #[serde(default = "d_7d")]
     pub retention: Dur,
+    /// T12: a unique key on this pool's queues holds across machines (off: each machine's
+    /// keys are its own, so no machine can take another's key first).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_unique_keys: bool,
 }
 
 impl Default for WorkerPoolSpec {
@@ -186,6 +190,7 @@ impl Default for WorkerPoolSpec {
             external_workers: Vec::new(),
             max_lease: None,
             retention: d_7d(),
+            shared_unique_keys: false,
         }
     }
 }
@@ -228,6 +233,24 @@ pub struct LedgerSpec {
     pub sources: Vec<LedgerSource>,
     #[serde(default = "twenty")]
     pub view_cap: u32,
+    /// T11: sources a machine may push to beside its own `push:<machine>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pushers: Vec<Pusher>,
+}
+
+impl LedgerSpec {
+    pub fn new(project: &str) -> Self {
+        LedgerSpec { project: project.into(), sources: vec![], view_cap: twenty(), pushers: vec![] }
+    }
+}
+
+/// T11: `machine` may push rows of `sources` (a Roster label, T19).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pusher {
+    pub machine: String,
+    #[serde(default)]
+    pub sources: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -47,6 +47,7 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
             ));
         }
     }
+    errors.extend(machines_named(docs, existing));
     let mut projects: BTreeMap<&str, &str> = existing
         .iter()
         .filter(|r| r.kind == Kind::Ledger && !docs.iter().any(|d| d.kind() == Kind::Ledger && d.name == r.name))
@@ -61,6 +62,43 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
                 0,
                 format!("project {:?} already has the Ledger {other:?}; one Ledger per project", l.project),
             ));
+        }
+    }
+    errors
+}
+
+/// T19: the machines a policy, pool or ledger names (`recorders`, `externalWorkers`,
+/// `pushers`) are Roster labels — the Roster applied with them, or the one stored — since the
+/// rules that use them compare labels.
+fn machines_named(docs: &[Document], existing: &[SpecRecord]) -> Vec<ManifestError> {
+    let incoming = docs.iter().find_map(|d| match &d.spec {
+        Spec::Roster(r) => Some(r.clone()),
+        _ => None,
+    });
+    let stored = || {
+        let record = existing.iter().find(|r| r.kind == Kind::Roster)?;
+        serde_json::from_value::<RosterSpec>(record.spec.clone()).ok()
+    };
+    let roster = incoming.or_else(stored);
+    let mut errors = Vec::new();
+    for doc in docs {
+        let (field, named): (&str, Vec<&String>) = match &doc.spec {
+            Spec::IntentPolicy(p) => ("recorders", p.recorders.iter().collect()),
+            Spec::WorkerPool(w) => ("externalWorkers", w.external_workers.iter().collect()),
+            Spec::Ledger(l) => ("pushers", l.pushers.iter().map(|p| &p.machine).collect()),
+            _ => continue,
+        };
+        // A name that is no valid name is already refused by T6.
+        for name in named.into_iter().filter(|n| text::is_name(n)) {
+            let problem = match &roster {
+                None => format!("{field} names {name:?}, but no Roster is applied; apply the Roster first or with it"),
+                Some(r) if r.machines.iter().any(|m| &m.label == name) => continue,
+                Some(r) => match r.machines.iter().find(|m| m.names().any(|n| n.eq_ignore_ascii_case(name))) {
+                    Some(m) => format!("{field} names {name:?}, which is a name of {}; use its label", m.label),
+                    None => format!("{field} names {name:?}, which is no machine of the Roster (T19)"),
+                },
+            };
+            errors.push(doc.error_in(field, name, 0, problem));
         }
     }
     errors
@@ -190,6 +228,12 @@ pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
             if let Err(e) = bounds::count("viewCap", u64::from(l.view_cap), 1, bounds::MAX_COUNT) {
                 err("viewCap", 0, e.to_string());
             }
+            for p in &l.pushers {
+                name_of("pushers", &p.machine, &mut err);
+                if let Some(s) = p.sources.iter().find(|s| s.is_empty() || text::check_line(s).is_err()) {
+                    err("sources", 0, format!("pushers: source name {s:?} must be one line"));
+                }
+            }
             let mut names = BTreeSet::new();
             for s in &l.sources {
                 if !names.insert(&s.name) {
@@ -200,6 +244,9 @@ pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
                 }
                 if s.file.is_some() == s.command.is_some() {
                     err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
+                }
+                if s.name.starts_with("push:") {
+                    err(&s.name, 0, format!("source name {:?}: push: names a machine's own pushes", s.name));
                 }
                 let argv = s.command.iter().flatten().chain(&s.file);
                 if argv.into_iter().any(|a| a.contains('\0')) {
@@ -429,6 +476,36 @@ mod tests {
         );
         assert!(errors[0].message.contains("metadata.name \"a.b\" is not a valid name"), "{errors:?}");
         assert_eq!(errors[0].line, 3);
+    }
+
+    #[test]
+    fn t19_recorders_external_workers_and_pushers_name_machines_of_the_roster() {
+        let roster = "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: desk\n  machines:\n  - {number: 1, label: desk, aliases: [main]}\n---\n";
+        let with = |kind: &str, spec: &str| check(&format!("{roster}{}", doc(kind, spec)));
+        assert!(with("IntentPolicy", "  recorders: [desk]\n").is_empty());
+        let e = with("IntentPolicy", "  recorders: [desk, ghost]\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].message.contains("\"ghost\", which is no machine of the Roster (T19)"), "{}", e[0]);
+        let e = with("WorkerPool", "  workers: 0\n  queues: [q]\n  externalWorkers: [main]\n");
+        assert!(e[0].message.contains("a name of desk; use its label"), "{e:?}");
+        let e = with("Ledger", "  project: office\n  pushers:\n  - {machine: builder, sources: [ci]}\n");
+        assert!(e[0].message.contains("pushers names \"builder\""), "{e:?}");
+        // Without a Roster nothing is a machine; a stored Roster counts like one applied with it.
+        refused("IntentPolicy", "  recorders: [desk]\n", "no Roster is applied");
+        let docs = parse_file("m.yaml", roster).expect("roster");
+        let Spec::Roster(r) = &docs[0].spec else { panic!("a roster") };
+        let stored = SpecRecord {
+            kind: Kind::Roster,
+            name: "office".into(),
+            labels: BTreeMap::new(),
+            generation: 1,
+            spec: serde_json::to_value(r).expect("json"),
+            status: super::super::Status::default(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+        };
+        let policy = parse_file("p.yaml", &doc("IntentPolicy", "  recorders: [desk]\n")).expect("policy");
+        assert!(validate_documents(&policy, &[stored]).is_empty());
     }
 
     #[test]

@@ -23,10 +23,24 @@ pub struct Field {
     /// Added to the layout after spreadsheets already had the tab: a header row without it
     /// gets it appended, where any other missing header is an error.
     pub late: bool,
+    /// T1/T19: kept by the working copy alone; its cell is always written blank, so no one who
+    /// can open the spreadsheet reads it (lease tokens).
+    pub secret: bool,
 }
 
 const fn field(key: &'static str, en: &'static str, ja: &'static str) -> Field {
-    Field { key, en, ja, editable: false, boolean: false, time: false, date: false, hidden: false, late: false }
+    Field {
+        key,
+        en,
+        ja,
+        editable: false,
+        boolean: false,
+        time: false,
+        date: false,
+        hidden: false,
+        late: false,
+        secret: false,
+    }
 }
 
 /// A controller's column whose header is its store name in both presets.
@@ -56,6 +70,10 @@ const fn hidden(f: Field) -> Field {
 
 const fn late(f: Field) -> Field {
     Field { late: true, ..f }
+}
+
+const fn secret(f: Field) -> Field {
+    Field { secret: true, ..f }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +198,7 @@ pub const JOBS: Tab = Tab {
         plain("max_attempts"),
         time(plain("run_after")),
         plain("lease_owner"),
-        plain("lease_token"),
+        secret(plain("lease_token")),
         time(plain("lease_expires_at")),
         time(plain("heartbeat_at")),
         plain("rescues"),

@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use pcmail_core::api::{
     Kept, LedgerView, MergeCounts, ProjectBody, PurgeReport, PurgeRequest, PushRequest, RowEdit, RunRequest, SyncReport,
 };
-use pcmail_core::ledger::{Row, RowState, Trigger};
+use pcmail_core::ledger::{Row, RowState, Trigger, push};
 use pcmail_core::manifest::spec::ScheduleRole;
 use pcmail_core::page::{Listing, MAX_PAGE};
 use pcmail_store::Store;
@@ -69,15 +69,21 @@ pub async fn view(State(app): State<App>) -> Result<Json<LedgerView>, ServiceErr
     Ok(Json(LedgerView { view: pcmail_core::ledger::render_view(&lines) }))
 }
 
-/// L7 push: any machine may add tasks; the answer is `{added, updated, skipped}`.
+/// L7 push: any machine may add tasks, to its own source or those granted to it (T11); the
+/// answer is `{added, updated, skipped}`. A machine's item without a source is its own.
 pub async fn push(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
-    JsonBody(req): JsonBody<PushRequest>,
+    JsonBody(mut req): JsonBody<PushRequest>,
 ) -> Result<Json<MergeCounts>, ServiceError> {
     let project = resolve_project(&app, req.project.as_deref())?;
+    push::default_sources(&caller.principal, &mut req.items);
     if let Some(bad) = req.items.iter().find(|i| i.source.trim().is_empty() || i.task.trim().is_empty()) {
         return Err(ServiceError::bad_request(format!("every item needs a source and a task (got {bad:?})")));
+    }
+    let ledger = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
+    for item in &req.items {
+        push::may_push(&caller.principal, &item.source, ledger.as_ref()).map_err(ServiceError::forbidden)?;
     }
     let actor = caller.machine().unwrap_or("admin").to_string();
     Ok(Json(

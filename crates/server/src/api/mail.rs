@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use pcmail_core::api::{MailStatus, PollResponse, SendRequest, SendResponse, StepRequest, WhoAmI};
 use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
-use pcmail_core::ids::is_mail_id;
+use pcmail_core::ids::is_stored_id;
 use pcmail_core::mail::{Mail, MailState, Step, can_view};
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
@@ -43,10 +43,11 @@ fn limit(n: Option<usize>, default: usize) -> Result<usize, ServiceError> {
 }
 
 fn check_id(id: &str) -> Result<(), ServiceError> {
-    if is_mail_id(id) {
+    if is_stored_id(id) {
         Ok(())
     } else {
-        Err(ServiceError::bad_request(format!("{id:?} is not a mail id (mail-- followed by 8 lowercase hex digits)")))
+        let shape = pcmail_core::ids::MAIL_ID_SHAPE;
+        Err(ServiceError::bad_request(format!("{id:?} is not a mail id ({shape}) nor an intent's (intent--…)")))
     }
 }
 
@@ -134,11 +135,9 @@ pub async fn status(
 ) -> Result<Json<MailStatus>, ServiceError> {
     let q = query(q)?;
     check_id(&id)?;
-    let mail =
-        app.store().get_mail(&id).await?.ok_or_else(|| ServiceError::not_found(format!("mail {id} not found")))?;
-    if !can_view(&mail, &caller.principal) {
-        return Err(ServiceError::forbidden(format!("mail {id} is neither from nor to you")));
-    }
+    // T16: another machine's mail answers exactly as a missing one.
+    let visible = app.store().get_mail(&id).await?.filter(|m| can_view(m, &caller.principal));
+    let mail = visible.ok_or_else(|| ServiceError::mail_not_found(&id))?;
     let mail = match q.wait_for {
         Some(target) => {
             let wait = wait("timeout", q.timeout)?.unwrap_or(MAX_WAIT);
@@ -218,6 +217,16 @@ pub async fn poller_report(
     JsonBody(report): JsonBody<pcmail_core::api::PollerReport>,
 ) -> Result<Json<serde_json::Value>, ServiceError> {
     detached(async move { mailbox::poller_report(&app, &caller, report, crate::clock::now()).await }).await?;
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+/// T10: a PC's report of a queued call the server refused for good.
+pub async fn refused(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(call): JsonBody<pcmail_core::api::RefusedCall>,
+) -> Result<Json<serde_json::Value>, ServiceError> {
+    detached(async move { mailbox::refused(&app, &caller, call, crate::clock::now()).await }).await?;
     Ok(Json(serde_json::json!({"ok": true})))
 }
 

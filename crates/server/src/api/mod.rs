@@ -57,6 +57,7 @@ routes!(ROUTES, api_routes:
     "/api/v1/intents" => post mail::record_intent;
     "/api/v1/intents/poller" => post mail::poller_report;
     "/api/v1/policy" => get mail::policy;
+    "/api/v1/refusals" => post mail::refused;
     "/api/v1/jobs" => post jobs::enqueue, get jobs::list;
     "/api/v1/jobs/claim" => post jobs::claim;
     "/api/v1/jobs/{id}/{action}" => post jobs::report;
@@ -197,7 +198,10 @@ pub fn parse_json<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Ser
     let value: T = serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let at = e.path().to_string();
         let inner = e.into_inner();
-        if at == "." || inner.is_syntax() || inner.is_eof() {
+        // T5: a number too large for its field is a syntax error to serde_json, but the path
+        // still says which field it was.
+        let out_of_range = inner.to_string().starts_with("number out of range");
+        if at == "." || inner.is_eof() || (inner.is_syntax() && !out_of_range) {
             ServiceError::bad_request(format!("invalid JSON body: {inner}"))
         } else {
             ServiceError::bad_request(format!("invalid JSON body at {at}: {inner}"))
@@ -218,6 +222,19 @@ mod tests {
 
     fn described() -> serde_json::Value {
         serde_json::from_str(OPENAPI).expect("openapi.json is JSON")
+    }
+
+    #[test]
+    fn t5_a_number_too_large_for_its_field_names_the_field() {
+        let huge = "9".repeat(5000);
+        let claim = format!(r#"{{"queue": "q", "owner": "w", "limit": {huge}}}"#);
+        let e = parse_json::<pcmail_core::api::ClaimRequest>(claim.as_bytes()).expect_err("refused");
+        assert!(e.to_string().contains("at limit: number out of range"), "{e}");
+        let job = format!(r#"{{"queue": "q", "function": "f", "maxAttempts": {huge}}}"#);
+        let e = parse_json::<pcmail_core::api::EnqueueRequest>(job.as_bytes()).expect_err("refused");
+        assert!(e.to_string().contains("at maxAttempts:"), "{e}");
+        let broken = parse_json::<pcmail_core::api::EnqueueRequest>(br#"{"queue": "q",,}"#).expect_err("refused");
+        assert!(broken.to_string().starts_with("invalid JSON body: "), "{broken}");
     }
 
     #[test]

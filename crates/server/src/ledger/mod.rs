@@ -52,11 +52,15 @@ pub async fn merge(
         .ledger_transaction(project, LedgerSelect::All, move |state| {
             let plan = merge_plan(&project_owned, &state.rows, &items, state.next_seq);
             let counts = MergeCounts { added: plan.add.len(), updated: plan.update.len(), skipped: plan.skipped };
-            let events = plan
+            // T11: every row change is an event naming its actor, so a row's history shows who
+            // changed what.
+            let added = plan
                 .add
                 .iter()
-                .map(|r| event(&project_owned, &r.id, "Added", format!("from {}: {}", r.source, r.task), &actor, now))
-                .collect();
+                .map(|r| event(&project_owned, &r.id, "Added", format!("from {}: {}", r.source, r.task), &actor, now));
+            let updated =
+                plan.update.iter().map(|p| event(&project_owned, &p.id, "Updated", p.describe(), &actor, now));
+            let events = added.chain(updated).collect();
             let writes = LedgerWrites {
                 add: plan.add,
                 patch: plan.update,

@@ -223,6 +223,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX mail_search ON mail USING gin ((subject || ' ' || body) gin_trgm_ops);
     CREATE INDEX ledger_search ON ledger USING gin ((task || ' ' || content) gin_trgm_ops);
     "#,
+    // 6: T12, as SQLite's migration 9: a unique key is scoped to its enqueuer unless its pool
+    // shares keys, which the planner decides under the key's lock; the index only finds holders.
+    r#"
+    DROP INDEX jobs_unique;
+    CREATE INDEX jobs_unique_live ON jobs(unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {

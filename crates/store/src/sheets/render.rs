@@ -22,7 +22,7 @@ pub fn fields(tab: &Tab, lang: Lang, names: &[&str], values: &[Value<'_>]) -> Fi
     tab.fields
         .iter()
         .map(|f| {
-            let Some(i) = names.iter().position(|n| *n == f.key) else { return String::new() };
+            let Some(i) = names.iter().position(|n| *n == f.key).filter(|_| !f.secret) else { return String::new() };
             let text = match values.get(i) {
                 Some(Value::Text(t)) => t.unwrap_or_default().to_string(),
                 Some(Value::Int(Some(v))) if f.time => time_text(from_ms(*v)),

@@ -1107,6 +1107,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn t1_t19_no_lease_token_reaches_the_jobs_tab() {
+        let ((standin, _dir), store) = fresh().await;
+        store.stop_background();
+        let job = Job::new("job-0001".into(), "q".into(), "f".into(), "{}".into(), pcmail_store_now());
+        store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![job], ())).await.expect("enqueue");
+        let claim = Claim {
+            queue: "q".into(),
+            limit: 1,
+            owner: "laptop/w1".into(),
+            token_prefix: "secret-".into(),
+            now: pcmail_store_now(),
+            lease_until: pcmail_store_now() + chrono::TimeDelta::minutes(1),
+        };
+        let claimed = store.claim_jobs(claim).await.expect("claim");
+        let token = claimed[0].lease_token.clone().expect("the claimer's token");
+        store.sync_now().await.expect("sync");
+        let cells = standin.cells("jobs");
+        assert!(cells.len() == 2 && cells[1].iter().any(|c| normalize(c) == "laptop/w1"), "{cells:?}");
+        assert!(!cells.iter().flatten().any(|c| normalize(c).contains(&token)), "the token is on the sheet: {cells:?}");
+        assert_eq!(store.get_job("job-0001").await.expect("job").and_then(|j| j.lease_token), Some(token), "kept");
+    }
+
+    fn pcmail_store_now() -> Ts {
+        chrono::DateTime::from_timestamp_millis(1_800_000_000_000).expect("a time")
+    }
+
+    #[tokio::test]
     async fn p8_a_pass_changing_1_100_or_10000_ledger_rows_makes_one_read_and_one_write() {
         for n in [1, 100, 10_000] {
             let ((standin, _dir), store) = fresh().await;

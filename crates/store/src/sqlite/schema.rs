@@ -233,6 +233,14 @@ const MIGRATIONS: &[&str] = &[
     END;
     INSERT INTO ledger_search (ledger_search) VALUES ('rebuild');
     "#,
+    // 9: T12 — a unique key is scoped to its enqueuer unless its pool shares keys, so two
+    // machines may each hold one; the planner decides in the writing transaction (one writer)
+    // and the index only finds the holders.
+    r#"
+    DROP INDEX jobs_unique;
+    CREATE INDEX jobs_unique_live ON jobs(unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {

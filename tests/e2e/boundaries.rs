@@ -1,0 +1,156 @@
+//! DESIGN §12's T10–T19 end to end, as the hostile machine of issue #29 tried them: what one
+//! machine sends can neither take another's ids, keys and rows nor hide a refusal.
+
+use pcmail_core::ids;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+/// `method path` as `token`: the status and the JSON answer (Null when it is not JSON).
+fn call(s: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let c = s.http();
+        let url = format!("{}{path}", s.url);
+        let req = match method {
+            "GET" => c.get(url),
+            _ => c.post(url).json(&body),
+        };
+        let r = req.bearer_auth(token).send().await.expect("the server answers");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or_default())
+    })
+}
+
+#[test]
+fn t10_a_sender_cannot_take_the_id_of_a_future_chat_message() {
+    let s = Server::start();
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let key = "telegram--100123-557";
+    // The id such a message had before T10 is a client's id now, and taking it changes nothing.
+    let squat = json!({"id": ids::legacy_intent_id(key), "to": "desk", "subject": "squat", "body": "x"});
+    assert_eq!(call(&s, "POST", "/api/v1/mail", &laptop, squat).0, 201);
+    let forged = json!({"id": ids::intent_id(key), "to": "desk", "subject": "squat", "body": "x"});
+    let (status, answer) = call(&s, "POST", "/api/v1/mail", &laptop, forged);
+    assert_eq!(status, 422, "an intent's id is not a client's to choose: {answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|e| e.contains("8 to 32 lowercase hex")), "{answer}");
+
+    let record = ["intent", "record", "--channel", "telegram", "--chat", "-100123", "--message", "557"];
+    let out = s.ctl(&desk, &[&record[..], &["--from", "kim", "--text", "本番を止めて"]].concat());
+    assert_eq!(code(&out), 0, "the recorder records the real message: {}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), ids::intent_id(key));
+    let status = json(s.ctl(&desk, &["status", &ids::intent_id(key), "-o", "json"]));
+    assert_eq!(
+        (status["mail"]["kind"].as_str(), status["mail"]["body"].as_str()),
+        (Some("intent"), Some("本番を止めて"))
+    );
+}
+
+#[test]
+fn t10_a_refused_queued_call_exits_non_zero_is_kept_and_is_reported() {
+    let s = Server::start();
+    let laptop = s.token("laptop");
+    let args = ["intent", "record", "--channel", "telegram", "--chat", "-1001", "--message", "9", "--from", "kim"];
+    // Only the Roster owner (desk) records: the server refuses the laptop for good.
+    let out = s.ctl(&laptop, &[&args[..], &["--text", "hello"]].concat());
+    assert_eq!(code(&out), 1, "a refusal is not silent: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("refused") && err.contains("T10") && err.contains("403"), "{err}");
+    assert!(err.contains("telegram--1001-9"), "names the message: {err}");
+    // Reported once: counted on the server; the PC keeps the message and does not retry.
+    eventually(10, "the refusal counted", || {
+        (s.metric("pcmail_pending_refused_total{action=\"intent\"}") == Some(1.0)).then_some(())
+    });
+    let poll = s.ctl(&laptop, &["poll"]);
+    assert_eq!(code(&poll), 0, "{}", stderr(&poll));
+    assert_eq!(s.metric("pcmail_pending_refused_total{action=\"intent\"}"), Some(1.0), "reported once");
+    let again = s.ctl(&laptop, &[&args[..], &["--text", "hello"]].concat());
+    assert_eq!(code(&again), 1, "still says so: {}", stderr(&again));
+    assert!(stderr(&again).contains("already recorded"), "{}", stderr(&again));
+}
+
+/// The office roster with a pool per way of keying jobs: `q` keeps each machine's unique keys
+/// its own, `shared` shares them (T12); and a ledger whose `ci` source the builder may push.
+fn setup() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).expect("dir");
+    std::fs::copy(examples().join("roster.yaml"), m.join("roster.yaml")).expect("roster");
+    std::fs::write(
+        m.join("work.yaml"),
+        "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: ext}\nspec:\n  workers: 0\n  queues: [q]\n  externalWorkers: [laptop, desk]\n---\n\
+         apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: together}\nspec:\n  workers: 0\n  queues: [shared]\n  sharedUniqueKeys: true\n---\n\
+         apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: work}\nspec: {command: [echo, worked], mode: generate}\n---\n\
+         apiVersion: pcmail/v1\nkind: Ledger\nmetadata: {name: office}\nspec:\n  project: office\n  pushers:\n    - {machine: builder, sources: [ci]}\n",
+    )
+    .expect("manifests");
+    (Server::start_with(Some(m)), dir)
+}
+
+#[test]
+fn t12_a_machine_is_never_answered_with_another_machines_job_for_its_key() {
+    let (s, _dir) = setup();
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let enqueue = |token: &str, queue: &str, payload: &str| {
+        let body = json!({"queue": queue, "function": "work", "uniqueKey": "invoice-78", "runAfter": "300d", "payload": payload});
+        let (status, answer) = call(&s, "POST", "/api/v1/jobs", token, body);
+        assert!(status == 200 || status == 201, "{status} {answer}");
+        (answer["job"]["id"].as_str().expect("id").to_string(), answer["created"].as_bool())
+    };
+    let (squat, created) = enqueue(&laptop, "q", "laptop's");
+    assert_eq!(created, Some(true));
+    let (mine, created) = enqueue(&desk, "q", "desk's");
+    assert_ne!(mine, squat, "desk gets a job of its own");
+    assert_eq!(created, Some(true));
+    assert_eq!(enqueue(&desk, "q", "desk's").0, mine, "J6 within desk's own keys");
+    let out = s.ctl(&desk, &["jobs", "enqueue", "--queue", "q", "--function", "work", "--unique-key", "invoice-78"]);
+    assert_eq!(stdout(&out).trim(), mine, "the CLI prints desk's job: {}", stderr(&out));
+    // A pool that declares sharedUniqueKeys answers every machine with the one holder.
+    let (first, _) = enqueue(&laptop, "shared", "laptop's");
+    assert_eq!(enqueue(&desk, "shared", "desk's"), (first, Some(false)));
+}
+
+#[test]
+fn t11_a_machine_writes_only_the_ledger_rows_of_its_own_sources() {
+    let (s, _dir) = setup();
+    let (admin, builder) = (s.admin_token(), s.token("builder"));
+    let push = |token: &str, items: Value| call(&s, "POST", "/api/v1/ledger/push", token, json!({"items": items}));
+    let first = json!([{"source": "admin-file", "task": "請求書を送る", "content": "the admin's text"}]);
+    assert_eq!(push(&admin, first).0, 200);
+    // The attack: a refresh push under the admin's source, and a fill of its empty cells.
+    let forged = json!([{"source": "admin-file", "task": "請求書を送る", "content": "wire the money to X", "refresh": true, "function": "send-mail"}]);
+    let (status, answer) = push(&builder, forged);
+    assert_eq!(status, 403, "{answer}");
+    let why = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("T11") && why.contains("push:builder or ci"), "{why}");
+    let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
+    let row = rows["rows"].as_array().and_then(|r| r.first()).cloned().expect("the admin's row");
+    assert_eq!((row["content"].as_str(), row["function"].as_str()), (Some("the admin's text"), Some("")), "{row}");
+    // Its own source, named or not, and the one the Ledger grants it.
+    let out = s.ctl(&builder, &["ledger", "push", "--task", "ビルド確認"]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    let out = s.ctl(&builder, &["ledger", "push", "--source", "ci", "--task", "nightly"]);
+    assert!(stdout(&out).contains("\"added\":1"), "{}", stdout(&out));
+    let refused = s.ctl(&builder, &["ledger", "push", "--source", "admin-file", "--task", "請求書を送る"]);
+    assert_eq!(code(&refused), 6, "a refused push says so: {}", stdout(&refused));
+    assert!(stdout(&refused).contains("T11"), "{}", stdout(&refused));
+    let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
+    let sources: Vec<&str> =
+        rows["rows"].as_array().expect("rows").iter().filter_map(|r| r["source"].as_str()).collect();
+    assert_eq!(sources, ["admin-file", "push:builder", "ci"]);
+    // Every row change names its actor: a refresh of the builder's own row is in its history.
+    let own = json!([{"source": "ci", "task": "nightly", "content": "green", "refresh": true}]);
+    assert_eq!(push(&builder, own).0, 200);
+    let db = s.dir.path().join("data/pcmail.db");
+    let conn = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("db");
+    let history: Vec<(String, String, String)> = conn
+        .prepare("SELECT reason, actor, message FROM events WHERE object = 'ledger/office/T-0003' ORDER BY at, rowid")
+        .expect("query")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("rows")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!((history[1].0.as_str(), history[1].1.as_str()), ("Updated", "builder"));
+    assert!(history[1].2.contains("content = \"green\""), "{history:?}");
+}
