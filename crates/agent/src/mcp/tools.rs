@@ -402,6 +402,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn t14_search_a_cut_answer_says_so_in_one_line() {
+        assert_eq!(search_text(&SearchResults::default()), "nothing found");
+        let cut = SearchResults { truncated: true, ..Default::default() };
+        assert_eq!(search_text(&cut), pcmail_core::search::TRUNCATED);
+    }
+
+    #[test]
     fn every_tool_has_an_object_schema_whose_required_fields_are_its_properties() {
         for (name, description, schema) in catalogue() {
             assert!(description.len() <= 100, "{name}: keep descriptions short");
