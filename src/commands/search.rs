@@ -36,6 +36,9 @@ pub async fn run(
             ]
         });
         output::table(&["IN", "ID", "WHO", "STATE", "TEXT"], &mail.chain(rows).collect::<Vec<_>>());
+        if found.truncated {
+            eprintln!("{}", pcmail_core::search::TRUNCATED);
+        }
     }
     Ok(0)
 }

@@ -22,6 +22,7 @@ mod monitoring;
 mod operations;
 mod pcside;
 mod replicas;
+mod search;
 mod security;
 mod sheets;
 /// The local stand-in for Google's Sheets API, shared with the store crate's tests.

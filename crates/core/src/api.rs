@@ -422,14 +422,14 @@ pub struct JobList {
     pub more: u64,
 }
 
-/// U5: the text a search looks for, as given: trimmed, not empty, one line of at most 200
-/// characters without refused characters (T6).
+/// U5: the text a search looks for, as given: trimmed, not empty, one line of at most
+/// [`crate::search::MAX_TEXT`] characters (T14) without refused characters (T6).
 pub fn search_text(q: &str) -> Result<String, Invalid> {
     let text = q.trim();
     if text.is_empty() {
         return Err(Invalid::new("q", "q is empty: say what to search for"));
     }
-    line("q", text, 200)?;
+    line("q", text, crate::search::MAX_TEXT)?;
     Ok(text.to_string())
 }
 
@@ -438,6 +438,10 @@ pub fn search_text(q: &str) -> Result<String, Invalid> {
 pub struct SearchResults {
     pub mail: Vec<Mail>,
     pub rows: Vec<crate::ledger::Row>,
+    /// T14: the search's time ran out before it had looked everywhere: all it answers holds
+    /// the text, but more may. Absent (false) from servers older than T14.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// The answer of `POST /api/v1/ledger/push` (L7): what one merge did.
@@ -571,6 +575,14 @@ pub struct Kept {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t14_a_search_text_is_at_most_256_characters_and_the_error_names_q() {
+        assert_eq!(search_text(&format!("  {}  ", "請".repeat(256))), Ok("請".repeat(256)));
+        let long = search_text(&"Z".repeat(257)).expect_err("too long");
+        assert_eq!(long.field, "q");
+        assert!(long.message.contains("257") && long.message.contains("256"), "{}", long.message);
+    }
 
     #[test]
     fn t5_t6_a_body_names_the_field_that_is_wrong() {

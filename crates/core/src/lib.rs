@@ -26,6 +26,7 @@ pub mod present;
 pub mod retention;
 pub mod retry;
 pub mod roster;
+pub mod search;
 pub mod sheet;
 pub mod telegram;
 pub mod text;

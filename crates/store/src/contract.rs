@@ -717,6 +717,7 @@ pub async fn u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a
         mail: true,
         ledger: true,
         limit: 10,
+        ..Search::default()
     };
     let find = |s: Search| async move {
         let found = store.search(s).await.expect("search");
@@ -748,6 +749,60 @@ pub async fn u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a
     );
     let only_rows = Search { mail: false, ..search("書を", None) };
     assert_eq!(find(only_rows).await, (vec![], vec!["請求書を作る".into(), "見積書を送る".into()]));
+}
+
+/// T14: the attack of issue #29, scaled to a test — another machine's box full of one letter
+/// (45,000 a mail: a spreadsheet cell holds at most 50,000 characters).
+async fn fill_with_zs(store: &impl Store, from: &str, count: u32) {
+    let zs = "Z".repeat(45_000);
+    let mails = (0..count)
+        .map(|n| Mail { from: from.into(), subject: "z".into(), body: zs.clone(), ..mail(100 + n, "server") })
+        .collect();
+    insert(store, mails).await;
+}
+
+pub async fn t14_search_a_machine_never_sees_nor_pays_for_foreign_mail(store: &impl Store) {
+    fill_with_zs(store, "laptop", 12).await;
+    let own =
+        Mail { from: "desk".into(), subject: "a few ZZZZ".into(), body: "of its own".into(), ..mail(1, "server") };
+    insert(store, vec![own]).await;
+    let search = |text: String, machine: &str| Search {
+        text,
+        machine: Some(machine.into()),
+        mail: true,
+        ledger: false,
+        limit: 10,
+        ..Search::default()
+    };
+    let started = std::time::Instant::now();
+    let found = store.search(search("Z".repeat(200), "desk")).await.expect("search");
+    let took = started.elapsed();
+    assert_eq!((found.mail.len(), found.truncated), (0, false), "only in foreign mail: nothing, and all of it");
+    // The rule's bound, generous: the scoped search reads none of the 540 KB it may not see.
+    assert!(took < pcmail_core::search::BUDGET, "{took:?}");
+    let found = store.search(search("zzzz".into(), "desk")).await.expect("search");
+    let froms: Vec<&str> = found.mail.iter().map(|m| m.from.as_str()).collect();
+    assert_eq!(froms, vec!["desk"], "its own, never laptop's");
+    let theirs = store.search(search("Z".repeat(200), "laptop")).await.expect("search");
+    assert!(theirs.mail.len() == 10 || theirs.truncated, "the owner finds its own: {}", theirs.mail.len());
+    assert!(theirs.mail.iter().all(|m| m.from == "laptop"));
+}
+
+pub async fn t14_search_a_spent_budget_answers_truncated_with_what_it_has(store: &impl Store) {
+    fill_with_zs(store, "laptop", 3).await;
+    let search = |total: std::time::Duration| Search {
+        text: "Z".repeat(200),
+        machine: None,
+        mail: true,
+        ledger: true,
+        limit: 10,
+        budget: pcmail_core::search::Budget { total },
+    };
+    let spent = store.search(search(std::time::Duration::ZERO)).await.expect("search");
+    assert!(spent.truncated, "no time at all: cut before looking");
+    assert!(spent.mail.len() <= 3 && spent.rows.is_empty());
+    let whole = store.search(search(pcmail_core::search::BUDGET)).await.expect("search");
+    assert_eq!((whole.mail.len(), whole.truncated), (3, false), "within the budget: everything, not cut");
 }
 
 pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
@@ -1034,6 +1089,8 @@ macro_rules! contract_tests {
             u3_mail_is_listed_a_page_at_a_time_within_its_scope,
             u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step,
             u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a_machine_only_its_own,
+            t14_search_a_machine_never_sees_nor_pays_for_foreign_mail,
+            t14_search_a_spent_budget_answers_truncated_with_what_it_has,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,

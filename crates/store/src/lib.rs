@@ -183,6 +183,8 @@ pub struct Search {
     pub ledger: bool,
     /// At most this many of each, newest mail first, rows in project and id order.
     pub limit: usize,
+    /// T14: how long it may look before it answers what it has, `truncated`.
+    pub budget: pcmail_core::search::Budget,
 }
 
 /// What a search found.
@@ -190,6 +192,9 @@ pub struct Search {
 pub struct Found {
     pub mail: Vec<Mail>,
     pub rows: Vec<Row>,
+    /// T14: the budget ran out before the search had looked everywhere (see
+    /// [`pcmail_core::search::Scan::truncated`]).
+    pub truncated: bool,
 }
 
 /// `text` as a LIKE pattern that finds it anywhere (`\` escapes `%` and `_`).
@@ -481,7 +486,9 @@ pub trait Store: Send + Sync + 'static {
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
     fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
     /// U5: mail and rows holding `search.text` (an index finds them: FTS5 trigrams on SQLite,
-    /// `pg_trgm` on PostgreSQL, both kept by the same transaction as the rows).
+    /// `pg_trgm` on PostgreSQL, both kept by the same transaction as the rows). T14: a machine's
+    /// scope is applied before any text is compared, the search stops at its budget, and it
+    /// stops working when its future is dropped.
     fn search(&self, search: Search) -> impl Future<Output = Result<Found>> + Send;
     /// U2: every mail delivered since `since`, as (when, milliseconds since its send).
     fn deliveries(&self, since: Ts) -> impl Future<Output = Result<Vec<(Ts, i64)>>> + Send;

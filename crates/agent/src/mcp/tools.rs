@@ -97,11 +97,15 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
     ]
 }
 
-/// What a search found, a line each: mail first (newest first), then ledger rows.
+/// What a search found, a line each: mail first (newest first), then ledger rows, and T14's
+/// line when the answer was cut.
 fn search_text(found: &SearchResults) -> String {
     let mail = found.mail.iter().map(|m| format!("{} from {} to {} [{}] {}", m.id, m.from, m.to, m.state, m.subject));
     let rows = found.rows.iter().map(|r| format!("{}/{} [{}] {}", r.project, r.id, r.state, r.task));
-    let lines: Vec<String> = mail.chain(rows).collect();
+    let mut lines: Vec<String> = mail.chain(rows).collect();
+    if found.truncated {
+        lines.push(pcmail_core::search::TRUNCATED.into());
+    }
     if lines.is_empty() { "nothing found".into() } else { lines.join("\n") }
 }
 
@@ -415,6 +419,13 @@ pub fn status_text(status: &MailStatus, missed: Option<MailState>, waited: Durat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t14_search_a_cut_answer_says_so_in_one_line() {
+        assert_eq!(search_text(&SearchResults::default()), "nothing found");
+        let cut = SearchResults { truncated: true, ..Default::default() };
+        assert_eq!(search_text(&cut), pcmail_core::search::TRUNCATED);
+    }
 
     #[test]
     fn every_tool_has_an_object_schema_whose_required_fields_are_its_properties() {

@@ -1,4 +1,6 @@
 //! U5: one search over mail and ledger rows; a machine finds only the mail it sent or received.
+//! T14: the store bounds it by the core's budget, and it stops when the client hangs up (axum
+//! drops this handler's future, and the store's search with it).
 
 use axum::Extension;
 use axum::Json;
@@ -38,6 +40,6 @@ pub async fn search(
     };
     let limit = pcmail_core::bounds::count("limit", q.limit.unwrap_or(20) as u64, 1, 100)? as usize;
     let machine = caller.machine().map(String::from);
-    let found = app.store().search(Search { text, machine, mail, ledger, limit }).await?;
-    Ok(Json(SearchResults { mail: found.mail, rows: found.rows }))
+    let found = app.store().search(Search { text, machine, mail, ledger, limit, ..Search::default() }).await?;
+    Ok(Json(SearchResults { mail: found.mail, rows: found.rows, truncated: found.truncated }))
 }

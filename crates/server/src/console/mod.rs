@@ -516,7 +516,14 @@ async fn search(State(app): State<App>, ctx: Ctx, form: Result<Query<SearchForm>
     } else {
         let text =
             pcmail_core::api::search_text(&text).map_err(|e| failure(&ctx, StatusCode::BAD_REQUEST, &e.message))?;
-        let search = pcmail_store::Search { text: text.clone(), machine: None, mail: true, ledger: true, limit: 50 };
+        let search = pcmail_store::Search {
+            text: text.clone(),
+            machine: None,
+            mail: true,
+            ledger: true,
+            limit: 50,
+            ..Default::default()
+        };
         app.store().search(search).await.map_err(unavailable(&ctx))?
     };
     Ok(ctx.page(t(ctx.lang, "Search", "検索"), views::search(ctx.lang, &text, &found)).into_response())

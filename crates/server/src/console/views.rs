@@ -416,6 +416,9 @@ pub fn search(l: Lang, text: &str, found: &Found) -> Markup {
             input #search-text type="search" name="q" value=(text);
             " " button #search-go { (t(l, "Search", "検索")) }
         }
+        @if found.truncated {
+            p #search-truncated { (t(l, "The search stopped at its time budget: there may be more (a longer text finds fewer).", "検索は制限時間で打ち切られました。ほかにもあるかもしれません(長い語ほど絞れます)。")) }
+        }
         @if !text.is_empty() {
             h2 { (t(l, "Mail", "メール")) " (" span #found-mail { (found.mail.len()) } ")" }
             (table(&["id", t(l, "From → to", "送信元 → 宛先"), t(l, "State", "状態"), t(l, "Subject", "件名")], mail))

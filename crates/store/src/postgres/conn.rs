@@ -6,8 +6,9 @@ use std::sync::{Mutex, PoisonError};
 
 use bytes::BytesMut;
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{CancelToken, Client, NoTls, Row, Statement};
 
 use crate::cells::Cell;
 use crate::codec::{Columns, Value};
@@ -135,6 +136,27 @@ impl Conn {
         self.query(sql, params).await?.iter().map(|r| decode(r)).collect()
     }
 
+    /// Rows decoded as `decode` does, or None when the statement was cancelled (T14: its
+    /// `statement_timeout` ran out, or a cancel request came).
+    pub async fn decode_unless_cancelled<T>(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+        decode: fn(&dyn Columns) -> Result<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let statement = self.prepare(sql).await?;
+        match self.client.query(&statement, params).await {
+            Ok(rows) => rows.iter().map(|r| decode(r)).collect::<Result<Vec<T>>>().map(Some),
+            Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => Ok(None),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// A guard that cancels this connection's running statement if dropped before `disarm`.
+    pub fn cancel_on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop { token: Some(self.client.cancel_token()) }
+    }
+
     pub async fn batch(&mut self, sql: &str) -> Result<()> {
         self.client.batch_execute(sql).await.map_err(map_err)
     }
@@ -158,6 +180,30 @@ impl Conn {
         }
         let out = outcome?;
         ended.map(|()| out)
+    }
+}
+
+/// T14: a caller that went away (a client that hung up) stops PostgreSQL's work, not only its
+/// own wait — the server would otherwise run the statement to its end.
+pub struct CancelOnDrop {
+    token: Option<CancelToken>,
+}
+
+impl CancelOnDrop {
+    pub fn disarm(mut self) {
+        self.token = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let token = self.token.take();
+        if let (Some(token), Ok(runtime)) = (token, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                // Nothing is waiting for it: a statement that had already ended is no error.
+                let _ = token.cancel_query(NoTls).await;
+            });
+        }
     }
 }
 

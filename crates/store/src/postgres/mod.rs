@@ -596,23 +596,13 @@ impl Store for PgStore {
     }
 
     async fn search(&self, search: crate::Search) -> Result<crate::Found> {
-        let pattern = crate::like_anywhere(&search.text);
-        let limit = search.limit as i64;
+        let started = std::time::Instant::now();
         let mut c = self.conn().await?;
-        let mut found = crate::Found::default();
-        if search.mail {
-            let sql = format!(
-                "SELECT {MAIL_COLUMNS} FROM mail WHERE (subject || ' ' || body) ILIKE $1 \
-                 AND ($2::text IS NULL OR \"from\" = $2 OR \"to\" = $2) ORDER BY seq DESC LIMIT $3"
-            );
-            found.mail = c.decode(&sql, &[&pattern, &search.machine, &limit], codec::mail).await?;
-        }
-        if search.ledger {
-            let sql = format!(
-                "SELECT {LEDGER_COLUMNS} FROM ledger WHERE (task || ' ' || content) ILIKE $1 ORDER BY project, seq LIMIT $2"
-            );
-            found.rows = c.decode(&sql, &[&pattern, &limit], codec::ledger_row).await?;
-        }
+        let cancel = c.cancel_on_drop();
+        c.begin_as("BEGIN READ ONLY").await?;
+        let outcome = search_within(&mut c, &search, started).await;
+        let found = c.finish(outcome).await?;
+        cancel.disarm();
         Ok(found)
     }
 
@@ -818,6 +808,55 @@ impl PgStore {
         let sql = format!("SELECT {ALERT_COLUMNS} FROM alerts WHERE {filter} ORDER BY {order} LIMIT $1");
         self.conn().await?.decode(&sql, &[&limit], codec::alert).await
     }
+}
+
+/// U5 and T14: each part of a search under what is left of its budget as `statement_timeout`;
+/// one that runs out ends the search, `truncated`, with the parts answered before it. A
+/// machine's scope is the first column of the mail index (migration 6), and the cheaper of the
+/// two tests, so only its own rows are ever compared with the text.
+async fn search_within(c: &mut conn::Conn, s: &crate::Search, started: std::time::Instant) -> Result<crate::Found> {
+    let pattern = crate::like_anywhere(&s.text);
+    let limit = s.limit as i64;
+    let mut found = crate::Found::default();
+    if s.mail {
+        let Some(ms) = s.budget.timeout_ms(started.elapsed()) else {
+            return Ok(crate::Found { truncated: true, ..found });
+        };
+        c.batch(&format!("SET LOCAL statement_timeout = {ms}")).await?;
+        let mail = match &s.machine {
+            Some(machine) => {
+                let sql = format!(
+                    "SELECT {MAIL_COLUMNS} FROM mail WHERE ARRAY[\"from\", \"to\"] @> ARRAY[$2::text] \
+                     AND (subject || ' ' || body) ILIKE $1 ORDER BY seq DESC LIMIT $3"
+                );
+                c.decode_unless_cancelled(&sql, &[&pattern, machine, &limit], codec::mail).await?
+            }
+            None => {
+                let sql = format!(
+                    "SELECT {MAIL_COLUMNS} FROM mail WHERE (subject || ' ' || body) ILIKE $1 ORDER BY seq DESC LIMIT $2"
+                );
+                c.decode_unless_cancelled(&sql, &[&pattern, &limit], codec::mail).await?
+            }
+        };
+        let Some(mail) = mail else {
+            return Ok(crate::Found { truncated: true, ..found });
+        };
+        found.mail = mail;
+    }
+    if s.ledger {
+        let Some(ms) = s.budget.timeout_ms(started.elapsed()) else {
+            return Ok(crate::Found { truncated: true, ..found });
+        };
+        c.batch(&format!("SET LOCAL statement_timeout = {ms}")).await?;
+        let sql = format!(
+            "SELECT {LEDGER_COLUMNS} FROM ledger WHERE (task || ' ' || content) ILIKE $1 ORDER BY project, seq LIMIT $2"
+        );
+        match c.decode_unless_cancelled(&sql, &[&pattern, &limit], codec::ledger_row).await? {
+            Some(rows) => found.rows = rows,
+            None => found.truncated = true,
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -223,7 +223,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX mail_search ON mail USING gin ((subject || ' ' || body) gin_trgm_ops);
     CREATE INDEX ledger_search ON ledger USING gin ((task || ' ' || content) gin_trgm_ops);
     "#,
-    // 6: T12, as SQLite's migration 9: a unique key is scoped to its enqueuer unless its pool
+    // 6: T14 — a machine's scope inside the mail index: its two parties are the index's first
+    // column, so a machine's search reads and rechecks only the rows of its own mail.
+    r#"
+    DROP INDEX mail_search;
+    CREATE INDEX mail_search ON mail USING gin ((ARRAY["from", "to"]), (subject || ' ' || body) gin_trgm_ops);
+    "#,
+    // 7: T12, as SQLite's migration 9: a unique key is scoped to its enqueuer unless its pool
     // shares keys, which the planner decides under the key's lock; the index only finds holders.
     r#"
     DROP INDEX jobs_unique;

@@ -3,6 +3,7 @@
 
 pub mod rows;
 pub mod schema;
+mod search;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -773,41 +774,14 @@ impl Store for SqliteStore {
     }
 
     async fn search(&self, search: crate::Search) -> Result<crate::Found> {
+        let started = std::time::Instant::now();
+        let asker = Arc::new(search::Asker::default());
+        let _hang_up = search::HangUp(asker.clone());
         self.read(move |conn| {
-            // FTS5's trigrams find a text of 3 characters or more; a shorter one is matched by
-            // scanning (`請求` in `請求書`).
-            let indexed = search.text.chars().count() >= 3;
-            let (pattern, limit) = if indexed {
-                (format!("\"{}\"", search.text.replace('"', "\"\"")), search.limit as i64)
-            } else {
-                (crate::like_anywhere(&search.text), search.limit as i64)
-            };
-            let mut found = crate::Found::default();
-            if search.mail {
-                let matching = if indexed {
-                    "seq IN (SELECT rowid FROM mail_search WHERE mail_search MATCH ?1)"
-                } else {
-                    "(subject LIKE ?1 ESCAPE '\\' OR body LIKE ?1 ESCAPE '\\')"
-                };
-                let sql = format!(
-                    "SELECT {MAIL_COLUMNS} FROM mail WHERE {matching} AND (?2 IS NULL OR \"from\" = ?2 OR \"to\" = ?2) \
-                     ORDER BY seq DESC LIMIT ?3"
-                );
-                let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-                found.mail = collect(&mut stmt, params![pattern, search.machine, limit], codec::mail)?;
-            }
-            if search.ledger {
-                let matching = if indexed {
-                    "rowid IN (SELECT rowid FROM ledger_search WHERE ledger_search MATCH ?1)"
-                } else {
-                    "(task LIKE ?1 ESCAPE '\\' OR content LIKE ?1 ESCAPE '\\')"
-                };
-                let sql =
-                    format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE {matching} ORDER BY project, seq LIMIT ?2");
-                let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-                found.rows = collect(&mut stmt, params![pattern, limit], codec::ledger_row)?;
-            }
-            Ok(found)
+            asker.attach(conn);
+            let found = search::run(conn, &search, &asker, started);
+            asker.release();
+            found
         })
         .await
     }
