@@ -154,3 +154,53 @@ fn t11_a_machine_writes_only_the_ledger_rows_of_its_own_sources() {
     assert_eq!((history[1].0.as_str(), history[1].1.as_str()), ("Updated", "builder"));
     assert!(history[1].2.contains("content = \"green\""), "{history:?}");
 }
+
+/// `GET path` with `token` from 127.0.0.1: the status and the `Retry-After` header.
+fn get_status(s: &Server, path: &str, token: &str) -> (u16, Option<String>) {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let r = s.http().get(format!("{}{path}", s.url)).bearer_auth(token).send().await.expect("answers");
+        let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(String::from);
+        (r.status().as_u16(), retry)
+    })
+}
+
+#[test]
+fn t18_wrong_tokens_are_counted_logged_and_slowed_per_address() {
+    let s = Server::start_logged(None);
+    let answers: Vec<u16> = (0..40).map(|i| get_status(&s, "/api/v1/whoami", &format!("pcm_guess_{i}")).0).collect();
+    let refused = answers.iter().filter(|&&a| a == 401).count();
+    let slowed = answers.iter().filter(|&&a| a == 429).count();
+    assert_eq!((refused, slowed), (10, 30), "5 free failures, then 5 tries a minute: {answers:?}");
+    let (status, retry) = get_status(&s, "/api/v1/whoami", "pcm_guess_x");
+    assert_eq!(status, 429);
+    assert!(retry.and_then(|r| r.parse::<u64>().ok()).is_some_and(|r| (1..=60).contains(&r)), "Retry-After");
+    assert_eq!(s.metric("pcmail_auth_failures_total{surface=\"api\"}"), Some(10.0));
+    let logged = s.log().lines().filter(|l| l.contains("token that is not recognized")).count();
+    assert_eq!(logged, 10, "logged while not slowed, never 41 times");
+}
+
+#[test]
+fn t18_a_rewritten_admin_token_and_a_reissued_machine_token_hold_from_the_next_request() {
+    let s = Server::start();
+    let old_admin = s.admin_token();
+    assert_eq!(get_status(&s, "/api/v1/specs", &old_admin).0, 200);
+    std::fs::write(s.dir.path().join("data/admin.token"), "pcm_admin_rotated_by_the_operator\n").expect("rotate");
+    assert_eq!(get_status(&s, "/api/v1/specs", "pcm_admin_rotated_by_the_operator").0, 200, "no restart");
+    assert_eq!(get_status(&s, "/api/v1/specs", &old_admin).0, 401, "the old one is gone");
+
+    // A long-poll opened before its token was reissued delivers nothing.
+    let desk = s.token("desk");
+    let laptop = s.token("laptop");
+    let url = format!("{}/api/v1/poll?cursor=0&wait=20s", s.url);
+    let waiting = std::thread::spawn(move || {
+        let r = reqwest::blocking::Client::new().get(url).bearer_auth(laptop).send().expect("answers");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    });
+    s.await_parked("poll", 1);
+    let _reissued = s.token("laptop");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "for the new token only", "--body", "b"]));
+    let (status, body) = waiting.join().expect("poll");
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("for the new token only"), "{body}");
+}

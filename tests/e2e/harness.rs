@@ -73,8 +73,10 @@ impl Server {
     }
 
     /// A server on HTTPS at `listen` with this certificate and key; the CLI trusts `ca`.
+    /// Over HTTPS; what serve logs is kept in [`Server::log`].
     pub fn start_tls(listen: &str, cert: &Path, key: &Path, ca: &Path) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
         let extra =
             vec!["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()];
         let mut s = Server {
@@ -151,6 +153,12 @@ impl Server {
         let rt = tokio::runtime::Runtime::new().expect("rt");
         let body =
             rt.block_on(async { reqwest::get(format!("{}/metrics", self.url)).await.ok()?.text().await.ok() })?;
+        body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// As [`Server::metric`], through `http` (a server over TLS).
+    pub fn metric_over(&self, http: &reqwest::blocking::Client, series: &str) -> Option<f64> {
+        let body = http.get(format!("{}/metrics", self.url)).send().ok()?.text().ok()?;
         body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 

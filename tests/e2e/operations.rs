@@ -152,6 +152,76 @@ fn o1_serve_over_https_logins_with_ca_refuses_an_untrusting_client_and_serves_a_
     assert!(!old.status.success() && stderr(&old).contains("does not trust"), "the old certificate is gone");
 }
 
+/// A self-signed certificate for 127.0.0.2 valid only in January 2020, written over `cert` and
+/// `key` (openssl's `ca` is the one verb that takes explicit dates).
+fn expired_cert(cert: &Path, key: &Path) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        dir.path().join("ca.conf"),
+        format!(
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = {}\nnew_certs_dir = {}\nserial = {}\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n",
+            p("index.txt"),
+            dir.path().display(),
+            p("serial")
+        ),
+    )
+    .expect("conf");
+    std::fs::write(dir.path().join("index.txt"), "").expect("index");
+    std::fs::write(dir.path().join("serial"), "01\n").expect("serial");
+    let (k, csr, c) = (p("k.pem"), p("r.csr"), p("c.pem"));
+    openssl(
+        &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.2"]
+            .into_iter()
+            .chain(["-keyout", &k, "-out", &csr])
+            .collect::<Vec<_>>(),
+    );
+    let conf = p("ca.conf");
+    openssl(
+        &["ca", "-batch", "-config", &conf, "-selfsign", "-keyfile", &k, "-in", &csr]
+            .into_iter()
+            .chain(["-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-out", &c])
+            .collect::<Vec<_>>(),
+    );
+    std::fs::rename(&k, key).expect("key");
+    std::fs::rename(&c, cert).expect("cert");
+}
+
+#[test]
+fn t17_under_tls_cookies_are_secure_every_answer_has_hsts_and_an_expired_certificate_is_not_loaded() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let ca_a = ca(pki.path(), "a");
+    let (cert, key) = (pki.path().join("server.pem"), pki.path().join("server.key"));
+    server_cert(&ca_a, &cert, &key);
+    let s = Server::start_tls(&format!("127.0.0.2:{}", free_port()), &cert, &key, &ca_a);
+    let pem = std::fs::read(&ca_a).expect("ca");
+    let http = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("pem"))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    for path in ["/healthz", "/api/v1/whoami", "/ui/login", "/no/such/route"] {
+        let r = http.get(format!("{}{path}", s.url)).send().expect("answers");
+        let hsts = r.headers().get("strict-transport-security").and_then(|v| v.to_str().ok()).map(String::from);
+        assert_eq!(hsts.as_deref(), Some("max-age=31536000"), "{path}");
+    }
+    let signed_in = http.post(format!("{}/ui/login", s.url)).form(&[("token", s.admin_token())]).send().expect("login");
+    let cookie = signed_in.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert!(cookie.starts_with("pcmail_session=") && cookie.ends_with("; Secure"), "{cookie}");
+    let expiry = s.metric_over(&http, "pcmail_tls_cert_expiry_timestamp_seconds").expect("the expiry metric");
+    let in_two_days = (chrono::Utc::now() + chrono::TimeDelta::days(2)).timestamp() as f64;
+    assert!((expiry - in_two_days).abs() < 600.0, "notAfter is two days away: {expiry}");
+
+    // An expired certificate on disk is refused, said once, and the one in force keeps serving.
+    expired_cert(&cert, &key);
+    eventually(10, "the refusal logged", || s.log().contains("the certificate expired at").then_some(()));
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    assert_eq!(s.log().matches("the certificate expired at").count(), 1, "once per change, not every 2 s");
+    let still = http.get(format!("{}/healthz", s.url)).send().expect("the old certificate still serves");
+    assert_eq!(still.status().as_u16(), 200);
+    assert_eq!(s.metric_over(&http, "pcmail_tls_cert_expiry_timestamp_seconds"), Some(expiry));
+}
+
 /// Runs `pcmail-ctl` with no server or token: the store verbs need neither.
 fn offline(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).env_remove("PCMAIL_STORE").output().expect("pcmail-ctl")

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod alert;
 pub mod api;
 pub mod bounds;
+pub mod certificate;
 pub mod channel;
 #[cfg(test)]
 mod clock_jumps;

@@ -29,9 +29,14 @@ pub struct SignInThrottle {
 
 impl SignInThrottle {
     /// A sign-in try from `client`: Ok to go on, or how many seconds to wait.
+    /// An address that never failed costs one lookup and is not remembered (every request of
+    /// every PC asks).
     pub fn attempt(&mut self, client: &str, now: Ts) -> Result<(), u64> {
+        if !self.clients.contains_key(client) {
+            return Ok(());
+        }
         self.forget_quiet(now);
-        let c = self.clients.entry(client.to_string()).or_default();
+        let Some(c) = self.clients.get_mut(client) else { return Ok(()) };
         if c.last.is_some_and(|t| (now - t).num_seconds() >= FORGET_AFTER_SECS) {
             *c = Client::default();
         }
@@ -49,9 +54,14 @@ impl SignInThrottle {
         Ok(())
     }
 
-    pub fn failed(&mut self, client: &str) {
+    pub fn failed(&mut self, client: &str, now: Ts) {
+        self.forget_quiet(now);
         let c = self.clients.entry(client.to_string()).or_default();
+        if c.last.is_some_and(|t| (now - t).num_seconds() >= FORGET_AFTER_SECS) {
+            *c = Client::default();
+        }
         c.failures = c.failures.saturating_add(1);
+        c.last = Some(now);
     }
 
     pub fn succeeded(&mut self, client: &str) {
@@ -83,11 +93,11 @@ mod tests {
         let mut t = SignInThrottle::default();
         for i in 0..5 {
             assert_eq!(t.attempt("10.0.0.9", at(i)), Ok(()), "the first failures are free");
-            t.failed("10.0.0.9");
+            t.failed("10.0.0.9", at(i));
         }
         for i in 0..5 {
             assert_eq!(t.attempt("10.0.0.9", at(10 + i)), Ok(()));
-            t.failed("10.0.0.9");
+            t.failed("10.0.0.9", at(10 + i));
         }
         assert_eq!(t.attempt("10.0.0.9", at(20)), Err(50), "the sixth try in a minute waits for the first to age");
         assert_eq!(t.attempt("10.0.0.10", at(20)), Ok(()), "another address is not slowed");
@@ -104,7 +114,7 @@ mod tests {
         let mut t = SignInThrottle::default();
         for i in 0..12 {
             let _ = t.attempt("a", at(i));
-            t.failed("a");
+            t.failed("a", at(i));
         }
         assert!(t.attempt("a", at(30)).is_err());
         assert_eq!(t.attempt("a", at(30 + 3600)), Ok(()));

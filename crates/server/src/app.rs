@@ -12,6 +12,7 @@ use pcmail_store::AnyStore;
 use tokio::sync::watch;
 
 use crate::config::{ServeConfig, ServeError};
+use crate::credentials::{AdminToken, AuthFailures};
 use crate::key::Key;
 use crate::metrics::Metrics;
 use crate::runtime::{Health, Runtime};
@@ -27,7 +28,10 @@ struct Inner {
     store: AnyStore,
     /// E5: the store's identity, answered with every poll.
     identity: String,
-    admin_token_hash: String,
+    /// T18: the admin token as `admin.token` holds it now.
+    admin_token: AdminToken,
+    /// T9/T18: failed authentication per client address, every surface.
+    auth_failures: AuthFailures,
     /// What the applied specs mean right now; swapped whole on every spec change.
     runtime: RwLock<Arc<Runtime>>,
     /// E2: long-polls and status waits, woken per machine and per mail.
@@ -63,7 +67,7 @@ pub struct Parts {
     pub store: AnyStore,
     /// E5: the store's identity.
     pub identity: String,
-    pub admin_token_hash: String,
+    pub admin_token: AdminToken,
     /// C1: this replica's name in the lease.
     pub replica: String,
     /// Other processes write to the store: their announcements are followed.
@@ -73,7 +77,7 @@ pub struct Parts {
 impl App {
     /// The state of a server over `store`; [`crate::serve::start`] wires the tasks around it.
     pub fn new(parts: Parts, config: &ServeConfig) -> Result<App, ServeError> {
-        let Parts { store, identity, admin_token_hash, replica, shared_store } = parts;
+        let Parts { store, identity, admin_token, replica, shared_store } = parts;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(5))
@@ -83,7 +87,8 @@ impl App {
             inner: Arc::new(Inner {
                 store,
                 identity,
-                admin_token_hash,
+                admin_token,
+                auth_failures: AuthFailures::default(),
                 runtime: RwLock::new(Arc::new(Runtime::default())),
                 wakeups: Arc::default(),
                 specs_changed: watch::channel(0).0,
@@ -114,8 +119,13 @@ impl App {
         &self.inner.identity
     }
 
-    pub fn admin_token_hash(&self) -> &str {
-        &self.inner.admin_token_hash
+    /// The hash of the admin token in force (re-read when the file changes, T18).
+    pub fn admin_token_hash(&self) -> String {
+        self.inner.admin_token.hash()
+    }
+
+    pub fn auth_failures(&self) -> &AuthFailures {
+        &self.inner.auth_failures
     }
 
     pub fn runtime(&self) -> Arc<Runtime> {

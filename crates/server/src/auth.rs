@@ -22,6 +22,8 @@ pub const AS_HEADER: &str = "x-pcmail-as";
 pub struct Caller {
     pub principal: Principal,
     pub admin: bool,
+    /// The hash of the token it came with, so a long wait can ask whether it still holds.
+    pub token_hash: String,
 }
 
 impl Caller {
@@ -96,7 +98,7 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, Serv
         .ok_or_else(|| ServiceError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`"))?;
     let hash = sha256_hex(token);
     let as_machine = headers.get(AS_HEADER).map(|v| v.to_str().unwrap_or_default().to_string());
-    if constant_time_eq(&hash, app.admin_token_hash()) {
+    if constant_time_eq(&hash, &app.admin_token_hash()) {
         let principal = match as_machine {
             None => Principal::Admin,
             Some(name) => {
@@ -105,7 +107,7 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, Serv
                 Principal::Machine(label)
             }
         };
-        return Ok(Caller { principal, admin: true });
+        return Ok(Caller { principal, admin: true, token_hash: hash });
     }
     // Lookup by the hash of a 192-bit random secret: its timing tells an attacker nothing.
     match app.store().machine_for_token(&hash).await? {
@@ -119,10 +121,20 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, Serv
                     )));
                 }
             }
-            Ok(Caller { principal: Principal::Machine(machine), admin: false })
+            Ok(Caller { principal: Principal::Machine(machine), admin: false, token_hash: hash })
         }
         None => Err(ServiceError::unauthorized("token not recognized; it may have been reissued")),
     }
+}
+
+/// T18: whether the token a request came with is still in force — a long-poll asks before it
+/// hands out mail, so a token reissued or revoked while it waited delivers nothing.
+pub async fn still_valid(app: &App, caller: &Caller) -> Result<bool, ServiceError> {
+    if caller.admin {
+        return Ok(constant_time_eq(&caller.token_hash, &app.admin_token_hash()));
+    }
+    let now = app.store().machine_for_token(&caller.token_hash).await?;
+    Ok(now.is_some() && now.as_deref() == caller.machine())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 // Leaves: no other module of this crate below them but leaves.
 mod clock;
 mod config;
+mod credentials;
 mod error;
 pub mod exec;
 mod key;

@@ -329,11 +329,12 @@ async fn poll_once(
 /// another store (`client_store`), or beyond this one's last seq, starts from 0 (E5).
 pub async fn poll(
     app: &App,
-    machine: &str,
+    caller: &Caller,
     (cursor, client_store): (i64, Option<&str>),
     limit: usize,
     wait: Duration,
 ) -> Result<PollResponse, ServiceError> {
+    let machine = caller.require_machine()?;
     let last_seq = if cursor > 0 { app.store().mail_last_seq().await? } else { 0 };
     let cursor = poll_start(cursor, client_store, app.identity(), last_seq);
     let deadline = tokio::time::Instant::now() + wait;
@@ -343,6 +344,12 @@ pub async fn poll(
     let mut first = true;
     let recheck = app.recheck_every();
     loop {
+        // T18: a token reissued or revoked while this poll waited delivers nothing.
+        if !first && !crate::auth::still_valid(app, caller).await? {
+            return Err(ServiceError::unauthorized(
+                "token not recognized; it was reissued or revoked while this poll waited",
+            ));
+        }
         let response = poll_once(app, machine, cursor, limit, first, crate::clock::now()).await?;
         first = false;
         if !response.mail.is_empty() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub pruned: IntCounterVec,
     pub intents_dropped: IntCounterVec,
     pub pending_refused: IntCounterVec,
+    pub auth_failures: IntCounterVec,
+    pub tls_expiry: IntGauge,
     waits_parked: IntGaugeVec,
 }
 
@@ -71,6 +73,11 @@ label_values! {
 label_values! {
     /// How a ledger row's Function run ended (`pcmail_ledger_runs_total{outcome}`).
     RunOutcome { Ok => "ok", Failed => "failed", Timeout => "timeout" }
+}
+
+label_values! {
+    /// Where authentication failed (`pcmail_auth_failures_total{surface}`, T18).
+    Surface { Api => "api", Console => "console" }
 }
 
 label_values! {
@@ -163,9 +170,21 @@ impl Metrics {
                 "Queued PC calls the server refused for good, as the PCs report them (T10).",
                 &["action"]
             )?),
+            auth_failures: reg!(counter(
+                "pcmail_auth_failures_total",
+                "Requests whose token was not recognized, per surface; each client address is slowed after 5 (T18).",
+                &["surface"]
+            )?),
+            tls_expiry: reg!(IntGauge::new(
+                "pcmail_tls_cert_expiry_timestamp_seconds",
+                "When the served TLS certificate expires, as a Unix time; 0 without --tls-cert (T17)."
+            )?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        for surface in Surface::ALL {
+            m.auth_failures.with_label_values(&[surface.as_str()]);
+        }
         for call in pcmail_core::agent::QueuedCall::ALL {
             m.pending_refused.with_label_values(&[call.as_str()]);
         }

@@ -5,6 +5,7 @@ use pcmail_store::{Change, Store};
 
 use crate::app::{App, Parts};
 use crate::config::{ServeConfig, ServeError};
+use crate::credentials::AdminToken;
 use crate::error::ServiceError;
 use crate::key::Key;
 use crate::wakeups::Topic;
@@ -16,7 +17,7 @@ use crate::{api, auth, conns, console, controller, leader, manifests, specs, tls
 pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     let dir = &config.data_dir;
     pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
-    let admin_token_hash = auth::ensure_admin_token(dir)?;
+    let admin_token = AdminToken::watch(dir.join(auth::ADMIN_TOKEN_FILE), auth::ensure_admin_token(dir)?);
     let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
     let store = pcmail_store::open(&url, dir).await?;
     pcmail_store::transfer::check_finished(&store).await?;
@@ -25,7 +26,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     })?;
     let changes = store.changes();
     let parts =
-        Parts { store, identity, admin_token_hash, replica: leader::replica_name(), shared_store: changes.is_some() };
+        Parts { store, identity, admin_token, replica: leader::replica_name(), shared_store: changes.is_some() };
     let app = App::new(parts, config)?;
     if let Some(changes) = changes {
         tokio::spawn(follow_changes(app.clone(), changes));
@@ -88,11 +89,16 @@ pub async fn serve(
         shutdown.await;
         stopping.begin_shutdown();
     });
+    let router = if certificate.is_some() {
+        router(app.clone()).layer(axum::middleware::map_response(over_tls))
+    } else {
+        router(app.clone())
+    };
     let acceptor = certificate.map(|c| {
-        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2)));
+        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2), app.metrics().tls_expiry.clone()));
         c.acceptor()
     });
-    conns::serve(listener, router(app.clone()), connections, acceptor, app.watch_shutdown()).await;
+    conns::serve(listener, router, connections, acceptor, app.watch_shutdown()).await;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {
@@ -109,6 +115,23 @@ pub(crate) fn router(app: App) -> axum::Router {
         .merge(console::routes(std::sync::Arc::default()))
         .fallback(|| async { ServiceError::not_found("no such route; the API lives under /api/v1/") })
         .with_state(app)
+}
+
+/// T17: under TLS every answer asks browsers to come back only over HTTPS, and every cookie
+/// it sets is `Secure`, so a session never travels in clear text.
+async fn over_tls(mut response: axum::response::Response) -> axum::response::Response {
+    use axum::http::{HeaderValue, header};
+    let headers = response.headers_mut();
+    headers.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static("max-age=31536000"));
+    let cookies: Vec<HeaderValue> = headers.get_all(header::SET_COOKIE).iter().cloned().collect();
+    if !cookies.is_empty() {
+        headers.remove(header::SET_COOKIE);
+        for cookie in cookies {
+            let secure = cookie.to_str().ok().map(|c| format!("{c}; Secure"));
+            headers.append(header::SET_COOKIE, secure.and_then(|c| HeaderValue::from_str(&c).ok()).unwrap_or(cookie));
+        }
+    }
+    response
 }
 
 /// Turns other replicas' announced commits into the same wake-ups this replica's own writes

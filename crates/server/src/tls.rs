@@ -1,6 +1,7 @@
 //! O1: serve's own HTTPS (rustls). The certificate and key are read at start and again whenever
 //! either file changes on disk, so a renewed certificate is served without a restart; a broken
-//! pair on disk is logged and the one in force keeps serving.
+//! pair on disk — or one expired or not yet valid (T17) — is logged once per change and the one
+//! in force keeps serving.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -19,6 +20,8 @@ pub enum TlsError {
     Key { path: PathBuf, message: String },
     #[error("TLS certificate and key do not go together: {0}")]
     Pair(String),
+    #[error("TLS certificate {path}: {problem}")]
+    Unservable { path: PathBuf, problem: pcmail_core::certificate::Unservable },
 }
 
 /// When the certificate and key files were last modified, as read with them.
@@ -30,17 +33,24 @@ pub struct Certificate {
     cert: PathBuf,
     key: PathBuf,
     current: RwLock<(Arc<CertifiedKey>, Stamps)>,
+    /// The served certificate's `notAfter` (T17's metric).
+    expires_at: RwLock<pcmail_core::Ts>,
 }
 
 impl Certificate {
     pub fn load(cert: &Path, key: &Path) -> Result<Arc<Certificate>, TlsError> {
-        let pair = read_pair(cert, key)?;
+        let (pair, expires_at) = read_pair(cert, key)?;
         let stamps = stamps(cert, key);
         Ok(Arc::new(Certificate {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
             current: RwLock::new((Arc::new(pair), stamps)),
+            expires_at: RwLock::new(expires_at),
         }))
+    }
+
+    pub fn expires_at(&self) -> pcmail_core::Ts {
+        *self.expires_at.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The rustls acceptor serving this certificate (HTTP/1.1 only).
@@ -56,24 +66,37 @@ impl Certificate {
         tokio_rustls::TlsAcceptor::from(Arc::new(config))
     }
 
-    /// Reloads the pair if either file changed since it was read; answers whether it did.
-    pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+    /// Reloads the pair if either file changed since `seen` (the stamps last looked at, loaded
+    /// or refused); answers the files' stamps now and whether they were loaded.
+    pub fn reload_if_changed(&self, seen: Stamps) -> (Stamps, Result<bool, TlsError>) {
         let now = stamps(&self.cert, &self.key);
-        let known = self.current.read().unwrap_or_else(PoisonError::into_inner).1;
-        if now.is_none() || now == known {
-            return Ok(false);
+        if now.is_none() || now == seen {
+            return (seen, Ok(false));
         }
-        let pair = read_pair(&self.cert, &self.key)?;
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = (Arc::new(pair), now);
-        Ok(true)
+        match read_pair(&self.cert, &self.key) {
+            Ok((pair, expires_at)) => {
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = (Arc::new(pair), now);
+                *self.expires_at.write().unwrap_or_else(PoisonError::into_inner) = expires_at;
+                (now, Ok(true))
+            }
+            Err(e) => (now, Err(e)),
+        }
     }
 
-    /// Looks at the files every `every` until the process ends.
-    pub async fn watch(self: Arc<Self>, every: Duration) {
+    /// Looks at the files every `every` until the process ends; `expiry` shows when the served
+    /// certificate expires. A refused pair is logged once, until the files change again.
+    pub async fn watch(self: Arc<Self>, every: Duration, expiry: prometheus::IntGauge) {
+        let mut seen = self.current.read().unwrap_or_else(PoisonError::into_inner).1;
+        expiry.set(self.expires_at().timestamp());
         loop {
             tokio::time::sleep(every).await;
-            match self.reload_if_changed() {
-                Ok(true) => tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded"),
+            let (now, outcome) = self.reload_if_changed(seen);
+            seen = now;
+            match outcome {
+                Ok(true) => {
+                    expiry.set(self.expires_at().timestamp());
+                    tracing::info!(cert = %self.cert.display(), expires = %self.expires_at(), "TLS certificate reloaded");
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!(error = %e, "TLS certificate on disk not loaded; the one in force keeps serving")
@@ -94,7 +117,8 @@ fn stamps(cert: &Path, key: &Path) -> Stamps {
     Some((m(cert)?, m(key)?))
 }
 
-fn read_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+/// The pair, if it may be served now (T17), and when its certificate expires.
+fn read_pair(cert: &Path, key: &Path) -> Result<(CertifiedKey, pcmail_core::Ts), TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<_, _>>())
         .map_err(|e| TlsError::Cert { path: cert.to_path_buf(), message: e.to_string() })?;
@@ -103,6 +127,10 @@ fn read_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     }
     let key_der = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| TlsError::Key { path: key.to_path_buf(), message: e.to_string() })?;
+    let unservable = |problem| TlsError::Unservable { path: cert.to_path_buf(), problem };
+    let window = pcmail_core::certificate::validity(&chain[0]).map_err(unservable)?;
+    pcmail_core::certificate::check_validity(window, crate::clock::now()).map_err(unservable)?;
     let provider = rustls::crypto::ring::default_provider();
-    CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| TlsError::Pair(e.to_string()))
+    let pair = CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| TlsError::Pair(e.to_string()))?;
+    Ok((pair, window.1))
 }

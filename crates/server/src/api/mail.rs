@@ -191,10 +191,10 @@ pub async fn poll(
     q: Result<Query<PollQuery>, QueryRejection>,
 ) -> Result<Json<PollResponse>, ServiceError> {
     let q = query(q)?;
-    let machine = caller.require_machine()?;
+    caller.require_machine()?;
     let wait = wait("wait", q.wait)?.unwrap_or(Duration::ZERO);
     let limit = limit(q.limit, 100)?;
-    Ok(Json(mailbox::poll(&app, machine, (q.cursor, q.store.as_deref()), limit, wait).await?))
+    Ok(Json(mailbox::poll(&app, &caller, (q.cursor, q.store.as_deref()), limit, wait).await?))
 }
 
 /// I1 on the server: stores an inbound message as an intent for the Roster owner; the same key

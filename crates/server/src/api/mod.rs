@@ -96,17 +96,44 @@ pub fn routes(app: App) -> Router<App> {
 }
 
 /// Authenticates once per request; handlers take the `Caller` from the request's extensions.
+/// T18: an address that keeps presenting wrong tokens is slowed like a console sign-in (429
+/// with `Retry-After`); each wrong token is counted and, while the address is not slowed,
+/// logged with it — so the log grows by at most a few lines a minute per address.
 async fn require_token(
     State(app): State<App>,
     mut req: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let client = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or_else(|| "unknown".to_string(), |a| a.0.ip().to_string());
+    let now = crate::clock::now();
+    if let Err(wait) = app.auth_failures().attempt(&client, now) {
+        let e =
+            ServiceError::unauthorized(format!("too many wrong tokens from this address; try again in {wait} s (T18)"));
+        let mut answer = e.into_response();
+        *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        if let Ok(v) = axum::http::HeaderValue::from_str(&wait.to_string()) {
+            answer.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+        }
+        return answer;
+    }
+    let presented = req.headers().contains_key(axum::http::header::AUTHORIZATION);
     match crate::auth::authenticate(&app, req.headers()).await {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
-        Err(e) => axum::response::IntoResponse::into_response(e),
+        Err(e) => {
+            if presented && e.failure() == crate::error::Failure::Unauthorized {
+                app.auth_failures().failed(&client, now);
+                app.metrics().auth_failures.with_label_values(&[crate::metrics::Surface::Api.as_str()]).inc();
+                tracing::warn!(%client, path = %req.uri().path(), "API request with a token that is not recognized");
+            }
+            e.into_response()
+        }
     }
 }
 

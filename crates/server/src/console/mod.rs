@@ -28,6 +28,7 @@ use serde::Deserialize;
 
 use crate::app::App;
 use crate::error::Failure;
+use crate::metrics::Surface;
 use html::{Lang, lang, page, t};
 pub use session::Sessions;
 use views::Choice;
@@ -182,7 +183,8 @@ async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let lang = language(&headers);
-    if let Err(wait) = sessions.sign_in_attempt(&client, crate::clock::now()) {
+    let now = crate::clock::now();
+    if let Err(wait) = app.auth_failures().attempt(&client, now) {
         tracing::warn!(%client, "console sign-in refused: too many failed sign-ins from this address");
         let message = match lang {
             Lang::Ja => format!("サインインの失敗が多すぎます。{wait} 秒後にもう一度どうぞ。"),
@@ -191,13 +193,14 @@ async fn login(
         let body = login_page(lang, Some(&message));
         return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, wait.to_string())], Html(body)).into_response();
     }
-    if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), app.admin_token_hash()) {
-        sessions.sign_in_failed(&client);
+    if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), &app.admin_token_hash()) {
+        app.auth_failures().failed(&client, now);
+        app.metrics().auth_failures.with_label_values(&[Surface::Console.as_str()]).inc();
         tracing::warn!(%client, "console sign-in failed: not the admin token");
         let message = t(lang, "That is not the admin token.", "管理トークンが違います。");
         return (StatusCode::UNAUTHORIZED, Html(login_page(lang, Some(message)))).into_response();
     }
-    sessions.sign_in_succeeded(&client);
+    app.auth_failures().succeeded(&client);
     let id = match sessions.create() {
         Ok(id) => id,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),

@@ -6,7 +6,6 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, header};
-use pcmail_core::throttle::SignInThrottle;
 
 const COOKIE: &str = "pcmail_session";
 /// A session lasts a working day without being used.
@@ -15,24 +14,9 @@ const IDLE: Duration = Duration::from_secs(12 * 3600);
 #[derive(Default)]
 pub struct Sessions {
     by_id: Mutex<HashMap<String, (String, Instant)>>,
-    /// T9: failed sign-ins per client address.
-    throttle: Mutex<SignInThrottle>,
 }
 
 impl Sessions {
-    /// Whether `client` may try to sign in now; else how many seconds it must wait.
-    pub fn sign_in_attempt(&self, client: &str, now: pcmail_core::Ts) -> Result<(), u64> {
-        self.throttle.lock().unwrap_or_else(PoisonError::into_inner).attempt(client, now)
-    }
-
-    pub fn sign_in_failed(&self, client: &str) {
-        self.throttle.lock().unwrap_or_else(PoisonError::into_inner).failed(client);
-    }
-
-    pub fn sign_in_succeeded(&self, client: &str) {
-        self.throttle.lock().unwrap_or_else(PoisonError::into_inner).succeeded(client);
-    }
-
     /// A new session; answers its id.
     pub fn create(&self) -> Result<String, String> {
         let id = crate::auth::new_token("").map_err(|e| format!("no randomness for a session: {e}"))?;
