@@ -222,6 +222,11 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// The running serve's process id (for its `/proc/PID/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn admin_token(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("data/admin.token")).expect("admin token").trim().to_string()
     }

@@ -8,6 +8,7 @@
 mod botapi;
 mod console;
 mod deploy;
+mod edge;
 mod endurance;
 mod faults;
 mod harness;

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub pruned: IntCounterVec,
     pub intents_dropped: IntCounterVec,
     waits_parked: IntGaugeVec,
+    /// E1/T15: connections the server closed, by why (`pcmail_core::conns::Closed`).
+    pub connections_closed: IntCounterVec,
 }
 
 /// A closed set of label values: code names a variant, the registry declares every one at 0.
@@ -157,11 +159,19 @@ impl Metrics {
                 "Chat messages a PC's poller dropped: their chat is outside allowedChats (I9).",
                 &["channel"]
             )?),
+            connections_closed: reg!(counter(
+                "pcmail_connections_closed_total",
+                "Connections the server closed: a head, body or answer too slow, idle too long, or evicted when full.",
+                &["reason"]
+            )?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for outcome in Notified::ALL {
             m.notifications.with_label_values(&[outcome.as_str()]);
+        }
+        for reason in pcmail_core::conns::Closed::ALL {
+            m.connections_closed.with_label_values(&[reason.as_str()]);
         }
         for wait in Wait::ALL {
             m.waits_parked.with_label_values(&[wait.as_str()]);
