@@ -520,6 +520,13 @@ pub struct ServeArgs {
     /// How long a connection may stay idle between requests
     #[arg(long, default_value = "60s")]
     pub idle_timeout: Dur,
+    /// How long a client may take to send a request's body (T15); it must also keep at least
+    /// 1 KiB/s after the body's first second
+    #[arg(long, default_value = "30s")]
+    pub body_timeout: Dur,
+    /// How long a client may take to take an answer (T15); then the connection is closed
+    #[arg(long, default_value = "30s")]
+    pub write_timeout: Dur,
 }
 
 #[derive(Debug, Subcommand)]

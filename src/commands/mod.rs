@@ -22,6 +22,7 @@ pub use agent::hook;
 
 /// U6: a listing's first `limit` items, or with `--all` every page of `page_size` (each after
 /// the last item of the one before), and how many more match. `fetch(after, limit)` reads a page.
+/// A page the server answered short (T15 caps a page's bytes) is followed to the limit.
 async fn pages<T, F, Fut>(
     paging: Paging,
     page_size: usize,
@@ -32,9 +33,10 @@ where
     F: FnMut(Option<String>, usize) -> Fut,
     Fut: std::future::Future<Output = Result<(Vec<T>, u64), ClientError>>,
 {
+    let wanted = if paging.all { usize::MAX } else { paging.limit };
     let (mut items, mut more) = fetch(None, if paging.all { page_size } else { paging.limit }).await?;
-    while paging.all && more > 0 {
-        let (next, left) = fetch(items.last().map(&key), page_size).await?;
+    while more > 0 && items.len() < wanted {
+        let (next, left) = fetch(items.last().map(&key), page_size.min(wanted - items.len())).await?;
         if next.is_empty() {
             break;
         }

@@ -22,6 +22,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         max_connections: args.max_connections,
         header_timeout: args.header_timeout.to_std(),
         idle_timeout: args.idle_timeout.to_std(),
+        body_timeout: args.body_timeout.to_std(),
+        write_timeout: args.write_timeout.to_std(),
     };
     pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::harness::*;
 
-fn call(s: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
+pub(crate) fn call(s: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     rt.block_on(async {
         let c = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
@@ -21,7 +21,7 @@ fn call(s: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16,
     })
 }
 
-fn metric(s: &Server, line_start: &str) -> f64 {
+pub(crate) fn metric(s: &Server, line_start: &str) -> f64 {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let body =
         rt.block_on(async { reqwest::get(format!("{}/metrics", s.url)).await.expect("m").text().await.expect("t") });
@@ -30,7 +30,7 @@ fn metric(s: &Server, line_start: &str) -> f64 {
 
 /// Lets this test process hold more sockets than serve may.
 #[cfg(unix)]
-fn raise_own_file_limit() {
+pub(crate) fn raise_own_file_limit() {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: reads and writes only the struct passed.
     unsafe {
@@ -41,7 +41,7 @@ fn raise_own_file_limit() {
 }
 
 /// Whether the server has closed this socket (EOF or reset), without waiting long.
-fn closed_by_server(s: &mut TcpStream) -> bool {
+pub(crate) fn closed_by_server(s: &mut TcpStream) -> bool {
     let _ = s.set_read_timeout(Some(Duration::from_millis(5)));
     let mut buf = [0u8; 512];
     loop {

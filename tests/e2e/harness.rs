@@ -230,9 +230,9 @@ impl Server {
         self.child = Some(child);
     }
 
-    /// The running serve's process id.
+    /// The running serve's process id (for its `/proc/PID/status`).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("serve is running").id()
+        self.child.as_ref().expect("running").id()
     }
 
     pub fn admin_token(&self) -> String {

@@ -9,6 +9,7 @@ mod botapi;
 mod boundaries;
 mod console;
 mod deploy;
+mod edge;
 mod endurance;
 mod faults;
 mod harness;

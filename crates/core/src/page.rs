@@ -19,6 +19,20 @@ pub const MAX_PAGE: usize = 1000;
 /// The largest page of mail: its bodies are larger.
 pub const MAX_MAIL_PAGE: usize = 500;
 
+/// T15: the most bytes one page of a listing answers; a page whose items would pass it is
+/// answered short (at least one item), the rest counted in `x-pcmail-more` and reached by the
+/// cursor as always. With the connection's own buffers (a 64 KiB read buffer) a client that
+/// never reads its answer holds well under 1 MiB of the server, and a burst of large pages
+/// read at once leaves little behind in the allocator.
+pub const MAX_PAGE_BYTES: usize = 256 * 1024;
+
+/// T15: whether the next item (`next` bytes) joins a page that already has `shown` items in
+/// `used` bytes: while the page stays within `budget`, and always the first item, so a cursor
+/// moves even past an item larger than the budget.
+pub fn fits(used: usize, next: usize, shown: usize, budget: usize) -> bool {
+    shown == 0 || used.saturating_add(next) <= budget
+}
+
 /// The response header that says how many items the filters match after a page, on every
 /// listing that answers a JSON array (the body keeps the shape older clients parse).
 pub const MORE_HEADER: &str = "x-pcmail-more";
@@ -265,5 +279,17 @@ mod tests {
         let l = l.normalized();
         assert_eq!(l.queue, None);
         assert_eq!(l.pairs(), vec![("state", "dead"), ("after", "j-9")]);
+    }
+
+    #[test]
+    fn t15_a_page_stops_before_the_item_that_passes_its_bytes_but_always_shows_one() {
+        assert!(fits(0, 10 * MAX_PAGE_BYTES, 0, MAX_PAGE_BYTES), "the first item always");
+        assert!(fits(100, MAX_PAGE_BYTES - 100, 1, MAX_PAGE_BYTES), "exactly full");
+        assert!(!fits(100, MAX_PAGE_BYTES - 99, 1, MAX_PAGE_BYTES));
+        assert!(!fits(usize::MAX, 1, 3, MAX_PAGE_BYTES), "no overflow");
+        // 500 mails of 60 KiB: a page of 4, the other 496 counted as more.
+        let shown =
+            (0..500).scan(0usize, |used, i| fits(*used, 61_500, i, MAX_PAGE_BYTES).then(|| *used += 61_500)).count();
+        assert_eq!(shown, 4);
     }
 }

@@ -26,6 +26,10 @@ pub struct ServeConfig {
     /// E1: how long a request's head may take, and an idle connection may stay.
     pub header_timeout: std::time::Duration,
     pub idle_timeout: std::time::Duration,
+    /// T15: how long a request's body may take (and it must keep 1 KiB/s after its first
+    /// second), and how long a client may take to take an answer.
+    pub body_timeout: std::time::Duration,
+    pub write_timeout: std::time::Duration,
 }
 
 impl ServeConfig {
@@ -44,6 +48,8 @@ impl ServeConfig {
             max_connections: 2048,
             header_timeout: std::time::Duration::from_secs(10),
             idle_timeout: std::time::Duration::from_secs(60),
+            body_timeout: std::time::Duration::from_secs(30),
+            write_timeout: std::time::Duration::from_secs(30),
         }
     }
 }

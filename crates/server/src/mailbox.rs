@@ -281,6 +281,23 @@ pub async fn step(app: &App, caller: &Caller, id: &str, step: Step, now: Ts) -> 
     Ok(mail)
 }
 
+/// T15: the first mails of a poll's page whose texts stay within
+/// [`MAX_PAGE_BYTES`](pcmail_core::page::MAX_PAGE_BYTES) (always one). The rest are neither
+/// answered nor delivered: the cursor stops at the last one answered and the next poll gets them.
+fn within_page_bytes(rows: Vec<Mail>) -> Vec<Mail> {
+    let budget = pcmail_core::page::MAX_PAGE_BYTES;
+    let mut used = 0usize;
+    let mut shown = 0;
+    rows.into_iter()
+        .take_while(|m| {
+            let fits = pcmail_core::page::fits(used, m.text_bytes(), shown, budget);
+            used = used.saturating_add(m.text_bytes());
+            shown += 1;
+            fits
+        })
+        .collect()
+}
+
 /// One M11 cursor poll: the caller's mail after `cursor`, `new` ones marked delivered.
 async fn poll_once(
     app: &App,
@@ -295,7 +312,7 @@ async fn poll_once(
     // Most wake-ups of a long-poll find nothing new: answer those from a reader, without
     // queueing behind the single writer.
     if !heartbeat {
-        let rows = app.store().select_mail(select.clone()).await?;
+        let rows = within_page_bytes(app.store().select_mail(select.clone()).await?);
         if rows.iter().all(|m| m.state != MailState::New) {
             let cursor = rows.last().map_or(cursor, |m| m.seq);
             return Ok(PollResponse { mail: rows, cursor, store: app.identity().to_string() });
@@ -307,6 +324,7 @@ async fn poll_once(
         .mail_transaction(select, move |rows| {
             let mut writes = MailWrites { heartbeat: heartbeat.then(|| (who.clone(), now)), ..Default::default() };
             let mut moves = Moves::default();
+            let rows = within_page_bytes(rows);
             let mut out = Vec::with_capacity(rows.len());
             for mail in rows {
                 match deliver_or_expire(&mail, &who, now) {

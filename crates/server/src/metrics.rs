@@ -46,6 +46,8 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     pub tls_expiry: IntGauge,
     waits_parked: IntGaugeVec,
+    /// E1/T15: connections the server closed, by why (`pcmail_core::conns::Closed`).
+    pub connections_closed: IntCounterVec,
 }
 
 /// A closed set of label values: code names a variant, the registry declares every one at 0.
@@ -179,6 +181,11 @@ impl Metrics {
                 "pcmail_tls_cert_expiry_timestamp_seconds",
                 "When the served TLS certificate expires, as a Unix time; 0 without --tls-cert (T17)."
             )?),
+            connections_closed: reg!(counter(
+                "pcmail_connections_closed_total",
+                "Connections the server closed: a head, body or answer too slow, idle too long, or evicted when full.",
+                &["reason"]
+            )?),
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
@@ -190,6 +197,9 @@ impl Metrics {
         }
         for outcome in Notified::ALL {
             m.notifications.with_label_values(&[outcome.as_str()]);
+        }
+        for reason in pcmail_core::conns::Closed::ALL {
+            m.connections_closed.with_label_values(&[reason.as_str()]);
         }
         for wait in Wait::ALL {
             m.waits_parked.with_label_values(&[wait.as_str()]);

@@ -73,6 +73,8 @@ pub async fn serve(
         timeouts: pcmail_core::conns::Timeouts {
             header_ms: ms(config.header_timeout),
             idle_ms: ms(config.idle_timeout),
+            body_ms: ms(config.body_timeout),
+            write_ms: ms(config.write_timeout),
         },
     };
     let local = listener.local_addr()?;
@@ -98,7 +100,8 @@ pub async fn serve(
         tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2), app.metrics().tls_expiry.clone()));
         c.acceptor()
     });
-    conns::serve(listener, router, connections, acceptor, app.watch_shutdown()).await;
+    let closed = app.metrics().connections_closed.clone();
+    conns::serve(listener, router, (connections, closed), acceptor, app.watch_shutdown()).await;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {

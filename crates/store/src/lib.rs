@@ -228,6 +228,11 @@ pub struct MailQuery {
     /// U3: the cursor of a page: only mail older than this one, which must itself be in the
     /// query's scope (`to`, `from`, `machine`), else the page is empty.
     pub after: Option<String>,
+    /// T15: a page may stop short once its mails' texts ([`Mail::text_bytes`]) pass this many
+    /// bytes (always one mail): SQLite stops reading there, so 500 large mails are never held
+    /// for a page that will be answered short. Other adapters read the page whole; the HTTP
+    /// edge cuts the answer to its bytes either way, and `more` counts from the last mail shown.
+    pub max_bytes: Option<usize>,
 }
 
 /// The WHERE clause of a [`MailQuery`] (its limit aside) and its text arguments, for both SQL

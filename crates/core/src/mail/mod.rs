@@ -55,6 +55,13 @@ pub struct Mail {
 }
 
 impl Mail {
+    /// The bytes of the mail's free texts (what makes one mail large): what a listing's byte
+    /// budget (T15, [`crate::page::MAX_PAGE_BYTES`]) counts while a store reads a page.
+    pub fn text_bytes(&self) -> usize {
+        let optional = |t: &Option<String>| t.as_ref().map_or(0, String::len);
+        self.subject.len() + self.body.len() + optional(&self.result) + optional(&self.fail_reason)
+    }
+
     /// A fresh `new` note on channel `pc`: hop 0, nothing stamped. Callers set the rest with
     /// struct update syntax.
     pub fn new(id: String, from: String, to: String, created_at: Ts, expires_at: Ts) -> Mail {

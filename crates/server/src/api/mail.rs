@@ -99,6 +99,7 @@ pub async fn list(
         limit: limit(q.limit, 100)?,
         machine: q.machine.filter(|m| !m.trim().is_empty()).map(|m| app.runtime().machine_label(&m)),
         after: q.after.filter(|a| !a.is_empty()),
+        max_bytes: Some(pcmail_core::page::MAX_PAGE_BYTES),
         ..Default::default()
     };
     match q.mailbox.as_deref().unwrap_or("inbox") {

@@ -172,9 +172,37 @@ pub fn page_size(n: Option<usize>, default: usize, max: usize) -> Result<usize, 
 }
 
 /// A page of a listing that answers a JSON array (the shape older clients parse); how many
-/// items follow it goes in [`MORE_HEADER`](pcmail_core::page::MORE_HEADER).
-pub fn with_more<T: serde::Serialize>(items: Vec<T>, more: u64) -> impl axum::response::IntoResponse {
-    ([(pcmail_core::page::MORE_HEADER, more.to_string())], axum::Json(items))
+/// items follow it goes in [`MORE_HEADER`](pcmail_core::page::MORE_HEADER). T15: the array
+/// is cut before the item that would pass [`MAX_PAGE_BYTES`](pcmail_core::page::MAX_PAGE_BYTES)
+/// and the items cut are counted in `more`, so the client's cursor (the last item it got)
+/// reaches them on the next page, and an answer a client never reads holds little.
+pub fn with_more<T: serde::Serialize>(items: Vec<T>, more: u64) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let budget = pcmail_core::page::MAX_PAGE_BYTES;
+    let mut body = Vec::with_capacity(budget.min(64 * 1024));
+    body.push(b'[');
+    let mut shown = 0;
+    for item in &items {
+        let json = match serde_json::to_vec(item) {
+            Ok(json) => json,
+            Err(e) => return ServiceError::internal(format!("cannot write a listing: {e}")).into_response(),
+        };
+        if !pcmail_core::page::fits(body.len(), json.len() + 2, shown, budget) {
+            break;
+        }
+        if shown > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&json);
+        shown += 1;
+    }
+    body.push(b']');
+    let more = more.saturating_add((items.len() - shown) as u64);
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/json".to_string()),
+        (axum::http::HeaderName::from_static(pcmail_core::page::MORE_HEADER), more.to_string()),
+    ];
+    (headers, body).into_response()
 }
 
 /// A listing's filters must name values that exist: a state that is not one is a 400 naming it,

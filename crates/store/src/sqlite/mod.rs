@@ -31,8 +31,10 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::Row as LedgerRow;
 use rows::collect;
 
-/// Readers kept open for reuse; more are opened on demand and dropped after use.
-const READER_POOL: usize = 16;
+/// Readers kept open for reuse, and the most reads at once: a flood of concurrent requests
+/// waits for a reader instead of opening one each (each fresh connection parses the schema and
+/// fills a page cache of its own; 50 at once left ~130 MB in the allocator, issue #29).
+const READER_POOL: usize = 8;
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -44,6 +46,8 @@ struct Inner {
     // Dropped before the writer: the last connection to close checkpoints the write-ahead log
     // into the file and removes it only if it may write, so a closed store is one whole file.
     readers: Mutex<Vec<Connection>>,
+    /// [`READER_POOL`] permits: one per read running.
+    reading: Arc<tokio::sync::Semaphore>,
     writer: Mutex<Connection>,
 }
 
@@ -107,7 +111,10 @@ impl SqliteStore {
     }
 
     fn over(path: PathBuf, writer: Connection) -> SqliteStore {
-        SqliteStore { inner: Arc::new(Inner { path, readers: Mutex::new(Vec::new()), writer: Mutex::new(writer) }) }
+        let reading = Arc::new(tokio::sync::Semaphore::new(READER_POOL));
+        SqliteStore {
+            inner: Arc::new(Inner { path, readers: Mutex::new(Vec::new()), reading, writer: Mutex::new(writer) }),
+        }
     }
 
     /// O2: leaves the file whole and readable where nothing may be written (a backup kept on
@@ -134,7 +141,14 @@ impl SqliteStore {
 
     async fn read<R: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<R> + Send + 'static) -> Result<R> {
         let inner = self.inner.clone();
+        let permit = inner
+            .reading
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::Backend(format!("reader pool closed: {e}")))?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let pooled = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop();
             let conn = match pooled {
                 Some(c) => c,
@@ -449,7 +463,20 @@ impl Store for SqliteStore {
             let sql =
                 format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY seq DESC LIMIT {}", q.limit.max(1));
             let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-            collect(&mut stmt, rusqlite::params_from_iter(args.iter()), codec::mail)
+            let Some(budget) = q.max_bytes else {
+                return collect(&mut stmt, rusqlite::params_from_iter(args.iter()), codec::mail);
+            };
+            let mut rows = stmt.query(rusqlite::params_from_iter(args.iter())).map_err(map_err)?;
+            let (mut page, mut used) = (Vec::new(), 0usize);
+            while let Some(row) = rows.next().map_err(map_err)? {
+                let mail = codec::mail(row)?;
+                if !pcmail_core::page::fits(used, mail.text_bytes(), page.len(), budget) {
+                    break;
+                }
+                used = used.saturating_add(mail.text_bytes());
+                page.push(mail);
+            }
+            Ok(page)
         })
         .await
     }
