@@ -204,3 +204,130 @@ fn t18_a_rewritten_admin_token_and_a_reissued_machine_token_hold_from_the_next_r
     assert_eq!(status, 401, "{body}");
     assert!(!body.contains("for the new token only"), "{body}");
 }
+
+/// `method path` with `token` (None: no token): the status and the body as text.
+fn raw(s: &Server, method: &str, path: &str, token: Option<&str>, body: Value) -> (u16, String) {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let c = s.http();
+        let url = format!("{}{path}", s.url);
+        let mut req = if method == "GET" { c.get(url) } else { c.post(url).json(&body) };
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.expect("answers");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    })
+}
+
+#[test]
+fn t16_every_route_since_the_last_matrix_answers_owner_other_machine_admin_and_none_as_t16_says() {
+    let (s, _dir) = setup();
+    let (desk, laptop, builder, admin) = (s.token("desk"), s.token("laptop"), s.token("builder"), s.admin_token());
+    let who: [(&str, Option<&str>); 4] =
+        [("desk", Some(&desk)), ("laptop", Some(&laptop)), ("builder", Some(&builder)), ("admin", Some(&admin))];
+    let mail = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "s", "--body", "the passphrase is ZEBRA-42"]));
+    let job = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        &desk,
+        json!({"queue": "q", "function": "work", "runAfter": "1d", "payload": "desk's"}),
+    );
+    let job = job.1["job"]["id"].as_str().expect("job").to_string();
+
+    // Search and listings by cursor: the owner and the admin find it; another machine, nothing.
+    for (name, token) in who {
+        let expected = if name == "builder" { 0 } else { 1 };
+        let (status, found) = raw(&s, "GET", "/api/v1/search?q=ZEBRA-42", token, json!(null));
+        let hits = serde_json::from_str::<Value>(&found).ok().and_then(|v| v["mail"].as_array().map(Vec::len));
+        assert_eq!((status, hits), (200, Some(expected)), "search by {name}: {found}");
+        let (status, page) = raw(&s, "GET", &format!("/api/v1/mail?after={mail}&limit=5"), token, json!(null));
+        // The admin lists a mailbox only as a machine (--as); a machine's cursor into another's
+        // mail pages nothing.
+        let listed = if name == "admin" { status == 400 } else { status == 200 && !page.contains("ZEBRA") };
+        assert!(listed, "a cursor pages nothing into {name}'s view: {page}");
+        let (status, jobs) = raw(&s, "GET", &format!("/api/v1/jobs?after={job}"), token, json!(null));
+        assert!(status == 200 && !jobs.contains("desk's"), "{name}: {jobs}");
+    }
+    for path in ["/api/v1/search?q=ZEBRA-42", "/api/v1/mail?after=x", "/api/v1/jobs?after=x"] {
+        assert_eq!(raw(&s, "GET", path, None, json!(null)).0, 401, "{path} without a token");
+    }
+
+    // T16: not yours and not there are one answer, on every mail and job route.
+    let missing_mail = "mail--0000beef";
+    for (route, body) in
+        [("", json!(null)), ("/seen", json!({})), ("/ack", json!({})), ("/fail", json!({"reason": "x"}))]
+    {
+        let method = if route.is_empty() { "GET" } else { "POST" };
+        let theirs = raw(&s, method, &format!("/api/v1/mail/{mail}{route}"), Some(&builder), body.clone());
+        let none = raw(&s, method, &format!("/api/v1/mail/{missing_mail}{route}"), Some(&builder), body);
+        assert_eq!(theirs.0, 404, "{route}: {}", theirs.1);
+        assert_eq!(theirs.1.replace(&mail, "ID"), none.1.replace(missing_mail, "ID"), "{route}: the same body");
+    }
+    let reply = |parent: &str| raw(&s, "POST", "/api/v1/mail", Some(&builder), json!({"replyTo": parent, "body": "x"}));
+    let (theirs, none) = (reply(&mail), reply(missing_mail));
+    assert_eq!((theirs.0, theirs.1.replace(&mail, "ID")), (none.0, none.1.replace(missing_mail, "ID")), "{}", theirs.1);
+    for action in ["heartbeat", "complete", "fail"] {
+        let body = json!({"token": "t", "result": "x", "error": "x"});
+        let theirs = raw(&s, "POST", &format!("/api/v1/jobs/{job}/{action}"), Some(&laptop), body.clone());
+        let none = raw(&s, "POST", &format!("/api/v1/jobs/job-000000000000/{action}"), Some(&laptop), body);
+        assert_eq!(theirs, none, "{action}: another machine's job is not there to it");
+        assert_eq!(theirs.0, 404);
+    }
+
+    // Bulk enqueue: each machine's key its own (T12); no token, nothing.
+    let bulk = json!([{"queue": "q", "function": "work", "uniqueKey": "bulk-1", "runAfter": "1d"}]);
+    let mut ids = Vec::new();
+    for (name, token) in who {
+        let (status, answer) = raw(&s, "POST", "/api/v1/jobs", token, bulk.clone());
+        assert_eq!(status, 200, "{name}: {answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("json");
+        assert_eq!(answer[0]["created"], true, "{name} gets a job of its own: {answer}");
+        ids.push(answer[0]["job"]["id"].as_str().expect("id").to_string());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 4);
+    assert_eq!(raw(&s, "POST", "/api/v1/jobs", None, bulk).0, 401);
+
+    // The intents poller's report: recorders (desk, the owner) and the admin; refusals: machines.
+    let report = json!({"channel": "telegram", "dropped": 1});
+    let expected = [("desk", 200), ("laptop", 403), ("builder", 403), ("admin", 200)];
+    for ((name, token), (_, status)) in who.iter().zip(expected) {
+        assert_eq!(raw(&s, "POST", "/api/v1/intents/poller", *token, report.clone()).0, status, "poller by {name}");
+    }
+    let refusal = json!({"action": "seen", "target": mail, "reason": "403: not yours"});
+    let expected = [("desk", 200), ("laptop", 200), ("builder", 200), ("admin", 400)];
+    for ((name, token), (_, status)) in who.iter().zip(expected) {
+        assert_eq!(raw(&s, "POST", "/api/v1/refusals", *token, refusal.clone()).0, status, "refusal by {name}");
+    }
+    for path in ["/api/v1/intents/poller", "/api/v1/refusals"] {
+        assert_eq!(raw(&s, "POST", path, None, json!({})).0, 401, "{path} without a token");
+    }
+
+    // The console's job actions: a person signed in with the admin token, and a form of its own.
+    let client =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let cancel = format!("{}/ui/jobs/{job}/cancel", s.url);
+    let r = client.post(&cancel).form(&[("csrf", "x")]).send().expect("answers");
+    assert_eq!(
+        (r.status().as_u16(), r.headers().get("location").and_then(|l| l.to_str().ok())),
+        (303, Some("/ui/login"))
+    );
+    let r = client.post(&cancel).bearer_auth(&desk).form(&[("csrf", "x")]).send().expect("answers");
+    assert_eq!(r.status().as_u16(), 303, "a machine token is no console session");
+    let signed = client.post(format!("{}/ui/login", s.url)).form(&[("token", &admin)]).send().expect("login");
+    let cookie = signed.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let cookie = cookie.split(';').next().unwrap_or_default().to_string();
+    let page =
+        client.get(format!("{}/ui/jobs", s.url)).header("cookie", &cookie).send().expect("jobs").text().expect("html");
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("a csrf token");
+    let r = client.post(&cancel).header("cookie", &cookie).form(&[("csrf", "guess")]).send().expect("answers");
+    assert_eq!(r.status().as_u16(), 403, "a forged form");
+    assert_eq!(call(&s, "GET", &format!("/api/v1/mail/{mail}"), &desk, json!(null)).0, 200);
+    let r = client.post(&cancel).header("cookie", &cookie).form(&[("csrf", csrf)]).send().expect("answers");
+    assert_eq!(r.status().as_u16(), 303);
+    let jobs = call(&s, "GET", "/api/v1/jobs?limit=100", &admin, json!(null)).1;
+    let cancelled = jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == job.as_str())).cloned();
+    assert_eq!(cancelled.map(|j| j["state"].clone()), Some(json!("cancelled")));
+}
