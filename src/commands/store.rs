@@ -18,8 +18,7 @@ pub async fn backup(file: PathBuf, source: StoreArgs) -> anyhow::Result<i32> {
     // Written beside its final name, held by a lock while it is, and linked to that name when
     // whole: a FILE that exists is a whole backup.
     let partial = with_suffix(&file, ".partial");
-    let held =
-        pcmail_store::private::open_private(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let held = open_partial(&partial)?;
     // Unix locks are advisory; Windows would lock SQLite itself out of the file.
     #[cfg(unix)]
     if held.try_lock().is_err() {
@@ -45,17 +44,55 @@ async fn write_backup(from: &AnyStore, partial: &Path, held: &std::fs::File) -> 
     }
     held.set_len(0).with_context(|| format!("emptying {}", partial.display()))?;
     let to = SqliteStore::open(partial).await.with_context(|| format!("creating {}", partial.display()))?;
-    let moved = transfer::copy(from, &to).await?;
+    let copied = transfer::copy(from, &to).await?;
+    // E14: the checksums of what it holds travel inside it; restore and verify check them.
+    to.kv_set(transfer::BACKUP_DIGEST_KEY, &transfer::seal_digest(&copied)).await.context("sealing the backup")?;
     to.seal().await.context("closing the backup")?;
     if with_suffix(partial, "-wal").exists() {
         bail!("the backup's write-ahead log was not folded into it");
     }
-    Ok(moved)
+    Ok(transfer::moved(&copied))
+}
+
+/// E14: the file a backup is written into, created `O_EXCL|O_NOFOLLOW` (0600), or one a
+/// stopped backup left, opened without following a link: a planted link is refused, never
+/// written through.
+fn open_partial(partial: &Path) -> anyhow::Result<std::fs::File> {
+    let mut create = std::fs::OpenOptions::new();
+    create.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        create.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    match create.open(partial) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        other => return other.with_context(|| format!("creating {}", partial.display())),
+    }
+    if partial.symlink_metadata().is_ok_and(|m| !m.file_type().is_file()) {
+        bail!("{} is a link or not a file; a backup is never written through one (remove it)", partial.display());
+    }
+    let mut reuse = std::fs::OpenOptions::new();
+    reuse.read(true).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut reuse, libc::O_NOFOLLOW);
+    reuse.open(partial).with_context(|| format!("opening the unfinished {}", partial.display()))
+}
+
+/// E14: a backup whose pages or rows changed since it was written is refused, naming what.
+async fn check_backup(backup: &SqliteStore, file: &Path) -> anyhow::Result<()> {
+    backup.integrity().await.with_context(|| format!("checking the backup {}", file.display()))?;
+    let sealed = transfer::verify_sealed(backup).await.with_context(|| format!("checking {}", file.display()))?;
+    if !sealed {
+        eprintln!("{} carries no checksums (written before they were kept); its pages check out", file.display());
+    }
+    Ok(())
 }
 
 pub async fn restore(file: PathBuf, target: StoreArgs) -> anyhow::Result<i32> {
     let from =
         SqliteStore::open_read_only(&file).await.with_context(|| format!("reading the backup {}", file.display()))?;
+    check_backup(&from, &file).await?;
     if target.store.is_none() {
         pcmail_store::private::make_private(&target.data_dir)
             .with_context(|| format!("making the data dir {}", target.data_dir.display()))?;
@@ -90,6 +127,12 @@ pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
 async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
     let from = pcmail_store::open_to_read(&ends.from, &ends.data_dir).await.context("opening --from")?;
     let to = pcmail_store::open_to_read(&ends.to, &ends.data_dir).await.context("opening --to")?;
+    // E14: an end that is a backup must first match the checksums it was written with.
+    for (end, store) in [("--from", &from), ("--to", &to)] {
+        if transfer::verify_sealed(store).await.with_context(|| format!("checking {end}"))? {
+            eprintln!("{end} is a backup and matches the checksums it was written with");
+        }
+    }
     let ours = transfer::digest(&from).await.context("reading --from")?;
     let theirs = transfer::digest(&to).await.context("reading --to")?;
     println!("{:<16} {:>10} {:>10}  CHECKSUMS", "TAB", "FROM", "TO");
@@ -108,7 +151,7 @@ async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
 
 async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str) -> anyhow::Result<Moved> {
     match transfer::copy(from, to).await {
-        Ok(moved) => Ok(moved),
+        Ok(copied) => Ok(transfer::moved(&copied)),
         Err(e @ StoreError::NotEmpty(_)) => Err(e.into()),
         Err(e) => Err(e).with_context(|| {
             format!(

@@ -315,12 +315,18 @@ fn o2_a_backup_taken_under_load_restores_every_acknowledged_mail_and_tokens_keep
     let again = offline(&["restore", &backup.display().to_string(), "--data-dir", &restored.display().to_string()]);
     assert!(!again.status.success() && stderr(&again).contains("already holds data (specs,"), "{}", stderr(&again));
 
-    // A restore that stops midway (a value the export cannot read) leaves a store serve refuses.
+    // A damaged backup is refused before anything is written (E14)…
     let damaged = dir.path().join("damaged.db");
     std::fs::copy(&backup, &damaged).expect("copy");
     rusqlite::Connection::open(&damaged).expect("raw").execute("UPDATE jobs SET priority = 1.5", []).expect("damage");
     let partial = dir.path().join("partial");
     let out = offline(&["restore", &damaged.display().to_string(), "--data-dir", &partial.display().to_string()]);
+    assert!(!out.status.success() && stderr(&out).contains("checking"), "{}", stderr(&out));
+    assert!(!partial.join("pcmail.db").exists(), "nothing written");
+    // …and a copy that stops midway (a value the export cannot read) leaves a store serve refuses.
+    std::fs::create_dir(&partial).expect("dir");
+    let to = format!("sqlite:{}", partial.join("pcmail.db").display());
+    let out = offline(&["store", "copy", "--from", &format!("sqlite:{}", damaged.display()), "--to", &to]);
     assert!(!out.status.success() && stderr(&out).contains("marked unfinished"), "{}", stderr(&out));
     let serve = offline(&["serve", "--data-dir", &partial.display().to_string(), "--listen", "127.0.0.1:0"]);
     assert!(!serve.status.success() && stderr(&serve).contains("a copy that did not finish"), "{}", stderr(&serve));
@@ -478,4 +484,47 @@ fn o2_o3_bad_backups_and_urls_are_named_and_nothing_is_written() {
     let out = offline(&["backup", &dir.path().join("b.db").display().to_string(), "--store", "sqlite:"]);
     assert!(!out.status.success() && stderr(&out).contains("needs a file path"), "{}", stderr(&out));
     assert!(!dir.path().join("b.db").exists() && !dir.path().join("b.db.partial").exists());
+}
+
+#[test]
+fn e14_a_changed_byte_in_a_backup_fails_restore_and_verify_naming_the_tab_and_a_planted_link_is_refused() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "pay", "--body", "wire 100 EUR to ZEBRA-0042"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = s.dir.path().join("data").display().to_string();
+    // A link planted where the backup is written is refused; what it points at is untouched.
+    let elsewhere = dir.path().join("elsewhere.txt");
+    std::fs::write(&elsewhere, "mine").expect("write");
+    let backup = dir.path().join("b.db");
+    std::os::unix::fs::symlink(&elsewhere, dir.path().join("b.db.partial")).expect("link");
+    let out = offline(&["backup", &backup.display().to_string(), "--data-dir", &data]);
+    assert!(!out.status.success() && stderr(&out).contains("never written through"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&elsewhere).expect("read"), "mine");
+    std::fs::remove_file(dir.path().join("b.db.partial")).expect("unlink");
+    ok(offline(&["backup", &backup.display().to_string(), "--data-dir", &data]));
+
+    // Untouched, it restores and verifies against the store it came from.
+    let url = format!("sqlite:{}", backup.display());
+    let source = format!("sqlite:{data}/pcmail.db");
+    let verified = offline(&["store", "verify", "--from", &url, "--to", &source]);
+    assert_eq!(verified.status.code(), Some(0), "{}", stderr(&verified));
+    assert!(stderr(&verified).contains("matches the checksums it was written with"), "{}", stderr(&verified));
+
+    // One byte of the mail's body changed in the file: restore and verify refuse, naming mail.
+    let mut bytes = std::fs::read(&backup).expect("read");
+    let at = bytes.windows(10).position(|w| w == b"ZEBRA-0042").expect("the body is in the file");
+    bytes[at + 9] = b'3';
+    std::fs::write(&backup, &bytes).expect("tamper");
+    let target = dir.path().join("restored");
+    let out = offline(&["restore", &backup.display().to_string(), "--data-dir", &target.display().to_string()]);
+    let why = stderr(&out);
+    assert!(!out.status.success() && why.contains("does not match its checksums in: mail"), "{why}");
+    assert!(!target.join("pcmail.db").exists(), "checked before anything is written");
+    let out = offline(&["store", "verify", "--from", &url, "--to", &source]);
+    assert!(
+        out.status.code().is_some_and(|c| c >= 2) && stderr(&out).contains("checksums in: mail"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -980,8 +980,9 @@ async fn everything(store: &impl Store) -> String {
 pub async fn o2_a_backup_holds_every_tab_as_it_was(store: &(impl Store + Clone)) {
     fill_every_tab(store).await;
     let (_dir, backup) = sqlite_scratch().await;
-    let moved = crate::transfer::copy(store, &backup).await.expect("backup");
+    let copied = crate::transfer::copy(store, &backup).await.expect("backup");
     crate::transfer::check_finished(&backup).await.expect("a finished copy serves");
+    let moved = crate::transfer::moved(&copied);
     let count = |tab: &str| moved.iter().find(|(t, _)| *t == tab).map(|m| m.1);
     assert_eq!(
         (count("mail"), count("ledger"), count("jobs"), count("tokens"), count("leases")),
@@ -997,6 +998,25 @@ pub async fn o2_a_backup_holds_every_tab_as_it_was(store: &(impl Store + Clone))
         store.kv_get(crate::IDENTITY_KEY).await.expect("kv"),
         "E5: a copy is another store"
     );
+}
+
+/// E14: a backup sealed with the checksums its copy counted checks out as it was written, and
+/// a row changed afterwards is named by its tab; a store never sealed carries none.
+pub async fn e14_a_sealed_backup_checks_out_and_a_changed_row_names_its_tab(store: &(impl Store + Clone)) {
+    use crate::transfer::{BACKUP_DIGEST_KEY, copy, seal_digest, verify_sealed};
+    fill_every_tab(store).await;
+    let (_dir, backup) = sqlite_scratch().await;
+    let copied = copy(store, &backup).await.expect("backup");
+    assert_eq!(copied, crate::transfer::digest(store).await.expect("digest"), "the copy counts what it wrote");
+    backup.kv_set(BACKUP_DIGEST_KEY, &seal_digest(&copied)).await.expect("seal");
+    assert!(verify_sealed(&backup).await.expect("checks out"));
+    assert!(!verify_sealed(store).await.expect("no seal"));
+    insert(&backup, vec![mail(9, "pc2")]).await;
+    let err = verify_sealed(&backup).await.expect_err("a changed row").to_string();
+    assert!(err.contains("checksums in: mail") && !err.contains("ledger"), "{err}");
+    backup.kv_set(BACKUP_DIGEST_KEY, "{\"tabs\": [], \"whole\": \"0\"}").await.expect("forge");
+    let err = verify_sealed(&backup).await.expect_err("a forged record").to_string();
+    assert!(err.contains("its checksum record"), "{err}");
 }
 
 /// O2 (restore): rows come back with their sequence numbers, and new rows number after them.
@@ -1099,6 +1119,7 @@ macro_rules! contract_tests {
             j2_j3_a_rescued_lease_can_no_longer_write,
             j5_a_job_is_read_back_by_id_as_committed,
             j6_t12_live_holders_of_a_unique_key_are_found_in_every_scope,
+            e14_a_sealed_backup_checks_out_and_a_changed_row_names_its_tab,
             j1_concurrent_claims_never_hand_one_job_to_two_workers,
             c1_exactly_one_replica_holds_the_lease,
             o2_a_backup_holds_every_tab_as_it_was,

@@ -116,24 +116,105 @@ async fn each_batch(from: &(impl Store + Clone), mut take: impl AsyncFnMut(Batch
 pub type Moved = Vec<(&'static str, u64)>;
 
 /// Copies every row of `from` into `to`, which must hold no data yet (nothing stored is ever
-/// overwritten). `from` is read as one snapshot while it keeps serving.
-pub async fn copy(from: &(impl Store + Clone), to: &impl Store) -> Result<Moved> {
+/// overwritten). `from` is read as one snapshot while it keeps serving. Answers what moved,
+/// counted and checksummed as [`digest`] would count the rows it wrote.
+pub async fn copy(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<TabDigest>> {
     let held = to.occupied_tabs().await?;
     if !held.is_empty() {
         return Err(StoreError::NotEmpty(held.join(", ")));
     }
     to.kv_set(COPY_KEY, "unfinished").await?;
-    let mut moved: Moved = TABS.iter().map(|(t, _)| (*t, 0)).collect();
+    let mut sums = Sums::new();
     each_batch(from, async |batch: Batch| {
-        if let Some(m) = moved.iter_mut().find(|(t, _)| *t == batch.tab) {
-            m.1 += batch.rows.len() as u64;
-        }
+        sums.add(&batch);
         to.import_rows(batch).await
     })
     .await?;
     to.import_finished().await?;
     to.kv_set(COPY_KEY, "finished").await?;
-    Ok(moved)
+    Ok(sums.finish())
+}
+
+/// The rows of each tab a digest or copy has seen, counted and summed.
+struct Sums(Vec<(&'static str, u64, u128)>);
+
+impl Sums {
+    fn new() -> Sums {
+        Sums(TABS.iter().map(|(t, _)| (*t, 0, 0)).collect())
+    }
+
+    fn add(&mut self, batch: &Batch) {
+        if let Some((_, rows, sum)) = self.0.iter_mut().find(|(t, ..)| *t == batch.tab) {
+            for row in &batch.rows {
+                *rows += 1;
+                *sum = sum.wrapping_add(row_hash(row));
+            }
+        }
+    }
+
+    fn finish(self) -> Vec<TabDigest> {
+        self.0.into_iter().map(|(tab, rows, sum)| TabDigest { tab, rows, checksum: format!("{sum:032x}") }).collect()
+    }
+}
+
+/// How many rows each tab of a digest holds.
+pub fn moved(digest: &[TabDigest]) -> Moved {
+    digest.iter().map(|d| (d.tab, d.rows)).collect()
+}
+
+/// E14: where a backup keeps the checksums of what it holds (a key of the store's own, so no
+/// copy or restore carries it on).
+pub const BACKUP_DIGEST_KEY: &str = "store/backup-digest";
+
+/// E14: a backup's checksums as it keeps them — each tab's, and one of them all.
+pub fn seal_digest(digest: &[TabDigest]) -> String {
+    let tabs: Vec<serde_json::Value> =
+        digest.iter().map(|d| serde_json::json!({"tab": d.tab, "rows": d.rows, "checksum": d.checksum})).collect();
+    serde_json::json!({"tabs": tabs, "whole": whole(digest)}).to_string()
+}
+
+fn whole(digest: &[TabDigest]) -> String {
+    let mut h = Sha256::new();
+    for d in digest {
+        h.update(format!("{}:{}:{};", d.tab, d.rows, d.checksum));
+    }
+    pcmail_core::ids::hex(&h.finalize())
+}
+
+/// E14: a backup's rows against the checksums it was sealed with: the tabs that differ (the
+/// whole checksum is checked too, so a tampered record of the tabs is caught).
+pub fn check_sealed(sealed: &str, now: &[TabDigest]) -> std::result::Result<(), Vec<String>> {
+    let parsed: serde_json::Value =
+        serde_json::from_str(sealed).map_err(|e| vec![format!("its checksum record ({e})")])?;
+    let recorded: Vec<TabDigest> = parsed["tabs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let tab = TABS.iter().map(|(n, _)| *n).find(|n| Some(*n) == t["tab"].as_str())?;
+            Some(TabDigest { tab, rows: t["rows"].as_u64()?, checksum: t["checksum"].as_str()?.to_string() })
+        })
+        .collect();
+    if parsed["whole"].as_str() != Some(whole(&recorded).as_str()) || recorded.len() != now.len() {
+        return Err(vec!["its checksum record".to_string()]);
+    }
+    let differ: Vec<String> = differences(&recorded, now).into_iter().map(String::from).collect();
+    if differ.is_empty() { Ok(()) } else { Err(differ) }
+}
+
+/// E14: checks a store against the checksums it was sealed with, if it was; answers whether
+/// it carried any. A tab that differs is named in the error.
+pub async fn verify_sealed(store: &(impl Store + Clone)) -> Result<bool> {
+    let Some(sealed) = store.kv_get(BACKUP_DIGEST_KEY).await? else { return Ok(false) };
+    let now = digest(store).await?;
+    check_sealed(&sealed, &now).map_err(|tabs| {
+        StoreError::Corrupt(format!(
+            "the backup does not match its checksums in: {} (it was changed after it was written; \
+             nothing was restored)",
+            tabs.join(", ")
+        ))
+    })?;
+    Ok(true)
 }
 
 /// One tab as `store verify` compares it.
@@ -148,18 +229,13 @@ pub struct TabDigest {
 
 /// Counts and checksums every tab of `store`, from one snapshot.
 pub async fn digest(store: &(impl Store + Clone)) -> Result<Vec<TabDigest>> {
-    let mut sums: Vec<(&'static str, u64, u128)> = TABS.iter().map(|(t, _)| (*t, 0, 0)).collect();
+    let mut sums = Sums::new();
     each_batch(store, async |batch: Batch| {
-        if let Some((_, rows, sum)) = sums.iter_mut().find(|(t, ..)| *t == batch.tab) {
-            for row in &batch.rows {
-                *rows += 1;
-                *sum = sum.wrapping_add(row_hash(row));
-            }
-        }
+        sums.add(&batch);
         Ok(())
     })
     .await?;
-    Ok(sums.into_iter().map(|(tab, rows, sum)| TabDigest { tab, rows, checksum: format!("{sum:032x}") }).collect())
+    Ok(sums.finish())
 }
 
 fn row_hash(row: &[Cell]) -> u128 {

@@ -110,6 +110,22 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))?
     }
 
+    /// E14: SQLite's own check of every page of the file (a flipped bit in an index or a page
+    /// header, which no row checksum sees).
+    pub async fn integrity(&self) -> Result<()> {
+        let path = self.inner.path.display().to_string();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare("PRAGMA integrity_check").map_err(map_err)?;
+            let found: Vec<String> =
+                stmt.query_map([], |r| r.get(0)).map_err(map_err)?.collect::<rusqlite::Result<_>>().map_err(map_err)?;
+            match found.as_slice() {
+                [ok] if ok == "ok" => Ok(()),
+                problems => Err(StoreError::Corrupt(format!("{path} is damaged: {}", problems.join("; ")))),
+            }
+        })
+        .await
+    }
+
     fn over(path: PathBuf, writer: Connection) -> SqliteStore {
         let reading = Arc::new(tokio::sync::Semaphore::new(READER_POOL));
         SqliteStore {
