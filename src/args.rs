@@ -213,8 +213,10 @@ pub enum Command {
         wait: Dur,
         /// The session was started with Claude Code's channels flag: a pushed mail counts as
         /// presented there, and its hooks only count it (Claude Code drops pushes silently
-        /// otherwise, so without this the hooks show pushed mail too)
-        #[arg(long, env = "PCMAIL_CHANNELS")]
+        /// otherwise, so without this the hooks show pushed mail too). K3: the environment takes
+        /// 1/0, true/false, yes/no, on/off
+        #[arg(long, env = "PCMAIL_CHANNELS", action = clap::ArgAction::SetTrue,
+              value_parser = clap::builder::BoolishValueParser::new())]
         channels: bool,
     },
     /// The task ledger: one per project (`--project` may be left out while only one exists)

@@ -430,11 +430,20 @@ fn plugin_json_files_parse_and_name_only_commands_that_exist() {
             if event == "PostToolUse" {
                 // I2 closes on the reply tool, the react tool marks seen, I3 reminds after Bash.
                 let matcher = group["matcher"].as_str().expect("matcher");
-                let mut tools: Vec<&str> = matcher.split('|').collect();
-                tools.sort_unstable();
-                let mut expected = [policy.reply_tool.as_str(), policy.react_tool.as_str(), "Bash"];
-                expected.sort_unstable();
-                assert_eq!(tools, expected);
+                let tools: Vec<&str> = matcher.split('|').collect();
+                // The example policy's tools (pcmail's own, K5), the official plugin's for
+                // those who keep it, and Bash.
+                for tool in [policy.reply_tool.as_str(), policy.react_tool.as_str(), "Bash"] {
+                    assert!(tools.contains(&tool), "{tool} missing from {matcher}");
+                }
+                for own in ["mcp__plugin_pcmail_pcmail__telegram_reply", "mcp__plugin_pcmail_pcmail__telegram_react"] {
+                    assert!(tools.contains(&own), "{own} missing from {matcher}");
+                }
+                let examples = std::fs::read_to_string(
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/examples/policies.yaml"),
+                )
+                .expect("examples");
+                assert!(examples.contains("replyTool: mcp__plugin_pcmail_pcmail__telegram_reply"), "K5: the examples");
             }
             for hook in group["hooks"].as_array().expect("hooks") {
                 let line = hook["command"].as_str().expect("command");
@@ -453,13 +462,16 @@ fn plugin_json_files_parse_and_name_only_commands_that_exist() {
     }
     assert_eq!(commands, 4, "one command per event");
 
-    // O5: the MCP server is the binary itself, found on PATH — Claude Code starts MCP servers
-    // without a shell, and on Windows resolves `pcmail-ctl` to `pcmail-ctl.exe` (PATHEXT).
+    // K1: the MCP server starts through the launcher too, so a pcmail-ctl found only by
+    // PCMAIL_CTL or in ~/.cargo/bin serves it (Claude Code puts no plugin bin/ on PATH).
     let mcp = read_json(&root.join(".mcp.json"));
     let server = &mcp["mcpServers"]["pcmail"];
-    assert_eq!(server["command"], "pcmail-ctl");
+    assert_eq!(server["command"], "${CLAUDE_PLUGIN_ROOT}/bin/pcmail-ctl");
     assert_eq!(server["args"], json!(["mcp"]));
-    let help = plugin_command("pcmail-ctl", &["mcp", "--help"]).output().expect("mcp --help");
+    let help = plugin_command("${CLAUDE_PLUGIN_ROOT}/bin/pcmail-ctl", &["mcp", "--help"])
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("mcp --help");
     assert!(help.status.success() && stdout(&help).contains("MCP server"), "{}", stderr(&help));
 }
 
@@ -478,5 +490,34 @@ fn o7_claude_plugin_validate_strict_passes_on_the_plugin_and_the_marketplace() {
             stdout(&out),
             stderr(&out)
         );
+    }
+}
+
+#[test]
+fn k3_pcmail_channels_takes_the_usual_spellings() {
+    let home = tempfile::tempdir().expect("home");
+    for (value, accepted) in [
+        ("1", true),
+        ("0", true),
+        ("yes", true),
+        ("no", true),
+        ("on", true),
+        ("off", true),
+        ("true", true),
+        ("maybe", false),
+    ] {
+        let out = plugin_command("${CLAUDE_PLUGIN_ROOT}/bin/pcmail-ctl", &["mcp"])
+            .env("PCMAIL_HOME", home.path())
+            .env("PCMAIL_CHANNELS", value)
+            .env_remove("PCMAIL_SERVER")
+            .env_remove("PCMAIL_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("mcp");
+        let usage_error = out.status.code() == Some(2);
+        assert_eq!(!usage_error, accepted, "PCMAIL_CHANNELS={value}: {}", stderr(&out));
+        if !accepted {
+            assert!(stderr(&out).contains("'maybe'"), "names the value: {}", stderr(&out));
+        }
     }
 }

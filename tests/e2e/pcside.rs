@@ -99,7 +99,16 @@ fn i1_i2_i4_intent_recorded_twice_once_escalated_then_closed_by_the_reply_tool()
     for f in ["roster.yaml", "work.yaml", "policies.yaml"] {
         let text = std::fs::read_to_string(examples().join(f))
             .expect("example")
-            .replace("escalateAfter: 10m", "escalateAfter: 1s");
+            .replace("escalateAfter: 10m", "escalateAfter: 1s")
+            // A user who keeps the official Telegram plugin (I8: I2–I5 hold for them).
+            .replace(
+                "replyTool: mcp__plugin_pcmail_pcmail__telegram_reply",
+                "replyTool: mcp__plugin_telegram_telegram__reply",
+            )
+            .replace(
+                "reactTool: mcp__plugin_pcmail_pcmail__telegram_react",
+                "reactTool: mcp__plugin_telegram_telegram__react",
+            );
         std::fs::write(dir.path().join(f), text).expect("write");
     }
     let s = Server::start_opts(Some(dir.path().to_path_buf()), "127.0.0.1:0", &["--resync", "300ms"]);

@@ -152,6 +152,10 @@ fn close(cache: &mut Cache, key: &str, step: Step, me: &str, now: Ts) -> Result<
     Ok(())
 }
 
+/// The plugin's tools as a session names them (`mcp__plugin_<plugin>_<server>__<tool>`).
+const READ_TOOL: &str = "mcp__plugin_pcmail_pcmail__read";
+const REPLY_TOOL: &str = "mcp__plugin_pcmail_pcmail__reply";
+
 /// H4: an idle agent is stopped once per urgent decision request still unanswered, never
 /// while Claude Code is already continuing because of a stop hook.
 fn stop(cache: &mut Cache, active: bool, now: Ts) -> Result<Option<Value>, CacheError> {
@@ -164,9 +168,12 @@ fn stop(cache: &mut Cache, active: bool, now: Ts) -> Result<Option<Value>, Cache
         return Ok(None);
     };
     cache.mark_stop_blocked(&m.id, now)?;
+    // K5: the session's own tools first (the plugin's MCP server), the CLI where there is none.
     let reason = format!(
-        "An urgent decision request is waiting: {} from {}: {}. Read it with `pcmail-ctl read {}` and answer with `pcmail-ctl reply {} --body ...` before stopping.",
-        m.id, m.from, m.subject, m.id, m.id
+        "An urgent decision request is waiting: {id} from {}: {}. Read it with the `{READ_TOOL}` tool (id {id}) and answer with `{REPLY_TOOL}` before stopping (without the plugin: `pcmail-ctl read {id}`, `pcmail-ctl reply {id} --body ...`).",
+        m.from,
+        m.subject,
+        id = m.id
     );
     Ok(Some(json!({"decision": "block", "reason": reason})))
 }
