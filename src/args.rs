@@ -156,6 +156,11 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// This client's version and API level, and the server's (V1)
+    Version {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// Mail and ledger rows holding TEXT (Japanese too, parts of words too); a machine finds
     /// only the mail it sent or received
     Search {

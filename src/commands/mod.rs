@@ -74,6 +74,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await
         }
         Command::Telegram { command } => agent::telegram(command).await,
+        Command::Version { output } => {
+            let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home());
+            version(client.ok(), output).await
+        }
         Command::Backup { file, store } => store::backup(file, store).await,
         Command::Restore { file, store } => store::restore(file, store).await,
         Command::Store { command } => store::run(command).await,
@@ -128,12 +132,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 | Command::Backup { .. }
                 | Command::Restore { .. }
                 | Command::Store { .. }
+                | Command::Version { .. }
                 | Command::Intent { .. }) => {
                     Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
                 }
             }
         }
     }
+}
+
+/// V1: this build's version and API level, and the server's when one answers. A server that
+/// cannot be asked is said, not an error: the client's own version is still worth printing.
+async fn version(client: Option<Client>, output: crate::args::Output) -> anyhow::Result<i32> {
+    use pcmail_core::api::{API_LEVEL, VersionInfo};
+    let ours = VersionInfo { version: env!("CARGO_PKG_VERSION").to_string(), api_level: API_LEVEL };
+    let server = match &client {
+        Some(c) => c.server_version().await.map_err(|e| e.to_string()),
+        None => Err("no server configured (pcmail-ctl login)".to_string()),
+    };
+    let answer = serde_json::json!({
+        "client": ours,
+        "server": server.as_ref().ok().cloned().flatten(),
+    });
+    if !crate::output::structured(output, &answer)? {
+        println!("client: pcmail-ctl {} (API level {})", ours.version, ours.api_level);
+        match &server {
+            Ok(Some(s)) => println!("server: pcmail-ctl {} (API level {})", s.version, s.api_level),
+            Ok(None) => println!("server: older than the version route (before API level 2); upgrade the server"),
+            Err(e) => println!("server: not reached ({e})"),
+        }
+    }
+    Ok(0)
 }
 
 /// Checks the token against the server before saving it, so a typo is caught now.

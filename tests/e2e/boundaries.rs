@@ -331,3 +331,49 @@ fn t16_every_route_since_the_last_matrix_answers_owner_other_machine_admin_and_n
     let cancelled = jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == job.as_str())).cloned();
     assert_eq!(cancelled.map(|j| j["state"].clone()), Some(json!("cancelled")));
 }
+
+#[test]
+fn v1_version_names_client_and_server_and_every_request_carries_a_user_agent() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    let answer = json(s.ctl(&desk, &["version", "-o", "json"]));
+    let ours = env!("CARGO_PKG_VERSION");
+    assert_eq!(answer["client"]["version"], ours);
+    assert_eq!(answer["server"]["version"], ours);
+    assert_eq!(answer["server"]["apiLevel"], pcmail_core::api::API_LEVEL);
+    let (status, body) = raw(&s, "GET", "/api/v1/version", None, json!(null));
+    assert_eq!(status, 200, "asked without a token: {body}");
+
+    // A server that does not know the route (an older one), spoken to by hand: the request
+    // says who sent it, and the answer says what is missing.
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let old_server = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("accept");
+        let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+        let mut head = Vec::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).expect("read") == 0 || line == "\r\n" {
+                break;
+            }
+            head.push(line.trim_end().to_string());
+        }
+        let mut stream = stream;
+        stream.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").expect("write");
+        head
+    });
+    let out = std::process::Command::new(BIN)
+        .args(["version"])
+        .env("PCMAIL_SERVER", &url)
+        .env("PCMAIL_TOKEN", "pcm_any")
+        .env("PCMAIL_HOME", s.dir.path().join("old-server-home"))
+        .output()
+        .expect("version");
+    let head = old_server.join().expect("the old server");
+    let agent = format!("user-agent: pcmail-ctl/{ours} ({})", std::env::consts::OS);
+    assert!(head.iter().any(|l| l.eq_ignore_ascii_case(&agent)), "{head:?}");
+    assert!(stdout(&out).contains("older than the version route"), "{}", stdout(&out));
+    assert!(stdout(&out).contains(&format!("client: pcmail-ctl {ours}")), "{}", stdout(&out));
+}

@@ -57,6 +57,11 @@ impl ClientError {
     }
 }
 
+/// V1: every request says which build sent it, so the server can tell which PCs run what.
+pub fn user_agent() -> String {
+    format!("pcmail-ctl/{} ({})", env!("CARGO_PKG_VERSION"), std::env::consts::OS)
+}
+
 /// What `login` writes under `$PCMAIL_HOME`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientConfig {
@@ -137,6 +142,15 @@ impl Client {
         Client::new(&base, &token, as_machine, ca, Duration::from_secs(120))
     }
 
+    /// The server's version; None from a server older than the version route (V3).
+    pub async fn server_version(&self) -> Result<Option<pcmail_core::api::VersionInfo>, ClientError> {
+        match self.get("/api/v1/version", &[]).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `ca`: PEM certificates to trust beside the system's roots (O1).
     pub fn new(
         base: &str,
@@ -145,8 +159,10 @@ impl Client {
         ca: Option<String>,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        let mut builder =
-            reqwest::Client::builder().timeout(timeout).connect_timeout(Duration::from_secs(10).min(timeout));
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(10).min(timeout))
+            .user_agent(user_agent());
         if let Some(pem) = &ca {
             let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
                 .map_err(|e| ClientError::Ca { path: "(saved by login)".into(), message: e.to_string() })?;

@@ -194,6 +194,18 @@ impl Validate for PollerReport {
     }
 }
 
+/// V1: the API level this build speaks. It counts additions of routes and fields clients may
+/// rely on; a client names the level a verb needs when the server's is lower (V3).
+pub const API_LEVEL: u32 = 2;
+
+/// `GET /api/v1/version` (V1): what the server runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionInfo {
+    pub version: String,
+    pub api_level: u32,
+}
+
 /// `POST /api/v1/refusals` (T10): a queued call the server refused for good, reported once by
 /// the PC that keeps it, so a refusal is never silent on the server's side either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -88,6 +88,16 @@ pub fn routes(app: App) -> Router<App> {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        // V1: asked before a client knows whether its token is good, so it needs none.
+        .route(
+            "/api/v1/version",
+            get(|| async {
+                axum::Json(pcmail_core::api::VersionInfo {
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    api_level: pcmail_core::api::API_LEVEL,
+                })
+            }),
+        )
         .route(
             "/api/v1/openapi.json",
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
