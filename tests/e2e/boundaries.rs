@@ -377,3 +377,33 @@ fn v1_version_names_client_and_server_and_every_request_carries_a_user_agent() {
     assert!(stdout(&out).contains("older than the version route"), "{}", stdout(&out));
     assert!(stdout(&out).contains(&format!("client: pcmail-ctl {ours}")), "{}", stdout(&out));
 }
+
+#[test]
+fn t15_job_pages_and_search_answers_are_bounded_in_bytes_and_nothing_is_lost() {
+    let (s, _dir) = setup();
+    let (admin, desk) = (s.admin_token(), s.token("desk"));
+    let payload = "P".repeat(60_000);
+    for _ in 0..40 {
+        let job = json!({"queue": "q", "function": "work", "runAfter": "1d", "payload": payload});
+        assert_eq!(call(&s, "POST", "/api/v1/jobs", &admin, job).0, 200);
+    }
+    let (status, page) = call(&s, "GET", "/api/v1/jobs?limit=100", &admin, json!(null));
+    let shown = page["jobs"].as_array().map_or(0, Vec::len);
+    assert_eq!(status, 200);
+    assert!((1..=5).contains(&shown), "a page of about 256 KiB: {shown}");
+    assert_eq!(page["more"].as_u64(), Some(40 - shown as u64), "the rest is counted");
+    let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
+    let mut ids: Vec<&str> = all["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "--all reaches every job once");
+
+    let body = format!("needle {}", "N".repeat(60_000));
+    for _ in 0..20 {
+        ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "big", "--body", &body]));
+    }
+    let (status, found) = call(&s, "GET", "/api/v1/search?q=needle&limit=100", &desk, json!(null));
+    let hits = found["mail"].as_array().map_or(0, Vec::len);
+    assert_eq!(status, 200);
+    assert!(hits >= 1 && hits < 20 && found["truncated"] == true, "{hits} hits, truncated: {}", found["truncated"]);
+}

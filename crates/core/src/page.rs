@@ -33,6 +33,26 @@ pub fn fits(used: usize, next: usize, shown: usize, budget: usize) -> bool {
     shown == 0 || used.saturating_add(next) <= budget
 }
 
+/// T15: the items that fit `budget` bytes (each `size` long), in order and at least the first,
+/// and how many were left out.
+pub fn within_bytes<T>(items: Vec<T>, budget: usize, size: impl Fn(&T) -> usize) -> (Vec<T>, u64) {
+    let total = items.len();
+    let mut used = 0usize;
+    let kept: Vec<T> = items
+        .into_iter()
+        .enumerate()
+        .take_while(|(i, item)| {
+            let n = size(item);
+            let keep = fits(used, n, *i, budget);
+            used = used.saturating_add(n);
+            keep
+        })
+        .map(|(_, item)| item)
+        .collect();
+    let left = (total - kept.len()) as u64;
+    (kept, left)
+}
+
 /// The response header that says how many items the filters match after a page, on every
 /// listing that answers a JSON array (the body keeps the shape older clients parse).
 pub const MORE_HEADER: &str = "x-pcmail-more";
@@ -291,5 +311,9 @@ mod tests {
         let shown =
             (0..500).scan(0usize, |used, i| fits(*used, 61_500, i, MAX_PAGE_BYTES).then(|| *used += 61_500)).count();
         assert_eq!(shown, 4);
+        let (kept, left) = within_bytes(vec![100_000usize; 5], MAX_PAGE_BYTES, |n| *n);
+        assert_eq!((kept.len(), left), (2, 3));
+        let (kept, left) = within_bytes(vec![10 * MAX_PAGE_BYTES, 1], MAX_PAGE_BYTES, |n| *n);
+        assert_eq!((kept.len(), left), (1, 1), "the first item always");
     }
 }

@@ -83,7 +83,11 @@ pub async fn list(
         after: q.after.filter(|a| !a.is_empty()),
     };
     let (jobs, more) = app.store().job_page(query).await?;
-    Ok(Json(JobList { jobs: jobs.into_iter().map(|j| redact(j, caller.actor())).collect(), more }))
+    let jobs: Vec<_> = jobs.into_iter().map(|j| redact(j, caller.actor())).collect();
+    // T15: a page a slow reader holds is bounded; what it cuts is counted in `more` and the
+    // cursor (the last job shown) reaches it.
+    let (jobs, cut) = pcmail_core::page::within_bytes(jobs, pcmail_core::page::MAX_PAGE_BYTES, super::json_len);
+    Ok(Json(JobList { jobs, more: more.saturating_add(cut) }))
 }
 
 /// The one answer that carries lease tokens (T1).

@@ -186,6 +186,11 @@ pub fn page_size(n: Option<usize>, default: usize, max: usize) -> Result<usize, 
 /// is cut before the item that would pass [`MAX_PAGE_BYTES`](pcmail_core::page::MAX_PAGE_BYTES)
 /// and the items cut are counted in `more`, so the client's cursor (the last item it got)
 /// reaches them on the next page, and an answer a client never reads holds little.
+/// What one item of a listing costs on the wire (T15's page budget), with its comma.
+pub(crate) fn json_len<T: serde::Serialize>(item: &T) -> usize {
+    serde_json::to_vec(item).map_or(0, |v| v.len() + 1)
+}
+
 pub fn with_more<T: serde::Serialize>(items: Vec<T>, more: u64) -> axum::response::Response {
     use axum::response::IntoResponse;
     let budget = pcmail_core::page::MAX_PAGE_BYTES;

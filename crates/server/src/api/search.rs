@@ -41,5 +41,11 @@ pub async fn search(
     let limit = pcmail_core::bounds::count("limit", q.limit.unwrap_or(20) as u64, 1, 100)? as usize;
     let machine = caller.machine().map(String::from);
     let found = app.store().search(Search { text, machine, mail, ledger, limit, ..Search::default() }).await?;
-    Ok(Json(SearchResults { mail: found.mail, rows: found.rows, truncated: found.truncated }))
+    // T15: an answer a slow reader holds is bounded; one cut to fit says so like one cut by
+    // its time budget.
+    use pcmail_core::page::{MAX_PAGE_BYTES, within_bytes};
+    let (mail, cut_mail) = within_bytes(found.mail, MAX_PAGE_BYTES / 2, super::json_len);
+    let (rows, cut_rows) = within_bytes(found.rows, MAX_PAGE_BYTES / 2, super::json_len);
+    let truncated = found.truncated || cut_mail + cut_rows > 0;
+    Ok(Json(SearchResults { mail, rows, truncated }))
 }
