@@ -431,6 +431,10 @@ pub enum JobsCommand {
         priority: i64,
         #[arg(long)]
         unique_key: Option<String>,
+        /// E12: the key also holds over a finished job of it for this long (a retry after a
+        /// lost answer makes no second job); the WorkerPool's `uniqueFor` when left out
+        #[arg(long, requires = "unique_key")]
+        unique_for: Option<Dur>,
         #[arg(long)]
         run_after: Option<Dur>,
         #[arg(long)]

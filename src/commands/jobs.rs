@@ -23,6 +23,7 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
             payload,
             priority,
             unique_key,
+            unique_for,
             run_after,
             max_attempts,
             file: None,
@@ -38,6 +39,7 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
                 unique_key,
                 run_after,
                 max_attempts,
+                unique_for,
                 ledger_ref: None,
             };
             let answer: EnqueueResponse = client.post("/api/v1/jobs", &body).await?;

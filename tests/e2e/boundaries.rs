@@ -80,6 +80,7 @@ fn setup() -> (Server, tempfile::TempDir) {
         m.join("work.yaml"),
         "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: ext}\nspec:\n  workers: 0\n  queues: [q]\n  externalWorkers: [laptop, desk]\n---\n\
          apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: together}\nspec:\n  workers: 0\n  queues: [shared]\n  sharedUniqueKeys: true\n---\n\
+         apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: fast}\nspec:\n  workers: 1\n  queues: [fast]\n  uniqueFor: 1h\n---\n\
          apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: work}\nspec: {command: [echo, worked], mode: generate}\n---\n\
          apiVersion: pcmail/v1\nkind: Ledger\nmetadata: {name: office}\nspec:\n  project: office\n  pushers:\n    - {machine: builder, sources: [ci]}\n",
     )
@@ -105,9 +106,16 @@ fn t12_a_machine_is_never_answered_with_another_machines_job_for_its_key() {
     assert_eq!(enqueue(&desk, "q", "desk's").0, mine, "J6 within desk's own keys");
     let out = s.ctl(&desk, &["jobs", "enqueue", "--queue", "q", "--function", "work", "--unique-key", "invoice-78"]);
     assert_eq!(stdout(&out).trim(), mine, "the CLI prints desk's job: {}", stderr(&out));
-    // A pool that declares sharedUniqueKeys answers every machine with the one holder.
-    let (first, _) = enqueue(&laptop, "shared", "laptop's");
-    assert_eq!(enqueue(&desk, "shared", "desk's"), (first, Some(false)));
+    // A pool that declares sharedUniqueKeys answers every machine with the one holder — of a
+    // shared queue: desk's key of the queue that shares nothing is never reached from it.
+    let shared = |token: &str, key: &str| {
+        let body = json!({"queue": "shared", "function": "work", "uniqueKey": key, "runAfter": "300d"});
+        let answer = call(&s, "POST", "/api/v1/jobs", token, body).1;
+        (answer["job"]["id"].as_str().expect("id").to_string(), answer["created"].as_bool())
+    };
+    let (first, _) = shared(&laptop, "invoice-79");
+    assert_eq!(shared(&desk, "invoice-79"), (first, Some(false)));
+    assert_eq!(shared(&s.token("builder"), "invoice-78").1, Some(true), "laptop's and desk's invoice-78 are on q");
 }
 
 #[test]
@@ -175,9 +183,11 @@ fn t18_wrong_tokens_are_counted_logged_and_slowed_per_address() {
     let (status, retry) = get_status(&s, "/api/v1/whoami", "pcm_guess_x");
     assert_eq!(status, 429);
     assert!(retry.and_then(|r| r.parse::<u64>().ok()).is_some_and(|r| (1..=60).contains(&r)), "Retry-After");
-    assert_eq!(s.metric("pcmail_auth_failures_total{surface=\"api\"}"), Some(10.0));
+    assert_eq!(s.metric("pcmail_auth_failures_total{surface=\"api\"}"), Some(41.0), "every one counted");
     let logged = s.log().lines().filter(|l| l.contains("token that is not recognized")).count();
     assert_eq!(logged, 10, "logged while not slowed, never 41 times");
+    // The machines behind the same address (a NAT, a proxy) are not locked out by it.
+    assert_eq!(get_status(&s, "/api/v1/specs", &s.admin_token()).0, 200, "a valid token always passes");
 }
 
 #[test]
@@ -406,4 +416,31 @@ fn t15_job_pages_and_search_answers_are_bounded_in_bytes_and_nothing_is_lost() {
     let hits = found["mail"].as_array().map_or(0, Vec::len);
     assert_eq!(status, 200);
     assert!((1..20).contains(&hits) && found["truncated"] == true, "{hits} hits, truncated: {}", found["truncated"]);
+}
+
+#[test]
+fn e12_a_retried_enqueue_after_its_job_finished_makes_no_second_job_within_unique_for() {
+    let (s, _dir) = setup();
+    let desk = s.token("desk");
+    let enqueue = |queue: &str| {
+        let out =
+            s.ctl(&desk, &["jobs", "enqueue", "--queue", queue, "--function", "work", "--unique-key", "invoice-80"]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let first = enqueue("fast");
+    eventually(20, "the pool to finish it", || {
+        let jobs = call(&s, "GET", "/api/v1/jobs?queue=fast", &desk, json!(null)).1;
+        (jobs["jobs"][0]["state"] == "succeeded").then_some(())
+    });
+    assert_eq!(enqueue("fast"), first, "the pool's uniqueFor: 1h holds the key over the finished job");
+    // Without uniqueFor a finished job holds nothing (J6 as before).
+    let held = enqueue("q");
+    ok(s.admin(&["jobs", "cancel", &held]));
+    assert_ne!(enqueue("q"), held);
+    let out = s.ctl(
+        &desk,
+        &["jobs", "enqueue", "--queue", "q", "--function", "work", "--unique-key", "k", "--unique-for", "4000d"],
+    );
+    assert!(code(&out) != 0 && stderr(&out).contains("uniqueFor"), "T5 names the field: {}", stderr(&out));
 }

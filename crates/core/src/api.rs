@@ -239,6 +239,10 @@ pub struct EnqueueRequest {
     pub run_after: Option<Dur>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// E12: the unique key holds over a finished job of it for this long (so a retry after a
+    /// lost answer makes no second job); the WorkerPool's `uniqueFor` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_for: Option<Dur>,
     /// Only the server links a job to a ledger row (T3): a request that sets this is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_ref: Option<String>,
@@ -270,6 +274,9 @@ impl Validate for EnqueueRequest {
         })?;
         opt(&self.run_after, |d| {
             Ok(bounds::duration("runAfter", *d, Dur::default(), bounds::MAX_RUN_AFTER).map(drop)?)
+        })?;
+        opt(&self.unique_for, |d| {
+            Ok(bounds::duration("uniqueFor", *d, Dur::default(), bounds::MAX_DURATION).map(drop)?)
         })?;
         opt(&self.max_attempts, |n| Ok(bounds::count("maxAttempts", u64::from(*n), 1, bounds::MAX_ATTEMPTS).map(drop)?))
     }

@@ -318,12 +318,12 @@ pub fn plan_claim(job: &Job, owner: &str, token: &str, lease: Dur, now: Ts) -> J
 }
 
 /// T12: whose unique keys a job's key is weighed against — its enqueuer's own (the admin and
-/// the server's ledger share one scope), or everyone's on a pool that declares
-/// `sharedUniqueKeys`.
-pub fn shares_unique_key(holder: &Job, job: &Job, shared: bool) -> bool {
+/// the server's ledger share one scope), or, between two queues whose pools both declare
+/// `sharedUniqueKeys`, everyone's (a shared queue never reaches into one that is not).
+pub fn shares_unique_key(holder: &Job, job: &Job, both_shared: bool) -> bool {
     holder.unique_key.is_some()
         && holder.unique_key == job.unique_key
-        && (shared || holder.enqueued_by == job.enqueued_by)
+        && (both_shared || holder.enqueued_by == job.enqueued_by)
 }
 
 /// Whether the pool serving `queue` shares its unique keys across machines (T12).
@@ -331,17 +331,48 @@ pub fn shared_unique_keys(pools: &[(String, WorkerPoolSpec)], queue: &str) -> bo
     pools.iter().any(|(_, p)| p.shared_unique_keys && p.queues.iter().any(|q| q == queue))
 }
 
-/// J6/T12 for a batch, in order: a job whose unique key a live job of its scope holds (one
-/// already stored, or an earlier job of the same batch) is answered with that holder and not
-/// written; the rest are written. `shared` says which queues share keys across machines.
+/// How one incoming job weighs the holders of its key: whether its queue shares keys across
+/// machines (T12) and how long a finished holder still holds it (E12).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyTerms {
+    pub shared: bool,
+    pub unique_for: Option<Dur>,
+}
+
+impl KeyTerms {
+    /// The terms of a job for `queue` that asked for `unique_for` (its pool's when it did not).
+    pub fn of(pools: &[(String, WorkerPoolSpec)], queue: &str, unique_for: Option<Dur>) -> KeyTerms {
+        let pool = pools.iter().find(|(_, p)| p.queues.iter().any(|q| q == queue)).map(|(_, p)| p);
+        KeyTerms {
+            shared: shared_unique_keys(pools, queue),
+            unique_for: unique_for.or_else(|| pool.and_then(|p| p.unique_for)),
+        }
+    }
+}
+
+/// E12: a job holds its key while live, and once finished for `unique_for` after it finished.
+pub fn still_holds(holder: &Job, unique_for: Option<Dur>, now: Ts) -> bool {
+    holder.state.is_live() || unique_for.zip(holder.finished_at).is_some_and(|(d, at)| now <= at + d.to_chrono())
+}
+
+/// J6/T12/E12 for a batch, in order: a job whose unique key a job of its scope still holds
+/// (one already stored, or an earlier job of the same batch) is answered with that holder and
+/// not written; the rest are written. `terms` says how each incoming job weighs holders.
 /// Answers `(writes, [(job, created)])`, the answers in the batch's order.
-pub fn plan_enqueue(live: Vec<Job>, incoming: Vec<Job>, shared: impl Fn(&str) -> bool) -> (Vec<Job>, Vec<(Job, bool)>) {
-    let mut holders: Vec<Job> = live.into_iter().filter(|j| j.unique_key.is_some()).collect();
+pub fn plan_enqueue(
+    stored: Vec<Job>,
+    incoming: Vec<Job>,
+    terms: impl Fn(&Job) -> KeyTerms,
+    now: Ts,
+) -> (Vec<Job>, Vec<(Job, bool)>) {
+    let mut holders: Vec<Job> = stored.into_iter().filter(|j| j.unique_key.is_some()).collect();
     let mut writes = Vec::with_capacity(incoming.len());
     let mut answers = Vec::with_capacity(incoming.len());
     for job in incoming {
-        let scope_shared = shared(&job.queue);
-        match holders.iter().find(|h| shares_unique_key(h, &job, scope_shared)) {
+        let t = terms(&job);
+        let holds =
+            |h: &&Job| shares_unique_key(h, &job, t.shared && terms(h).shared) && still_holds(h, t.unique_for, now);
+        match holders.iter().find(holds) {
             Some(holder) => answers.push((holder.clone(), false)),
             None => {
                 if job.unique_key.is_some() {
@@ -554,7 +585,7 @@ mod tests {
             keyed("job-d", Some("daily")),
             keyed("job-e", None),
         ];
-        let (writes, answers) = plan_enqueue(vec![stored], batch, |_| false);
+        let (writes, answers) = plan_enqueue(vec![stored], batch, |_| KeyTerms::default(), at(0));
         let ids = |jobs: Vec<&Job>| jobs.into_iter().map(|j| j.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(writes.iter().collect()), ["job-b", "job-c", "job-e"]);
         let answered: Vec<(String, bool)> = answers.iter().map(|(j, c)| (j.id.clone(), *c)).collect();
@@ -579,22 +610,44 @@ mod tests {
         };
         let squat = keyed("job-laptop", Some("laptop"), "q");
         let batch = vec![keyed("job-desk", Some("desk"), "q"), keyed("job-desk2", Some("desk"), "q")];
-        let (writes, answers) = plan_enqueue(vec![squat.clone()], batch.clone(), |_| false);
+        let own = |_: &Job| KeyTerms::default();
+        let (writes, answers) = plan_enqueue(vec![squat.clone()], batch.clone(), own, at(0));
         assert_eq!(writes.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["job-desk"], "desk's own job");
         let answered: Vec<(&str, bool)> = answers.iter().map(|(j, c)| (j.id.as_str(), *c)).collect();
         assert_eq!(answered, [("job-desk", true), ("job-desk", false)], "never laptop's job");
         // The admin and the ledger (no enqueuer) share one scope, apart from every machine.
-        let (writes, _) = plan_enqueue(vec![squat.clone()], vec![keyed("job-admin", None, "q")], |_| false);
+        let (writes, _) = plan_enqueue(vec![squat.clone()], vec![keyed("job-admin", None, "q")], own, at(0));
         assert_eq!(writes.len(), 1);
         // A pool that shares keys answers desk with laptop's job.
-        let (writes, answers) = plan_enqueue(vec![squat], batch, |q| q == "q");
+        let shared = |j: &Job| KeyTerms { shared: j.queue != "own", unique_for: None };
+        let (writes, answers) = plan_enqueue(vec![squat.clone()], batch, shared, at(0));
         assert!(writes.is_empty());
         assert!(answers.iter().all(|(j, created)| j.id == "job-laptop" && !created));
+        // A shared queue never reaches into a queue that does not share (found by a review).
+        let private = Job { queue: "own".into(), ..squat };
+        let (writes, _) = plan_enqueue(vec![private], vec![keyed("job-desk3", Some("desk"), "q")], shared, at(0));
+        assert_eq!(writes.len(), 1, "desk's job on the shared queue is its own");
         let pools = vec![(
             "p".to_string(),
             WorkerPoolSpec { queues: vec!["q".into()], shared_unique_keys: true, ..WorkerPoolSpec::default() },
         )];
         assert!(shared_unique_keys(&pools, "q") && !shared_unique_keys(&pools, "other"));
+    }
+
+    #[test]
+    fn e12_a_finished_job_holds_its_key_for_unique_for_and_no_longer() {
+        let keyed = |id: &str| Job {
+            unique_key: Some("invoice-78".into()),
+            ..Job::new(id.into(), "q".into(), "f".into(), "{}".into(), at(0))
+        };
+        let done = Job { state: JobState::Succeeded, finished_at: Some(at(100)), ..keyed("job-done") };
+        let hour = |_: &Job| KeyTerms { shared: false, unique_for: Some(Dur::from_hours(1)) };
+        let (writes, answers) = plan_enqueue(vec![done.clone()], vec![keyed("job-retry")], hour, at(133));
+        assert!(writes.is_empty() && answers[0] == (done.clone(), false), "a retry 33 s later makes no second job");
+        let (writes, _) = plan_enqueue(vec![done.clone()], vec![keyed("job-next")], hour, at(100 + 3601));
+        assert_eq!(writes.len(), 1, "after uniqueFor the key is free");
+        let (writes, _) = plan_enqueue(vec![done], vec![keyed("job-plain")], |_| KeyTerms::default(), at(133));
+        assert_eq!(writes.len(), 1, "without uniqueFor only live jobs hold a key (J6)");
     }
 
     #[test]

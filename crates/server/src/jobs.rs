@@ -8,8 +8,8 @@ use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
-    Actor, ClaimRefusal, Job, JobState, LeaseError, Report, ReportRefusal, claim_terms, declared, lease_owner, may_see,
-    plan_admin_move, plan_enqueue, plan_report, plan_rescue, shared_unique_keys,
+    Actor, ClaimRefusal, Job, JobState, KeyTerms, LeaseError, Report, ReportRefusal, claim_terms, declared,
+    lease_owner, may_see, plan_admin_move, plan_enqueue, plan_report, plan_rescue,
 };
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
@@ -58,6 +58,7 @@ pub async fn enqueue_many(
         Origin::Ledger(reference) => (None, Some(reference)),
     };
     let mut jobs = Vec::with_capacity(requests.len());
+    let mut asked = std::collections::HashMap::new();
     for (i, req) in requests.into_iter().enumerate() {
         let refused =
             |message: String| ServiceError::unprocessable(if list { format!("jobs[{i}]: {message}") } else { message });
@@ -77,6 +78,10 @@ pub async fn enqueue_many(
             .checked_add_signed(req.run_after.unwrap_or_default().to_chrono())
             .ok_or_else(|| refused("runAfter is too far away".into()))?;
         let payload = req.payload.map_or_else(|| "null".into(), |p| p.to_string());
+        let id = format!("job-{}", random_hex(6)?);
+        // A heavy ledger row's job holds its key only while live: a re-run is a new job.
+        let unique_for = if ledger_ref.is_some() { None } else { req.unique_for };
+        asked.insert(id.clone(), unique_for);
         jobs.push(Job {
             priority: req.priority,
             max_attempts: max_attempts.max(1),
@@ -84,16 +89,15 @@ pub async fn enqueue_many(
             unique_key: req.unique_key,
             ledger_ref: ledger_ref.clone(),
             enqueued_by: enqueued_by.clone(),
-            ..Job::new(format!("job-{}", random_hex(6)?), req.queue, req.function, payload, now)
+            ..Job::new(id, req.queue, req.function, payload, now)
         });
     }
     let keys: Vec<String> = jobs.iter().filter_map(|j| j.unique_key.clone()).collect();
-    let select = if keys.is_empty() { JobSelect::Ids(vec![]) } else { JobSelect::LiveUnique(keys) };
-    let mut shared_queues: Vec<String> =
-        jobs.iter().filter(|j| shared_unique_keys(&rt.pools, &j.queue)).map(|j| j.queue.clone()).collect();
-    shared_queues.dedup();
-    let shared = move |queue: &str| shared_queues.iter().any(|q| q == queue);
-    let answers = app.store().jobs_transaction(select, move |live| plan_enqueue(live, jobs, shared)).await?;
+    let select = if keys.is_empty() { JobSelect::Ids(vec![]) } else { JobSelect::Unique(keys) };
+    // Stored holders are weighed by their own queue's terms, incoming jobs by what they asked.
+    let pools = rt.pools.clone();
+    let terms_of = move |j: &Job| KeyTerms::of(&pools, &j.queue, asked.get(&j.id).copied().flatten());
+    let answers = app.store().jobs_transaction(select, move |stored| plan_enqueue(stored, jobs, terms_of, now)).await?;
     if answers.iter().any(|(_, created)| *created) {
         app.ring_job_bell();
     }

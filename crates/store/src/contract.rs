@@ -818,7 +818,7 @@ pub async fn j6_t12_live_holders_of_a_unique_key_are_found_in_every_scope(store:
     j.unique_key = Some("nightly".into());
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
     let live = store
-        .jobs_transaction(JobSelect::LiveUnique(vec!["nightly".into(), "other".into()]), |found| (vec![], found))
+        .jobs_transaction(JobSelect::Unique(vec!["nightly".into(), "other".into()]), |found| (vec![], found))
         .await
         .expect("find");
     assert_eq!(live.len(), 1);
@@ -828,10 +828,8 @@ pub async fn j6_t12_live_holders_of_a_unique_key_are_found_in_every_scope(store:
     other.unique_key = Some("nightly".into());
     other.enqueued_by = Some("desk".into());
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![other], ())).await.expect("enqueue");
-    let live = store
-        .jobs_transaction(JobSelect::LiveUnique(vec!["nightly".into()]), |found| (vec![], found))
-        .await
-        .expect("find");
+    let live =
+        store.jobs_transaction(JobSelect::Unique(vec!["nightly".into()]), |found| (vec![], found)).await.expect("find");
     let mut by: Vec<Option<String>> = live.into_iter().map(|j| j.enqueued_by).collect();
     by.sort();
     assert_eq!(by, [None, Some("desk".to_string())]);

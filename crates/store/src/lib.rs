@@ -324,8 +324,9 @@ pub struct LedgerWrites {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobSelect {
     Ids(Vec<String>),
-    /// J6: the live jobs (queued, running or failed) holding any of these unique keys.
-    LiveUnique(Vec<String>),
+    /// J6/E12: every job, live or finished, holding any of these unique keys (finished ones
+    /// hold a key for the `uniqueFor` of whoever asks again; retention bounds how many).
+    Unique(Vec<String>),
     /// J3: running jobs whose lease expired at or before `now`.
     ExpiredLeases {
         now: Ts,

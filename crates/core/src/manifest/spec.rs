@@ -176,6 +176,9 @@ pub struct WorkerPoolSpec {
     /// keys are its own, so no machine can take another's key first).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared_unique_keys: bool,
+    /// E12: how long a finished job's unique key still answers for it, unless a job says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_for: Option<Dur>,
 }
 
 impl Default for WorkerPoolSpec {
@@ -191,6 +194,7 @@ impl Default for WorkerPoolSpec {
             max_lease: None,
             retention: d_7d(),
             shared_unique_keys: false,
+            unique_for: None,
         }
     }
 }

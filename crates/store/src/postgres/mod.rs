@@ -272,13 +272,11 @@ async fn select_jobs(c: &mut Conn, select: &JobSelect) -> Result<Vec<Job>> {
             let found = c.decode(&sql, &[ids], codec::job).await?;
             Ok(in_order(found, ids, |j| &j.id))
         }
-        JobSelect::LiveUnique(keys) => {
+        JobSelect::Unique(keys) => {
             // One lock per key, taken in one order in one round trip, so two batches sharing
             // keys cannot deadlock.
             c.execute(UNIQUE_JOB_LOCKS, &[keys]).await?;
-            let sql = format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ANY($1) AND state IN ('queued', 'running', 'failed') FOR UPDATE"
-            );
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ANY($1) FOR UPDATE");
             c.decode(&sql, &[keys], codec::job).await
         }
         JobSelect::ExpiredLeases { now, limit } => {

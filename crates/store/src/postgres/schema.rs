@@ -229,12 +229,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP INDEX mail_search;
     CREATE INDEX mail_search ON mail USING gin ((ARRAY["from", "to"]), (subject || ' ' || body) gin_trgm_ops);
     "#,
-    // 7: T12, as SQLite's migration 9: a unique key is scoped to its enqueuer unless its pool
-    // shares keys, which the planner decides under the key's lock; the index only finds holders.
+    // 7: T12 and E12, as SQLite's migration 9: a unique key is scoped to its enqueuer unless its
+    // pool shares keys, and held by a finished job for the asker's uniqueFor, which the planner
+    // decides under the key's lock; the index only finds holders.
     r#"
     DROP INDEX jobs_unique;
-    CREATE INDEX jobs_unique_live ON jobs(unique_key)
-        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+    CREATE INDEX jobs_unique_key ON jobs(unique_key) WHERE unique_key IS NOT NULL;
     "#,
 ];
 

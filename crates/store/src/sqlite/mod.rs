@@ -341,11 +341,9 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
             }
             Ok(out)
         }
-        JobSelect::LiveUnique(keys) => {
+        JobSelect::Unique(keys) => {
             let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ?1 AND state IN ('queued', 'running', 'failed')"
-                ))
+                .prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE unique_key = ?1"))
                 .map_err(map_err)?;
             let mut out = Vec::new();
             for key in keys {

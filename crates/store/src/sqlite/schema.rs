@@ -233,13 +233,12 @@ const MIGRATIONS: &[&str] = &[
     END;
     INSERT INTO ledger_search (ledger_search) VALUES ('rebuild');
     "#,
-    // 9: T12 — a unique key is scoped to its enqueuer unless its pool shares keys, so two
-    // machines may each hold one; the planner decides in the writing transaction (one writer)
-    // and the index only finds the holders.
+    // 9: T12 and E12 — a unique key is scoped to its enqueuer unless its pool shares keys, so
+    // two machines may each hold one, and a finished job holds it for the asker's uniqueFor; the
+    // planner decides in the writing transaction (one writer), the index only finds the holders.
     r#"
     DROP INDEX jobs_unique;
-    CREATE INDEX jobs_unique_live ON jobs(unique_key)
-        WHERE unique_key IS NOT NULL AND state IN ('queued', 'running', 'failed');
+    CREATE INDEX jobs_unique_key ON jobs(unique_key) WHERE unique_key IS NOT NULL;
     "#,
 ];
 
