@@ -195,7 +195,15 @@ fn t18_a_rewritten_admin_token_and_a_reissued_machine_token_hold_from_the_next_r
     let s = Server::start();
     let old_admin = s.admin_token();
     assert_eq!(get_status(&s, "/api/v1/specs", &old_admin).0, 200);
+    let console =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let signed = console.post(format!("{}/ui/login", s.url)).form(&[("token", &old_admin)]).send().expect("login");
+    let cookie = signed.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let cookie = cookie.split(';').next().unwrap_or_default().to_string();
+    let overview = || console.get(format!("{}/ui/overview", s.url)).header("cookie", &cookie).send().expect("page");
+    assert_eq!(overview().status().as_u16(), 200, "signed in");
     std::fs::write(s.dir.path().join("data/admin.token"), "pcm_admin_rotated_by_the_operator\n").expect("rotate");
+    assert_eq!(overview().status().as_u16(), 303, "a session of the old admin token ends with it");
     assert_eq!(get_status(&s, "/api/v1/specs", "pcm_admin_rotated_by_the_operator").0, 200, "no restart");
     assert_eq!(get_status(&s, "/api/v1/specs", &old_admin).0, 401, "the old one is gone");
 

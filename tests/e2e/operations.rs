@@ -205,6 +205,23 @@ fn t17_under_tls_cookies_are_secure_every_answer_has_hsts_and_an_expired_certifi
         let hsts = r.headers().get("strict-transport-security").and_then(|v| v.to_str().ok()).map(String::from);
         assert_eq!(hsts.as_deref(), Some("max-age=31536000"), "{path}");
     }
+    // The edge's own refusal (HTTP/1.1 without Host) carries it too.
+    let port = s.url.rsplit(':').next().expect("port");
+    let mut raw = Command::new("openssl")
+        .args(["s_client", "-quiet", "-connect", &format!("127.0.0.2:{port}"), "-CAfile"])
+        .arg(&ca_a)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_client");
+    use std::io::Write;
+    raw.stdin.take().expect("stdin").write_all(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").expect("request");
+    let answer = String::from_utf8_lossy(&raw.wait_with_output().expect("answer").stdout).to_lowercase();
+    assert!(
+        answer.starts_with("http/1.1 400") && answer.contains("strict-transport-security: max-age=31536000"),
+        "{answer}"
+    );
     let signed_in = http.post(format!("{}/ui/login", s.url)).form(&[("token", s.admin_token())]).send().expect("login");
     let cookie = signed_in.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     assert!(cookie.starts_with("pcmail_session=") && cookie.ends_with("; Secure"), "{cookie}");

@@ -358,6 +358,14 @@ async fn answer(
     conn.set(Phase::Busy);
     req.extensions_mut().insert(ConnectInfo(addr));
     let response = match refusal(&req, overflow) {
+        // T17: the edge's own answers carry HSTS under TLS like the router's.
+        Some(mut refused) if shared.tls.is_some() => {
+            refused.headers_mut().insert(
+                axum::http::header::STRICT_TRANSPORT_SECURITY,
+                axum::http::HeaderValue::from_static(crate::tls::HSTS),
+            );
+            refused
+        }
         Some(refused) => refused,
         None => {
             let req = req

@@ -125,7 +125,7 @@ pub(crate) fn router(app: App) -> axum::Router {
 async fn over_tls(mut response: axum::response::Response) -> axum::response::Response {
     use axum::http::{HeaderValue, header};
     let headers = response.headers_mut();
-    headers.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static("max-age=31536000"));
+    headers.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static(tls::HSTS));
     let cookies: Vec<HeaderValue> = headers.get_all(header::SET_COOKIE).iter().cloned().collect();
     if !cookies.is_empty() {
         headers.remove(header::SET_COOKIE);

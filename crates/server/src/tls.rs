@@ -24,6 +24,9 @@ pub enum TlsError {
     Unservable { path: PathBuf, problem: pcmail_core::certificate::Unservable },
 }
 
+/// T17: what every answer under TLS carries, so a browser comes back only over HTTPS.
+pub const HSTS: &str = "max-age=31536000";
+
 /// When the certificate and key files were last modified, as read with them.
 type Stamps = Option<(SystemTime, SystemTime)>;
 

@@ -103,9 +103,10 @@ fn language(headers: &HeaderMap) -> Lang {
 impl axum::extract::FromRequestParts<App> for Ctx {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &App) -> Result<Ctx, Response> {
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Ctx, Response> {
         let sessions = parts.extensions.get::<Arc<Sessions>>();
-        let csrf = session::cookie(&parts.headers).and_then(|id| sessions?.csrf(&id));
+        let admin = app.admin_token_hash();
+        let csrf = session::cookie(&parts.headers).and_then(|id| sessions?.csrf(&id, &admin));
         match csrf {
             Some(csrf) => Ok(Ctx { lang: language(&parts.headers), csrf }),
             None => Err(Redirect::to("/ui/login").into_response()),
@@ -201,7 +202,7 @@ async fn login(
         return (StatusCode::UNAUTHORIZED, Html(login_page(lang, Some(message)))).into_response();
     }
     app.auth_failures().succeeded(&client);
-    let id = match sessions.create() {
+    let id = match sessions.create(&app.admin_token_hash()) {
         Ok(id) => id,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     };

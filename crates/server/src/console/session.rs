@@ -11,28 +11,42 @@ const COOKIE: &str = "pcmail_session";
 /// A session lasts a working day without being used.
 const IDLE: Duration = Duration::from_secs(12 * 3600);
 
+/// A signed-in session: its CSRF token, the admin token it signed in with (its hash), and
+/// when it was last used.
+struct Session {
+    csrf: String,
+    admin_hash: String,
+    used: Instant,
+}
+
 #[derive(Default)]
 pub struct Sessions {
-    by_id: Mutex<HashMap<String, (String, Instant)>>,
+    by_id: Mutex<HashMap<String, Session>>,
 }
 
 impl Sessions {
-    /// A new session; answers its id.
-    pub fn create(&self) -> Result<String, String> {
+    /// A new session signed in with the admin token whose hash is `admin_hash`; answers its id.
+    pub fn create(&self, admin_hash: &str) -> Result<String, String> {
         let id = crate::auth::new_token("").map_err(|e| format!("no randomness for a session: {e}"))?;
         let csrf = crate::auth::new_token("").map_err(|e| format!("no randomness for a CSRF token: {e}"))?;
         let mut map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, (_, used)| used.elapsed() < IDLE);
-        map.insert(id.clone(), (csrf, Instant::now()));
+        map.retain(|_, s| s.used.elapsed() < IDLE);
+        map.insert(id.clone(), Session { csrf, admin_hash: admin_hash.to_string(), used: Instant::now() });
         Ok(id)
     }
 
-    /// The CSRF token of a live session (and the session is used now).
-    pub fn csrf(&self, id: &str) -> Option<String> {
+    /// The CSRF token of a live session (and the session is used now). T18: a session signed
+    /// in with an admin token that has since been replaced is over.
+    pub fn csrf(&self, id: &str, admin_hash: &str) -> Option<String> {
         let mut map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.get_mut(id).filter(|(_, used)| used.elapsed() < IDLE)?;
-        entry.1 = Instant::now();
-        Some(entry.0.clone())
+        let live = map.get(id).is_some_and(|s| s.used.elapsed() < IDLE && s.admin_hash == admin_hash);
+        if !live {
+            map.remove(id);
+            return None;
+        }
+        let entry = map.get_mut(id)?;
+        entry.used = Instant::now();
+        Some(entry.csrf.clone())
     }
 
     pub fn remove(&self, id: &str) {
@@ -67,15 +81,24 @@ mod tests {
     #[test]
     fn console_sessions_carry_their_own_csrf_token_and_end_on_logout() {
         let s = Sessions::default();
-        let (a, b) = (s.create().expect("a"), s.create().expect("b"));
-        let (ca, cb) = (s.csrf(&a).expect("live"), s.csrf(&b).expect("live"));
+        let (a, b) = (s.create("h").expect("a"), s.create("h").expect("b"));
+        let (ca, cb) = (s.csrf(&a, "h").expect("live"), s.csrf(&b, "h").expect("live"));
         assert_ne!(ca, cb, "each session its own token");
         assert_ne!(a, ca, "the token is not the session id");
         s.remove(&a);
-        assert_eq!(s.csrf(&a), None);
+        assert_eq!(s.csrf(&a, "h"), None);
         assert!(set_cookie(&b).contains("HttpOnly") && set_cookie(&b).contains("SameSite=Strict"));
         let mut headers = HeaderMap::new();
         headers.insert(header::COOKIE, format!("other=1; {COOKIE}={b}").parse().expect("header"));
         assert_eq!(cookie(&headers).as_deref(), Some(b.as_str()));
+    }
+
+    #[test]
+    fn t18_a_session_ends_when_the_admin_token_it_signed_in_with_is_replaced() {
+        let s = Sessions::default();
+        let id = s.create("old").expect("session");
+        assert!(s.csrf(&id, "old").is_some());
+        assert_eq!(s.csrf(&id, "rotated"), None, "signed out by the rotation");
+        assert_eq!(s.csrf(&id, "old"), None, "and gone, not just hidden");
     }
 }
