@@ -123,12 +123,24 @@ pub fn tail_chars(text: &str, chars: usize) -> String {
     if chars == 0 { String::new() } else { text[start..].to_string() }
 }
 
-/// One run's processes: its session (and process group, both the Function's pid) and the mark
-/// its environment carries.
+/// One run's processes: its session (and process group, both the Function's pid), when it
+/// started, and the mark its environment carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunId {
     pub session: i32,
+    /// The Function's start (`/proc/PID/stat` field 22, clock ticks since boot); 0 if unknown.
+    pub started: u64,
     pub mark: String,
+}
+
+/// Whether a process is one of a run's, from its `/proc/PID/stat` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Yes,
+    No,
+    /// Outside its session and group but started since the run did: its environment says
+    /// ([`RunId::marked`]).
+    AskEnviron,
 }
 
 impl RunId {
@@ -137,19 +149,26 @@ impl RunId {
         format!("{RUN_MARK}={}", self.mark)
     }
 
-    /// Whether the process described by `/proc/PID/stat` (and, if readable, its
-    /// `/proc/PID/environ`) is this run's and still to be killed: in its session or group, or
-    /// carrying its mark (a `setsid` grandchild left both). A zombie is already dead.
-    pub fn owns(&self, stat: &str, environ: Option<&[u8]>) -> bool {
-        let Some(fields) = stat_fields(stat) else { return false };
+    /// Whether the process `/proc/PID/stat` describes is this run's and still to be killed: in
+    /// its session or group, or — for a `setsid` grandchild that left both — to be asked its
+    /// environment, if it started no earlier than the run (older ones cannot descend from it,
+    /// and their environments are never read). A zombie is already dead.
+    pub fn member(&self, stat: &str) -> Member {
+        let Some(fields) = stat_fields(stat) else { return Member::No };
         if matches!(fields.state, 'Z' | 'X') {
-            return false;
+            return Member::No;
         }
-        if fields.pgrp == self.session || fields.session == self.session {
-            return true;
+        // Session 0 is the kernel's threads', 1 init's: never a run's.
+        if self.session > 1 && (fields.pgrp == self.session || fields.session == self.session) {
+            return Member::Yes;
         }
+        if fields.started >= self.started { Member::AskEnviron } else { Member::No }
+    }
+
+    /// Whether a process' environment (`/proc/PID/environ`, NUL-separated) carries the mark.
+    pub fn marked(&self, environ: &[u8]) -> bool {
         let entry = self.env_entry();
-        environ.is_some_and(|env| env.split(|b| *b == 0).any(|e| e == entry.as_bytes()))
+        environ.split(|b| *b == 0).any(|e| e == entry.as_bytes())
     }
 }
 
@@ -157,18 +176,25 @@ struct StatFields {
     state: char,
     pgrp: i32,
     session: i32,
+    started: u64,
 }
 
-/// `/proc/PID/stat`: `pid (comm) state ppid pgrp session …`; comm may hold spaces and parens,
-/// so the fields are read after its last `)`.
+/// `/proc/PID/stat`: `pid (comm) state ppid pgrp session … starttime(22) …`; comm may hold
+/// spaces and parens, so the fields are read after its last `)`.
 fn stat_fields(stat: &str) -> Option<StatFields> {
     let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let _ppid = f.next()?;
-    let pgrp = f.next()?.parse().ok()?;
-    let session = f.next()?.parse().ok()?;
-    Some(StatFields { state, pgrp, session })
+    let f: Vec<&str> = rest.split_whitespace().take(20).collect();
+    let state = f.first()?.chars().next()?;
+    let pgrp = f.get(2)?.parse().ok()?;
+    let session = f.get(3)?.parse().ok()?;
+    // A stat too short to say when it started is asked, never skipped.
+    let started = f.get(19).and_then(|t| t.parse().ok()).unwrap_or(u64::MAX);
+    Some(StatFields { state, pgrp, session, started })
+}
+
+/// When the process `/proc/PID/stat` describes started (0 if it does not say).
+pub fn started(stat: &str) -> u64 {
+    stat_fields(stat).map_or(0, |f| if f.started == u64::MAX { 0 } else { f.started })
 }
 
 #[cfg(test)]
@@ -231,28 +257,38 @@ mod tests {
     }
 
     fn run() -> RunId {
-        RunId { session: 4242, mark: "9-1".into() }
+        RunId { session: 4242, started: 500, mark: "9-1".into() }
+    }
+
+    /// A stat line with `state pgrp session` and `starttime`.
+    fn stat(pid: i32, comm: &str, state: char, pgrp: i32, session: i32, started: u64) -> String {
+        format!("{pid} ({comm}) {state} 1 {pgrp} {session} 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 {started} 1 1")
     }
 
     #[test]
-    fn e16_a_run_owns_its_session_its_group_and_whoever_carries_its_mark() {
+    fn e16_a_run_owns_its_session_and_group_and_asks_younger_strays_for_its_mark() {
         let r = run();
-        assert!(r.owns("4250 (sleep) S 4242 4242 4242 0 -1", None), "in its group and session");
-        assert!(r.owns("4251 (sh) S 4250 4251 4242 0 -1", None), "another group in its session");
-        let stray = "4260 (sleep) S 1 4260 4260 0 -1";
-        assert!(!r.owns(stray, None), "left both, environment unreadable");
-        assert!(r.owns(stray, Some(b"PATH=/bin\0PCMAIL_RUN=9-1\0HOME=/")), "its mark");
-        assert!(!r.owns(stray, Some(b"PCMAIL_RUN=9-10\0")), "another run's mark");
-        assert!(!r.owns(stray, Some(b"XPCMAIL_RUN=9-1\0")));
-        assert!(!r.owns("4250 (sleep) Z 4242 4242 4242 0 -1", None), "a zombie is dead already");
+        assert_eq!(r.member(&stat(4250, "sleep", 'S', 4242, 4242, 600)), Member::Yes, "its group and session");
+        assert_eq!(r.member(&stat(4251, "sh", 'S', 4251, 4242, 600)), Member::Yes, "another group of its session");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 600)), Member::AskEnviron, "left both");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 500)), Member::AskEnviron, "the same tick");
+        assert_eq!(r.member(&stat(300, "sshd", 'S', 300, 300, 40)), Member::No, "older than the run");
+        assert_eq!(r.member(&stat(4250, "sleep", 'Z', 4242, 4242, 600)), Member::No, "a zombie is dead already");
+        assert!(r.marked(b"PATH=/bin\0PCMAIL_RUN=9-1\0HOME=/"));
+        assert!(!r.marked(b"PCMAIL_RUN=9-10\0"), "another run's mark");
+        assert!(!r.marked(b"XPCMAIL_RUN=9-1\0"));
+        let unknown = RunId { session: 0, started: 0, mark: "9-1".into() };
+        assert_eq!(unknown.member(&stat(2, "kthreadd", 'S', 0, 0, 1)), Member::AskEnviron, "never by session 0");
+        assert_eq!(started(&stat(4250, "sleep", 'S', 1, 1, 77)), 77);
     }
 
     #[test]
     fn e16_a_comm_with_spaces_and_parens_is_read_after_its_last_paren() {
         let r = run();
-        assert!(r.owns("4250 (a) S 1 2 (x) S 4242 4242 4242 0", None));
-        assert!(!r.owns("4250 (a) S 1 2 (x)) S 1 7 7 0", None));
-        assert!(!r.owns("garbage", None));
-        assert!(!r.owns("", None));
+        assert_eq!(r.member(&stat(4250, "a) S 1 2 (x", 'S', 4242, 4242, 600)), Member::Yes);
+        assert_eq!(r.member(&stat(4250, "a) S 1 4242 4242 (x)", 'S', 7, 7, 1)), Member::No);
+        assert_eq!(r.member("4250 (sleep) S 1 7 7"), Member::AskEnviron, "a short stat is asked");
+        assert_eq!(r.member("garbage"), Member::No);
+        assert_eq!(r.member(""), Member::No);
     }
 }

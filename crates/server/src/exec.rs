@@ -14,7 +14,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pcmail_core::exec::{self as rules, Capped, Ended, Keep, RunId, Verdict};
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -146,7 +146,7 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mark = new_mark();
     let mut child = command(&p, &mark).spawn()?;
     let session = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
-    let guard = Live::register(RunId { session, mark });
+    let guard = Live::register(RunId { session, started: started_at(session), mark });
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
     let stdin = child.stdin.take();
@@ -290,6 +290,16 @@ fn new_mark() -> String {
     format!("{}-{n}-{hex}", std::process::id())
 }
 
+/// When process `pid` started (0 if unknown: every stray's environment is then asked).
+fn started_at(pid: i32) -> u64 {
+    #[cfg(target_os = "linux")]
+    if pid > 0 {
+        return std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(0, |stat| rules::started(&stat));
+    }
+    let _ = pid;
+    0
+}
+
 /// E16 at `serve`'s stop: every run still alive is killed with all it started.
 pub fn stop_all() {
     let runs: Vec<RunId> = LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r)| r.clone()).collect();
@@ -328,8 +338,11 @@ fn sweep(run: &RunId) -> usize {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let owned =
-            run.owns(&stat, None) || run.owns(&stat, std::fs::read(format!("/proc/{pid}/environ")).ok().as_deref());
+        let owned = match run.member(&stat) {
+            Member::Yes => true,
+            Member::No => false,
+            Member::AskEnviron => std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| run.marked(&env)),
+        };
         if owned {
             // SAFETY: kill(2) of one process this run started.
             unsafe {
