@@ -22,6 +22,8 @@ pub struct Server {
     nofile: Option<u64>,
     /// The CA the CLI trusts (`PCMAIL_CA`) for a server on HTTPS.
     pub ca: Option<PathBuf>,
+    /// More variables in serve's environment.
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -47,6 +49,26 @@ impl Server {
             extra,
             nofile: None,
             ca: None,
+            env: vec![],
+        };
+        s.spawn();
+        s
+    }
+
+    /// [`Server::start_opts`] with more variables in serve's environment (a secret that must
+    /// reach no child of serve's).
+    pub fn start_env(apply: Option<PathBuf>, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Server {
+            dir,
+            url: String::new(),
+            child: None,
+            apply,
+            listen: "127.0.0.1:0".to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            nofile: None,
+            ca: None,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         s.spawn();
         s
@@ -67,6 +89,7 @@ impl Server {
             extra,
             nofile: Some(nofile),
             ca: None,
+            env: vec![],
         };
         s.spawn();
         s
@@ -88,6 +111,7 @@ impl Server {
             extra,
             nofile: None,
             ca: Some(ca.to_path_buf()),
+            env: vec![],
         };
         s.spawn();
         s
@@ -110,6 +134,7 @@ impl Server {
             extra: extra.iter().map(|e| e.to_string()).collect(),
             nofile: None,
             ca: None,
+            env: vec![],
         };
         s.spawn();
         s
@@ -138,6 +163,7 @@ impl Server {
             extra: first.extra.clone(),
             nofile: first.nofile,
             ca: first.ca.clone(),
+            env: vec![],
         };
         s.spawn();
         s
@@ -214,6 +240,7 @@ impl Server {
         } else {
             Stdio::inherit()
         };
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child =
             cmd.env("PCMAIL_LOG", "warn").stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn serve");
         let stdout = child.stdout.take().expect("stdout");

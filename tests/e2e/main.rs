@@ -22,6 +22,7 @@ mod mcp;
 mod monitoring;
 mod operations;
 mod pcside;
+mod process;
 mod replicas;
 mod search;
 mod security;

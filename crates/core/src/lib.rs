@@ -15,6 +15,7 @@ mod clock_jumps;
 pub mod conns;
 pub mod cron;
 pub mod duration;
+pub mod exec;
 pub mod ids;
 pub mod intent;
 pub mod jobs;

@@ -1,16 +1,36 @@
-//! Running a Function as a child process, for ledger rows (L12, L13) and jobs (§8): argv
-//! without a shell, the input on stdin, a minimal environment plus the caller's `PCMAIL_*`
-//! variables, and a timeout that kills the whole process group.
+//! Running a Function as a child process, for ledger rows (L12, L13) and jobs (§8), and a
+//! ledger source command (E17): argv without a shell, the input on stdin, a cleared
+//! environment plus `PASSED` and the caller's variables, and E16 — its own session, stdout and
+//! stderr capped while read, success by its exit status, and every process of the run killed
+//! at its timeout, when it exits, and when `serve` stops.
+//!
+//! A run's processes are its session (the Function's pid, also its group) and, for a
+//! grandchild that called `setsid` and so left both, the mark `PCMAIL_RUN` every descendant
+//! inherits in its environment (found in `/proc/*/environ`, as Jenkins' ProcessTreeKiller
+//! finds a build's strays). A process that also clears its environment escapes; only a cgroup
+//! would hold it, and `serve` may not own one.
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
-use tokio::io::AsyncWriteExt;
-
-const MAX_STDOUT: usize = 1 << 20;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
 
 /// Variables passed through from the server's environment; everything else is dropped.
 const PASSED: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT"];
+/// How long output still buffered in the pipes is read once the run's processes are killed.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// A ledger source command's timeout.
+pub const SOURCE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Sweeps of `/proc` at one run's end: a stray forking while it is killed is caught by the next.
+#[cfg(target_os = "linux")]
+const SWEEPS: usize = 4;
+/// Entries of `/proc` looked at in one sweep.
+#[cfg(target_os = "linux")]
+const MAX_PROCS: usize = 1 << 20;
 
 /// Why a Function's run failed; the text is what a ledger row or a job records.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +46,27 @@ pub enum ExecError {
     /// It ran and failed: its exit status and the end of its stderr.
     #[error("{status}: {stderr_tail}")]
     Exit { status: std::process::ExitStatus, stderr_tail: String },
+    /// It exited 0 but its stdout passed the cap: a cut result is not recorded.
+    #[error("stdout passed its {cap}-byte cap ({seen} bytes written); the result is not kept")]
+    OutputOverCap { cap: usize, seen: u64 },
+}
+
+/// One child process to run under E16.
+struct Process<'a> {
+    program: &'a str,
+    args: &'a [String],
+    env: Vec<(String, String)>,
+    input: Vec<u8>,
+    timeout: Duration,
+    stdout_cap: usize,
+}
+
+/// How one process ended and what it wrote (capped).
+struct Finished {
+    ended: Ended,
+    status: Option<ExitStatus>,
+    stdout: Capped,
+    stderr: Capped,
 }
 
 /// Runs `function` with `input` on stdin and `vars` (the `PCMAIL_*` of this one run) in its
@@ -39,32 +80,132 @@ pub async fn run(
     let Some((program, args)) = function.command.split_first() else {
         return Err(ExecError::EmptyCommand(name.to_string()));
     };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).env_clear();
+    // Each run builds its own environment, so nothing set for one run (L12's instruction)
+    // reaches another.
+    let mut env: Vec<(String, String)> = function.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    env.push(("PCMAIL_FUNCTION".into(), name.into()));
+    env.extend(vars.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
+    let process = Process {
+        program,
+        args,
+        env,
+        input: input.into_bytes(),
+        timeout: function.timeout.to_std(),
+        stdout_cap: rules::FUNCTION_STDOUT,
+    };
+    let spawn_error = |source| ExecError::Spawn { program: program.clone(), source };
+    let done = run_process(process).await.map_err(spawn_error)?;
+    match (rules::verdict(done.ended, &done.stdout), done.status) {
+        (Verdict::Succeeded, _) => Ok(done.stdout.text()),
+        (Verdict::TimedOut, _) => Err(ExecError::Timeout(function.timeout)),
+        (Verdict::OutputOverCap, _) => {
+            Err(ExecError::OutputOverCap { cap: done.stdout.cap(), seen: done.stdout.seen() })
+        }
+        (Verdict::Failed, Some(status)) => {
+            Err(ExecError::Exit { status, stderr_tail: rules::tail_chars(&done.stderr.text(), 500) })
+        }
+        (Verdict::Failed, None) => {
+            Err(ExecError::Wait { program: program.clone(), source: std::io::Error::other("its exit status was lost") })
+        }
+    }
+}
+
+/// E17: a ledger source command (L7's JSON lines) runs as a Function does — cleared
+/// environment, its own session, output capped — under [`SOURCE_TIMEOUT`]. Ok is its stdout;
+/// the error names the program, as `pull` reports it.
+pub async fn run_source(argv: &[String]) -> Result<String, String> {
+    let (program, args) = argv.split_first().ok_or("empty command")?;
+    let process = Process {
+        program,
+        args,
+        env: vec![],
+        input: vec![],
+        timeout: SOURCE_TIMEOUT,
+        stdout_cap: rules::SOURCE_STDOUT,
+    };
+    let done = run_process(process).await.map_err(|e| format!("{program}: {e}"))?;
+    match (rules::verdict(done.ended, &done.stdout), done.status) {
+        (Verdict::Succeeded, _) => {
+            String::from_utf8(done.stdout.bytes()).map_err(|_| format!("{program}: output is not UTF-8"))
+        }
+        (Verdict::TimedOut, _) => Err(format!("{program}: timed out after {}s", SOURCE_TIMEOUT.as_secs())),
+        (Verdict::OutputOverCap, _) => Err(format!(
+            "{program}: output passed its {}-byte cap ({} bytes written)",
+            done.stdout.cap(),
+            done.stdout.seen()
+        )),
+        (Verdict::Failed, Some(status)) => Err(format!("{program}: {status}")),
+        (Verdict::Failed, None) => Err(format!("{program}: its exit status was lost")),
+    }
+}
+
+/// Spawns `p` in a session of its own, feeds its stdin, reads its output through the caps and
+/// waits for its exit status or its timeout, whichever comes first; then kills whatever of the
+/// run is left and reads what the pipes still hold for a short grace.
+async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
+    let mark = new_mark();
+    let mut child = command(&p, &mark).spawn()?;
+    let session = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
+    let guard = Live::register(RunId { session, started: started_at(session), mark });
+    let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
+    let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
+    let stdin = child.stdin.take();
+    let input = p.input;
+    // E4: the input is written inside the timeout, beside the wait; a function that never
+    // reads it (or a stray holding its stdin) blocks nothing but this task.
+    let feed = tokio::spawn(async move {
+        if let Some(mut stdin) = stdin {
+            // A function that does not read its stdin is not an error.
+            let _ = stdin.write_all(&input).await;
+        }
+    });
+    let waited = tokio::time::timeout(p.timeout, child.wait()).await;
+    feed.abort();
+    // E16: the run is over the moment its process exits (or its timeout passes): everything
+    // it left behind is killed now, whatever still holds its pipes.
+    drop(guard);
+    let (ended, status) = match waited {
+        Ok(status) => {
+            let status = status?;
+            (Ended::Exited { success: status.success() }, Some(status))
+        }
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
+            (Ended::TimedOut, None)
+        }
+    };
+    let (stdout, stderr) = (out.finish().await, err.finish().await);
+    Ok(Finished { ended, status, stdout, stderr })
+}
+
+/// The command for `p`: no shell, the cleared environment, a session of its own.
+fn command(p: &Process<'_>, mark: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(p.program);
+    cmd.args(p.args).env_clear();
     for key in PASSED {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
         }
     }
-    // Each run builds its own environment, so nothing set for one run (L12's instruction)
-    // reaches another.
-    cmd.envs(&function.env).env("PCMAIL_FUNCTION", name);
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
+    cmd.envs(p.env.iter().map(|(k, v)| (k, v))).env(rules::RUN_MARK, mark);
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(unix)]
     {
-        // Its own process group, so a timeout kills everything it started.
-        cmd.process_group(0);
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        // The function creates files with its user's usual permissions, not serve's 077 (T8).
+        let umask = pcmail_store::private::inherited_umask();
+        // SAFETY: setsid, prctl and umask are async-signal-safe and touch no memory of the
+        // parent.
         unsafe {
-            // If serve dies (SIGKILL included), the function dies with it instead of running
-            // on as an orphan next to the retry that L11 allows.
-            // The function creates files with its user's usual permissions, not serve's 077 (T8).
-            let umask = pcmail_store::private::inherited_umask();
             cmd.pre_exec(move || {
+                // Its own session (and process group, both its pid): a timeout or its end
+                // kills everything it started, and no terminal's signals reach it.
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // If serve dies (SIGKILL included), the function dies with it instead of
+                // running on as an orphan next to the retry that L11 allows.
+                #[cfg(target_os = "linux")]
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 if let Some(mask) = umask {
                     libc::umask(mask as libc::mode_t);
@@ -73,46 +214,144 @@ pub async fn run(
             });
         }
     }
-    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn { program: program.clone(), source })?;
-    let pid = child.id();
-    let stdin = child.stdin.take();
-    // E4: the input is written inside the timeout, beside the wait: a function that never reads
-    // a payload larger than the pipe holds is killed at its timeout like any other.
-    let feed = async move {
-        if let Some(mut stdin) = stdin {
-            // A function that does not read its stdin is not an error.
-            let _ = stdin.write_all(input.as_bytes()).await;
+    cmd
+}
+
+/// A pipe being read into a cap by a task of its own; what it holds stays readable when the
+/// task is stopped.
+struct CappedReader {
+    kept: Arc<Mutex<Capped>>,
+    task: Option<JoinHandle<()>>,
+}
+
+fn capped_reader<R: AsyncRead + Unpin + Send + 'static>(pipe: Option<R>, cap: Capped) -> CappedReader {
+    let kept = Arc::new(Mutex::new(cap));
+    let task = pipe.map(|mut pipe| {
+        let into = kept.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            // Read to the end, keeping what the cap allows: a writer past it is drained, never
+            // blocked, and never held.
+            while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+                into.lock().unwrap_or_else(PoisonError::into_inner).push(&buf[..n]);
+            }
+        })
+    });
+    CappedReader { kept, task }
+}
+
+impl CappedReader {
+    /// What was read, once the pipe closed or [`DRAIN_GRACE`] passed (a writer that escaped
+    /// the kill keeps it open).
+    async fn finish(mut self) -> Capped {
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(DRAIN_GRACE, &mut task).await.is_err()
+        {
+            task.abort();
+            let _ = task.await;
         }
-    };
-    let run = async { tokio::join!(feed, child.wait_with_output()).1 };
-    match tokio::time::timeout(function.timeout.to_std(), run).await {
-        Err(_) => {
-            kill_group(pid);
-            Err(ExecError::Timeout(function.timeout))
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.clone()
+    }
+}
+
+/// Every run alive in this process, so that `serve`'s stop kills them all ([`stop_all`]).
+static LIVE: Mutex<Vec<(u64, RunId)>> = Mutex::new(Vec::new());
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// One run registered in [`LIVE`]; dropped (its process exited, its timeout passed, or its
+/// future was dropped), it kills every process of the run.
+struct Live {
+    key: u64,
+    run: RunId,
+}
+
+impl Live {
+    fn register(run: RunId) -> Live {
+        let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).push((key, run.clone()));
+        Live { key, run }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        kill_run(&self.run);
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).retain(|(k, _)| *k != self.key);
+    }
+}
+
+/// A mark no other run shares: this process, a counter, and randomness (a pid is reused).
+fn new_mark() -> String {
+    let mut b = [0u8; 6];
+    let _ = getrandom::fill(&mut b);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{n}-{hex}", std::process::id())
+}
+
+/// When process `pid` started (0 if unknown: every stray's environment is then asked).
+fn started_at(pid: i32) -> u64 {
+    #[cfg(target_os = "linux")]
+    if pid > 0 {
+        return std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(0, |stat| rules::started(&stat));
+    }
+    let _ = pid;
+    0
+}
+
+/// E16 at `serve`'s stop: every run still alive is killed with all it started.
+pub fn stop_all() {
+    let runs: Vec<RunId> = LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r)| r.clone()).collect();
+    for run in &runs {
+        kill_run(run);
+    }
+}
+
+/// Kills the run's process group, then (Linux) every process in its session or carrying its
+/// mark, sweeping `/proc` until a sweep finds none.
+fn kill_run(run: &RunId) {
+    #[cfg(unix)]
+    if run.session > 1 {
+        // SAFETY: kill(2) with a negative pid signals the process group the run created.
+        unsafe {
+            libc::kill(-run.session, libc::SIGKILL);
         }
-        Ok(Err(source)) => Err(ExecError::Wait { program: program.clone(), source }),
-        Ok(Ok(out)) if out.status.success() => {
-            let stdout = &out.stdout[..out.stdout.len().min(MAX_STDOUT)];
-            Ok(String::from_utf8_lossy(stdout).into_owned())
-        }
-        Ok(Ok(out)) => {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let tail: String = stderr.trim().chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
-            Err(ExecError::Exit { status: out.status, stderr_tail: tail })
+    }
+    #[cfg(target_os = "linux")]
+    for _ in 0..SWEEPS {
+        if sweep(run) == 0 {
+            break;
         }
     }
 }
 
-fn kill_group(pid: Option<u32>) {
-    #[cfg(unix)]
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        // SAFETY: kill(2) with a negative pid signals the process group we created.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
+/// One pass over `/proc`: SIGKILL to each process the run owns; answers how many.
+#[cfg(target_os = "linux")]
+fn sweep(run: &RunId) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let me = std::process::id();
+    let mut killed = 0;
+    for entry in dir.take(MAX_PROCS).flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if u32::try_from(pid).is_ok_and(|p| p == me) || pid <= 1 {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let owned = match run.member(&stat) {
+            Member::Yes => true,
+            Member::No => false,
+            Member::AskEnviron => std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| run.marked(&env)),
+        };
+        if owned {
+            // SAFETY: kill(2) of one process this run started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            killed += 1;
         }
     }
-    #[cfg(not(unix))]
-    let _ = pid;
+    killed
 }
 
 #[cfg(test)]
@@ -158,22 +397,78 @@ mod tests {
         assert!(!without.contains("PCMAIL_INSTRUCTION"), "{without}");
     }
 
+    /// Live (not zombie) processes whose argv is exactly `argv`, looked for in `/proc`.
+    #[cfg(target_os = "linux")]
+    fn running(argv: &[&str]) -> Vec<String> {
+        let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+        let mut found = vec![];
+        for entry in std::fs::read_dir("/proc").expect("proc").flatten().take(1 << 20) {
+            let pid = entry.file_name().to_string_lossy().to_string();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()) == Some("Z");
+            if cmdline == want && !zombie {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    /// Waits up to 2 s for no process with `argv` to be running.
+    #[cfg(target_os = "linux")]
+    fn gone(argv: &[&str]) -> bool {
+        for _ in 0..40 {
+            if running(argv).is_empty() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    }
+
     #[cfg(target_os = "linux")]
     #[tokio::test]
-    async fn a_timeout_kills_the_whole_process_group() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let pidfile = dir.path().join("grandchild.pid");
-        let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    async fn e16_a_timeout_kills_the_group_and_a_grandchild_that_left_the_session() {
+        let script = "sleep 3101 & setsid sleep 3102 & wait";
         let err =
-            run("f", &function(&script, Dur::from_millis(500)), &vars(""), String::new()).await.expect_err("times out");
+            run("f", &function(script, Dur::from_millis(500)), &vars(""), String::new()).await.expect_err("times out");
         assert!(matches!(err, ExecError::Timeout(d) if d == Dur::from_millis(500)), "{err}");
-        let pid = std::fs::read_to_string(&pidfile).expect("pid").trim().to_string();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        // Gone, or a zombie waiting for whoever inherited it: either way no longer running.
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let running =
-            state.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|s| s != "Z");
-        assert!(!running, "the background grandchild {pid} outlived the timeout: {state}");
+        assert!(gone(&["sleep", "3101"]), "the background child outlived the timeout");
+        assert!(gone(&["sleep", "3102"]), "the setsid grandchild outlived the timeout");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn e16_what_a_successful_function_left_running_is_killed_and_its_pipes_wait_for_nothing() {
+        // Both strays hold stdout and stderr open: success is the exit status, not the pipes.
+        let script = "sleep 3103 & setsid sleep 3104 & echo done";
+        let started = std::time::Instant::now();
+        let out = run("f", &function(script, Dur::from_secs(20)), &vars(""), String::new()).await.expect("succeeds");
+        assert_eq!(out, "done\n");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(gone(&["sleep", "3103"]) && gone(&["sleep", "3104"]), "strays outlived the function");
+    }
+
+    #[tokio::test]
+    async fn e16_stdout_past_its_cap_is_drained_and_refused_and_stderr_keeps_its_tail() {
+        let f = function("head -c 3000000 /dev/zero", Dur::from_secs(20));
+        let err = run("f", &f, &vars(""), String::new()).await.expect_err("over its cap");
+        assert!(matches!(err, ExecError::OutputOverCap { cap: 1_048_576, seen: 3_000_000 }), "{err}");
+        let f = function("head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 1", Dur::from_secs(20));
+        let err = run("f", &f, &vars(""), String::new()).await.expect_err("fails");
+        let ExecError::Exit { stderr_tail, .. } = err else { panic!("{err}") };
+        assert!(stderr_tail.ends_with("xxxxEND") && stderr_tail.chars().count() == 500, "{stderr_tail}");
+    }
+
+    #[tokio::test]
+    async fn e17_a_source_command_runs_with_a_cleared_environment() {
+        // cargo sets CARGO_* for the test binary: none of serve's own environment passes.
+        let argv = |s: &str| vec!["sh".to_string(), "-c".to_string(), s.to_string()];
+        let out = run_source(&argv("env")).await.expect("runs");
+        assert!(!out.contains("CARGO_") && out.contains("PCMAIL_RUN="), "{out}");
+        let err = run_source(&argv("head -c 9000000 /dev/zero")).await.expect_err("over its cap");
+        assert!(err.starts_with("sh: output passed its 8388608-byte cap (9000000 bytes"), "{err}");
+        assert_eq!(run_source(&argv("exit 2")).await.expect_err("fails"), "sh: exit status: 2");
     }
 
     #[tokio::test]

@@ -108,6 +108,10 @@ pub async fn serve(
             tracing::error!(error = %e, "{name} task failed");
         }
     }
+    // E16: no Function outlives serve — those of pools still running are killed with every
+    // process they started (a SIGKILL of serve leaves that to PR_SET_PDEATHSIG, which reaches
+    // only each Function itself).
+    crate::exec::stop_all();
     tracing::info!("stopped");
     Ok(())
 }

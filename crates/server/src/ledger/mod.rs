@@ -77,20 +77,8 @@ pub async fn merge(
 async fn pull(source: &LedgerSource) -> Result<Vec<Incoming>, String> {
     let text = match (&source.file, &source.command) {
         (Some(file), _) => tokio::fs::read_to_string(file).await.map_err(|e| format!("{file}: {e}"))?,
-        (None, Some(argv)) => {
-            let (program, args) = argv.split_first().ok_or("empty command")?;
-            let out = tokio::time::timeout(
-                std::time::Duration::from_secs(300),
-                tokio::process::Command::new(program).args(args).kill_on_drop(true).output(),
-            )
-            .await
-            .map_err(|_| format!("{program}: timed out after 300s"))?
-            .map_err(|e| format!("{program}: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("{program}: {}", out.status));
-            }
-            String::from_utf8(out.stdout).map_err(|_| format!("{program}: output is not UTF-8"))?
-        }
+        // E17: run as a Function is (cleared environment, its own session, output capped).
+        (None, Some(argv)) => crate::exec::run_source(argv).await?,
         (None, None) => return Err("neither file nor command".into()),
     };
     let items: Vec<Item> = parse_items(format_of(source), &text)?;

@@ -1,0 +1,294 @@
+//! E16/E17: the rules of a Function's process (and a ledger source command's) — how much of its
+//! output is kept while it is read, what counts as its success, and which processes are its own
+//! when it ends. The shell (`server/src/exec.rs`) reads pipes and `/proc`; nothing here does IO.
+
+use std::collections::VecDeque;
+
+/// At most this much of a Function's stdout is ever held (its result).
+pub const FUNCTION_STDOUT: usize = 1 << 20;
+/// At most this much of a ledger source command's stdout (its JSON lines) is ever held.
+pub const SOURCE_STDOUT: usize = 8 << 20;
+/// The end of stderr kept for an error message.
+pub const STDERR_TAIL: usize = 4 << 10;
+/// The environment variable every process of one run inherits: how its strays are found after
+/// they left its session (`setsid`).
+pub const RUN_MARK: &str = "PCMAIL_RUN";
+
+/// Which part of a stream a [`Capped`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// The first `cap` bytes (a result is read from its start).
+    Head,
+    /// The last `cap` bytes (an error is said at the end of stderr).
+    Tail,
+}
+
+/// A stream read through a cap: every byte counted, never more than `cap` held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capped {
+    cap: usize,
+    keep: Keep,
+    kept: VecDeque<u8>,
+    seen: u64,
+}
+
+impl Capped {
+    pub fn new(cap: usize, keep: Keep) -> Capped {
+        Capped { cap, keep, kept: VecDeque::new(), seen: 0 }
+    }
+
+    /// Takes one chunk read: counts it and keeps what the cap allows.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.seen = self.seen.saturating_add(chunk.len() as u64);
+        match self.keep {
+            Keep::Head => {
+                let room = self.cap.saturating_sub(self.kept.len());
+                self.kept.extend(&chunk[..chunk.len().min(room)]);
+            }
+            Keep::Tail => {
+                let tail = &chunk[chunk.len().saturating_sub(self.cap)..];
+                let over = (self.kept.len() + tail.len()).saturating_sub(self.cap);
+                self.kept.drain(..over);
+                self.kept.extend(tail);
+            }
+        }
+    }
+
+    /// Every byte the stream carried, kept or not.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    /// Whether bytes were dropped: the stream passed its cap.
+    pub fn over(&self) -> bool {
+        self.seen > self.kept.len() as u64
+    }
+
+    pub fn held(&self) -> usize {
+        self.kept.len()
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// What was kept.
+    pub fn bytes(&self) -> Vec<u8> {
+        let (a, b) = self.kept.as_slices();
+        [a, b].concat()
+    }
+
+    /// What was kept, as text (a character cut at the edge becomes U+FFFD).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+}
+
+/// How a run ended, as the shell saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited (or was killed by a signal); `success` is its exit status' verdict.
+    Exited { success: bool },
+    /// Its timeout passed first.
+    TimedOut,
+}
+
+/// What a run's end means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its stdout is the result.
+    Succeeded,
+    /// It exited 0 but wrote more than the cap: its result would be a cut one.
+    OutputOverCap,
+    /// It failed: its status and the end of its stderr say why.
+    Failed,
+    TimedOut,
+}
+
+/// E16: success is the exit status alone — pipes a stray descendant still holds say nothing —
+/// and a result past its cap is refused rather than recorded cut.
+pub fn verdict(ended: Ended, stdout: &Capped) -> Verdict {
+    match ended {
+        Ended::TimedOut => Verdict::TimedOut,
+        Ended::Exited { success: false } => Verdict::Failed,
+        Ended::Exited { success: true } if stdout.over() => Verdict::OutputOverCap,
+        Ended::Exited { success: true } => Verdict::Succeeded,
+    }
+}
+
+/// The last `chars` characters of a trimmed text (an error's stderr line).
+pub fn tail_chars(text: &str, chars: usize) -> String {
+    let text = text.trim();
+    let start = text.char_indices().rev().nth(chars.saturating_sub(1)).map_or(0, |(i, _)| i);
+    if chars == 0 { String::new() } else { text[start..].to_string() }
+}
+
+/// One run's processes: its session (and process group, both the Function's pid), when it
+/// started, and the mark its environment carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunId {
+    pub session: i32,
+    /// The Function's start (`/proc/PID/stat` field 22, clock ticks since boot); 0 if unknown.
+    pub started: u64,
+    pub mark: String,
+}
+
+/// Whether a process is one of a run's, from its `/proc/PID/stat` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Yes,
+    No,
+    /// Outside its session and group but started since the run did: its environment says
+    /// ([`RunId::marked`]).
+    AskEnviron,
+}
+
+impl RunId {
+    /// The `NAME=value` entry every process of this run has in its environment.
+    pub fn env_entry(&self) -> String {
+        format!("{RUN_MARK}={}", self.mark)
+    }
+
+    /// Whether the process `/proc/PID/stat` describes is this run's and still to be killed: in
+    /// its session or group, or — for a `setsid` grandchild that left both — to be asked its
+    /// environment, if it started no earlier than the run (older ones cannot descend from it,
+    /// and their environments are never read). A zombie is already dead.
+    pub fn member(&self, stat: &str) -> Member {
+        let Some(fields) = stat_fields(stat) else { return Member::No };
+        if matches!(fields.state, 'Z' | 'X') {
+            return Member::No;
+        }
+        // Session 0 is the kernel's threads', 1 init's: never a run's.
+        if self.session > 1 && (fields.pgrp == self.session || fields.session == self.session) {
+            return Member::Yes;
+        }
+        if fields.started >= self.started { Member::AskEnviron } else { Member::No }
+    }
+
+    /// Whether a process' environment (`/proc/PID/environ`, NUL-separated) carries the mark.
+    pub fn marked(&self, environ: &[u8]) -> bool {
+        let entry = self.env_entry();
+        environ.split(|b| *b == 0).any(|e| e == entry.as_bytes())
+    }
+}
+
+struct StatFields {
+    state: char,
+    pgrp: i32,
+    session: i32,
+    started: u64,
+}
+
+/// `/proc/PID/stat`: `pid (comm) state ppid pgrp session … starttime(22) …`; comm may hold
+/// spaces and parens, so the fields are read after its last `)`.
+fn stat_fields(stat: &str) -> Option<StatFields> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().take(20).collect();
+    let state = f.first()?.chars().next()?;
+    let pgrp = f.get(2)?.parse().ok()?;
+    let session = f.get(3)?.parse().ok()?;
+    // A stat too short to say when it started is asked, never skipped.
+    let started = f.get(19).and_then(|t| t.parse().ok()).unwrap_or(u64::MAX);
+    Some(StatFields { state, pgrp, session, started })
+}
+
+/// When the process `/proc/PID/stat` describes started (0 if it does not say).
+pub fn started(stat: &str) -> u64 {
+    stat_fields(stat).map_or(0, |f| if f.started == u64::MAX { 0 } else { f.started })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e16_a_head_cap_keeps_the_first_bytes_and_counts_all() {
+        let mut c = Capped::new(10, Keep::Head);
+        c.push(b"hello ");
+        c.push(b"world, and more");
+        assert_eq!((c.text().as_str(), c.seen(), c.over(), c.held()), ("hello worl", 21, true, 10));
+        for _ in 0..1000 {
+            c.push(&[b'x'; 4096]);
+        }
+        assert_eq!(c.held(), 10, "never more than the cap held");
+        assert_eq!(c.seen(), 21 + 4096 * 1000);
+    }
+
+    #[test]
+    fn e16_a_tail_cap_keeps_the_last_bytes() {
+        let mut c = Capped::new(5, Keep::Tail);
+        c.push(b"abc");
+        assert_eq!((c.text().as_str(), c.over()), ("abc", false));
+        c.push(b"defg");
+        assert_eq!(c.text(), "cdefg");
+        c.push(b"0123456789");
+        assert_eq!((c.text().as_str(), c.held(), c.seen()), ("56789", 5, 17));
+        c.push(b"Z");
+        assert_eq!(c.text(), "6789Z");
+    }
+
+    #[test]
+    fn e16_a_stream_exactly_at_its_cap_is_not_over() {
+        let mut c = Capped::new(4, Keep::Head);
+        c.push(b"abcd");
+        assert!(!c.over());
+        c.push(b"");
+        assert!(!c.over());
+        c.push(b"e");
+        assert!(c.over());
+    }
+
+    #[test]
+    fn e16_success_is_the_exit_status_and_a_result_past_its_cap_is_refused() {
+        let small = Capped::new(8, Keep::Head);
+        let mut big = Capped::new(8, Keep::Head);
+        big.push(&[0; 9]);
+        assert_eq!(verdict(Ended::Exited { success: true }, &small), Verdict::Succeeded);
+        assert_eq!(verdict(Ended::Exited { success: true }, &big), Verdict::OutputOverCap);
+        assert_eq!(verdict(Ended::Exited { success: false }, &big), Verdict::Failed);
+        assert_eq!(verdict(Ended::TimedOut, &small), Verdict::TimedOut);
+    }
+
+    #[test]
+    fn tail_chars_counts_characters_not_bytes() {
+        assert_eq!(tail_chars("  nope\n", 500), "nope");
+        assert_eq!(tail_chars("見積書を送る", 2), "送る");
+        assert_eq!(tail_chars("abc", 0), "");
+    }
+
+    fn run() -> RunId {
+        RunId { session: 4242, started: 500, mark: "9-1".into() }
+    }
+
+    /// A stat line with `state pgrp session` and `starttime`.
+    fn stat(pid: i32, comm: &str, state: char, pgrp: i32, session: i32, started: u64) -> String {
+        format!("{pid} ({comm}) {state} 1 {pgrp} {session} 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 {started} 1 1")
+    }
+
+    #[test]
+    fn e16_a_run_owns_its_session_and_group_and_asks_younger_strays_for_its_mark() {
+        let r = run();
+        assert_eq!(r.member(&stat(4250, "sleep", 'S', 4242, 4242, 600)), Member::Yes, "its group and session");
+        assert_eq!(r.member(&stat(4251, "sh", 'S', 4251, 4242, 600)), Member::Yes, "another group of its session");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 600)), Member::AskEnviron, "left both");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 500)), Member::AskEnviron, "the same tick");
+        assert_eq!(r.member(&stat(300, "sshd", 'S', 300, 300, 40)), Member::No, "older than the run");
+        assert_eq!(r.member(&stat(4250, "sleep", 'Z', 4242, 4242, 600)), Member::No, "a zombie is dead already");
+        assert!(r.marked(b"PATH=/bin\0PCMAIL_RUN=9-1\0HOME=/"));
+        assert!(!r.marked(b"PCMAIL_RUN=9-10\0"), "another run's mark");
+        assert!(!r.marked(b"XPCMAIL_RUN=9-1\0"));
+        let unknown = RunId { session: 0, started: 0, mark: "9-1".into() };
+        assert_eq!(unknown.member(&stat(2, "kthreadd", 'S', 0, 0, 1)), Member::AskEnviron, "never by session 0");
+        assert_eq!(started(&stat(4250, "sleep", 'S', 1, 1, 77)), 77);
+    }
+
+    #[test]
+    fn e16_a_comm_with_spaces_and_parens_is_read_after_its_last_paren() {
+        let r = run();
+        assert_eq!(r.member(&stat(4250, "a) S 1 2 (x", 'S', 4242, 4242, 600)), Member::Yes);
+        assert_eq!(r.member(&stat(4250, "a) S 1 4242 4242 (x)", 'S', 7, 7, 1)), Member::No);
+        assert_eq!(r.member("4250 (sleep) S 1 7 7"), Member::AskEnviron, "a short stat is asked");
+        assert_eq!(r.member("garbage"), Member::No);
+        assert_eq!(r.member(""), Member::No);
+    }
+}
