@@ -457,12 +457,12 @@ impl Cache {
 
     /// Queued calls that are due, oldest first; refused ones are never due again (T10).
     pub fn due_pending(&self, now: Ts) -> Result<Vec<Pending>> {
-        self.pending_where("next_at <= ?1 AND refused_at IS NULL", ms(now))
+        self.pending_where("next_at <= ?1 AND refused_at IS NULL", [ms(now)])
     }
 
     /// T10: refused calls the server has not been told of yet (`error` holds why).
     pub fn unreported_refusals(&self) -> Result<Vec<Pending>> {
-        self.pending_where("refused_at IS NOT NULL AND reported_at IS NULL AND ?1", 1)
+        self.pending_where("refused_at IS NOT NULL AND reported_at IS NULL", [])
     }
 
     /// T10: why the server refused the queued call for `target`, if it did.
@@ -483,13 +483,13 @@ impl Cache {
         self.write(|tx| tx.execute("UPDATE pending SET reported_at = ?2 WHERE id = ?1", params![id, ms(now)]).map(drop))
     }
 
-    fn pending_where(&self, filter: &str, arg: i64) -> Result<Vec<Pending>> {
+    fn pending_where(&self, filter: &str, args: impl rusqlite::Params) -> Result<Vec<Pending>> {
         let sql = format!(
             "SELECT id, action, target, body, unknown_tries, last_error FROM pending WHERE {filter} ORDER BY id"
         );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.wrap(e))?;
         let rows = stmt
-            .query_map([arg], |r| {
+            .query_map(args, |r| {
                 let (action, body): (String, String) = (r.get(1)?, r.get(3)?);
                 let action = QueuedCall::parse(&action).ok_or_else(|| {
                     let e = format!("unknown queued call {action:?}");
