@@ -69,6 +69,74 @@ fn t10_a_refused_queued_call_exits_non_zero_is_kept_and_is_reported() {
     assert!(stderr(&again).contains("already recorded"), "{}", stderr(&again));
 }
 
+#[test]
+fn t10_refusal_reports_are_recorded_once_and_cannot_flood_the_events() {
+    let s = Server::start();
+    let laptop = s.token("laptop");
+    let report = |target: &str| json!({"action": "ack", "target": target, "reason": "403: not yours"});
+    assert_eq!(call(&s, "POST", "/api/v1/refusals", &laptop, report("mail--00000001")).0, 200);
+    assert_eq!(call(&s, "POST", "/api/v1/refusals", &laptop, report("mail--00000001")).0, 200, "a repeat is fine");
+    assert_eq!(s.metric("pcmail_pending_refused_total{action=\"ack\"}"), Some(1.0), "but counted once");
+    for i in 2..=60 {
+        assert_eq!(call(&s, "POST", "/api/v1/refusals", &laptop, report(&format!("mail--{i:08x}"))).0, 200);
+    }
+    let (status, answer) = call(&s, "POST", "/api/v1/refusals", &laptop, report("mail--ffffffff"));
+    assert_eq!(status, 429, "the 61st report of the hour waits: {answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("kept on the PC") && m.contains("T10")), "{answer}");
+    assert_eq!(s.metric("pcmail_pending_refused_total{action=\"ack\"}"), Some(60.0), "one record per distinct refusal");
+}
+
+#[test]
+fn t19_a_roster_cannot_drop_or_delete_machines_that_specs_still_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(examples().join("roster.yaml"), dir.path().join("roster.yaml")).expect("roster");
+    std::fs::write(
+        dir.path().join("pool.yaml"),
+        "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: builds}\nspec:\n  workers: 0\n  queues: [builds]\n  externalWorkers: [laptop]\n",
+    )
+    .expect("pool");
+    let s = Server::start_with(Some(dir.path().to_path_buf()));
+    let roster = std::fs::read_to_string(examples().join("roster.yaml")).expect("roster");
+    let name = roster.lines().find_map(|l| l.trim().strip_prefix("name: ")).expect("roster name").to_string();
+    let laptop_at = roster.find("label: laptop").expect("the example roster has laptop");
+    // The example roster lists machines as `- number: N` blocks: drop laptop's block.
+    let start = roster[..laptop_at].rfind("- ").expect("block start");
+    let end = roster[laptop_at..].find("- number:").map_or(roster.len(), |e| laptop_at + e);
+    let without = format!("{}{}", &roster[..start], &roster[end..]);
+    assert!(!without.contains("label: laptop"), "{without}");
+    let file = dir.path().join("without.yaml");
+    std::fs::write(&file, &without).expect("write");
+    let out = s.admin(&["apply", "-f", file.to_str().expect("utf-8")]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.contains("no machine \"laptop\", which workerpool/builds names in externalWorkers (T19)"), "{err}");
+    let out = s.admin(&["delete", "roster", &name]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(stderr(&out).contains("workerpool/builds names its machine \"laptop\""), "{}", stderr(&out));
+    assert_eq!(code(&s.admin(&["get", "roster", &name])), 0, "the roster is still there");
+    ok(s.admin(&["delete", "workerpool", "builds"]));
+    ok(s.admin(&["delete", "roster", &name]));
+}
+
+#[test]
+fn t16_a_taken_id_answers_the_same_whoever_holds_it() {
+    let s = Server::start();
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let send = |token: &str, id: &str, body: &str| {
+        call(&s, "POST", "/api/v1/mail", token, json!({"id": id, "to": "builder", "subject": "s", "body": body}))
+    };
+    assert_eq!(send(&desk, "mail--0000aaaa", "desk's").0, 201);
+    assert_eq!(send(&laptop, "mail--0000bbbb", "laptop's").0, 201);
+    // laptop tries desk's id and its own with another body: one answer, naming no holder.
+    let theirs = send(&laptop, "mail--0000aaaa", "other");
+    let mine = send(&laptop, "mail--0000bbbb", "other");
+    assert_eq!(theirs.0, 409);
+    let strip = |v: &Value| v["error"]["message"].as_str().map(|m| m.replace("0000aaaa", "ID").replace("0000bbbb", "ID"));
+    assert_eq!(strip(&theirs.1), strip(&mine.1), "{} vs {}", theirs.1, mine.1);
+    assert_eq!(theirs.1["error"]["code"], mine.1["error"]["code"]);
+    assert!(!theirs.1.to_string().contains("desk"), "the holder is not named: {}", theirs.1);
+}
+
 /// The office roster with a pool per way of keying jobs: `q` keeps each machine's unique keys
 /// its own, `shared` shares them (T12); and a ledger whose `ci` source the builder may push.
 fn setup() -> (Server, tempfile::TempDir) {

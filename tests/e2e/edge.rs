@@ -270,16 +270,64 @@ fn raw(s: &Server, request: &[u8]) -> (String, String) {
 }
 
 #[test]
-fn t19_http11_without_host_is_400_naming_the_header() {
+fn t19_http11_without_exactly_one_host_is_400_naming_the_header() {
     let s = Server::start_with(None);
     for path in ["/healthz", "/api/v1/whoami", "/ui/login"] {
         let (status, body) = raw(&s, format!("GET {path} HTTP/1.1\r\nConnection: close\r\n\r\n").as_bytes());
         assert!(status.starts_with("HTTP/1.1 400"), "{path}: {status}");
         assert!(body.contains("Host header"), "{path}: the 400 names the header: {body}");
     }
+    for (headers, named) in [("Host:\r\n", "empty"), ("Host: a\r\nHost: b\r\n", "more than one Host")] {
+        let (status, body) =
+            raw(&s, format!("GET /api/v1/whoami HTTP/1.1\r\n{headers}Connection: close\r\n\r\n").as_bytes());
+        assert!(status.starts_with("HTTP/1.1 400"), "{headers:?}: {status}");
+        assert!(body.contains(named), "{headers:?}: {body}");
+    }
     let (status, _) = raw(&s, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     assert!(status.starts_with("HTTP/1.1 200"), "with Host: {status}");
     // HTTP/1.0 has no Host rule.
     let (status, _) = raw(&s, b"GET /healthz HTTP/1.0\r\n\r\n");
     assert!(status.contains(" 200"), "HTTP/1.0 without Host: {status}");
+}
+
+#[test]
+fn t15_one_machines_long_polls_cannot_hold_every_slot() {
+    let s = Server::start_logged_opts(Some(examples()), &["--max-connections", "32"]);
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let head = format!("GET /api/v1/poll?wait=60s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {laptop}\r\n\r\n");
+    let mut polls: Vec<TcpStream> = (0..40)
+        .map(|_| {
+            let mut sock = TcpStream::connect(&addr).expect("connect");
+            sock.write_all(head.as_bytes()).expect("poll head");
+            sock.set_read_timeout(Some(Duration::from_millis(20))).expect("timeout");
+            // One after the other, as PCs come: a head not yet read is the first to be evicted.
+            std::thread::sleep(Duration::from_millis(50));
+            sock
+        })
+        .collect();
+    // Each wait past laptop's 16th ends its oldest at once, with what there is (nothing).
+    let mut answers = vec![String::new(); polls.len()];
+    let started = Instant::now();
+    let ended = |answers: &[String]| answers.iter().filter(|a| a.contains("\r\n\r\n")).count();
+    while ended(&answers) < 40 - 16 && started.elapsed() < Duration::from_secs(10) {
+        for (p, answer) in polls.iter_mut().zip(answers.iter_mut()) {
+            let mut b = [0u8; 4096];
+            if let Ok(n) = p.read(&mut b) {
+                answer.push_str(&String::from_utf8_lossy(&b[..n]));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (p, answer) in polls.iter_mut().zip(answers.iter_mut()) {
+        let mut b = [0u8; 4096];
+        if let Ok(n) = p.read(&mut b) {
+            answer.push_str(&String::from_utf8_lossy(&b[..n]));
+        }
+    }
+    let ended = ended(&answers);
+    assert!(answers.iter().filter(|a| !a.is_empty()).all(|a| a.starts_with("HTTP/1.1 200")), "{answers:?}");
+    assert_eq!(ended, 40 - 16, "all but MAX_WAITS_PER_CALLER polls answered early");
+    assert_eq!(s.metric("pcmail_waits_parked{kind=\"poll\"}"), Some(16.0), "laptop's newest 16 still wait");
+    send_through(&s, &desk, "40 long-polls of one machine");
 }

@@ -94,6 +94,43 @@ pub fn after_call(outcome: &CallOutcome, unknown_tries_before: u32, now: Ts) -> 
     }
 }
 
+/// T10 on the server: a refused call a PC reports is recorded (an event and a count) once.
+/// A PC reports each call once; the same call again, or more than `REFUSALS_PER_HOUR` of one
+/// machine, is a PC gone wrong or a machine flooding the event log, and is not recorded again.
+/// Pure state: the caller passes the time and keeps the value (one entry per machine).
+#[derive(Debug, Default, Clone)]
+pub struct RefusalReports {
+    machines: std::collections::HashMap<String, std::collections::VecDeque<(Ts, QueuedCall, String)>>,
+}
+
+pub const REFUSALS_PER_HOUR: usize = 60;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Record,
+    /// Already recorded within the hour: answered ok, not recorded twice.
+    Repeat,
+    /// Over the hourly budget: refused with 429; the PC keeps it and tries later.
+    TooMany,
+}
+
+impl RefusalReports {
+    pub fn report(&mut self, machine: &str, call: QueuedCall, target: &str, now: Ts) -> Report {
+        let recent = self.machines.entry(machine.to_string()).or_default();
+        while recent.front().is_some_and(|(t, _, _)| (now - *t).num_seconds() >= 3600) {
+            recent.pop_front();
+        }
+        if recent.iter().any(|(_, c, t)| *c == call && t == target) {
+            return Report::Repeat;
+        }
+        if recent.len() >= REFUSALS_PER_HOUR {
+            return Report::TooMany;
+        }
+        recent.push_back((now, call, target.to_string()));
+        Report::Record
+    }
+}
+
 /// The installed task's last result as the OS reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskResult {
@@ -158,6 +195,23 @@ pub fn merge_polled(local: Option<&Mail>, polled: Mail) -> Option<Mail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t10_a_refused_call_is_recorded_once_and_a_machine_at_most_sixty_an_hour() {
+        use crate::mail::fixtures::at;
+        let mut r = RefusalReports::default();
+        assert_eq!(r.report("desk", QueuedCall::Intent, "telegram:1:2", at(0)), Report::Record);
+        assert_eq!(r.report("desk", QueuedCall::Intent, "telegram:1:2", at(5)), Report::Repeat);
+        assert_eq!(r.report("desk", QueuedCall::Seen, "telegram:1:2", at(5)), Report::Record, "another action");
+        assert_eq!(r.report("laptop", QueuedCall::Intent, "telegram:1:2", at(5)), Report::Record, "another machine");
+        for i in 2..REFUSALS_PER_HOUR {
+            assert_eq!(r.report("desk", QueuedCall::Ack, &format!("mail--{i:08x}"), at(10)), Report::Record);
+        }
+        assert_eq!(r.report("desk", QueuedCall::Ack, "mail--ffffffff", at(10)), Report::TooMany);
+        assert_eq!(r.report("laptop", QueuedCall::Ack, "mail--ffffffff", at(10)), Report::Record);
+        assert_eq!(r.report("desk", QueuedCall::Ack, "mail--ffffffff", at(3600)), Report::Record, "the first aged out");
+        assert_eq!(r.report("desk", QueuedCall::Intent, "telegram:1:2", at(3605)), Report::Record, "recorded again after an hour");
+    }
     use crate::mail::MailState;
     use crate::mail::fixtures::{at, mail};
 

@@ -25,6 +25,12 @@ pub enum Phase {
     Idle { since: u64 },
 }
 
+/// T15: one caller's long waits (polls and status waits) parked at once. A newer wait ends
+/// the caller's oldest early — it answers what is there now, which a client repeats — so one
+/// machine's waits cannot hold every connection slot, and the wait a restarted client opens
+/// is never the one turned away.
+pub const MAX_WAITS_PER_CALLER: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     pub header_ms: u64,

@@ -68,17 +68,21 @@ impl SignInThrottle {
         self.clients.remove(client);
     }
 
+    /// Full: forgets the addresses quiet for an hour, then the quietest tenth in one pass, so
+    /// a flood of new addresses costs one sort per thousand of them, not a scan per failure.
     fn forget_quiet(&mut self, now: Ts) {
         if self.clients.len() < MAX_CLIENTS {
             return;
         }
         self.clients.retain(|_, c| c.last.is_some_and(|t| (now - t).num_seconds() < FORGET_AFTER_SECS));
-        while self.clients.len() >= MAX_CLIENTS {
-            let quietest = self.clients.iter().min_by_key(|(_, c)| c.last).map(|(k, _)| k.clone());
-            match quietest {
-                Some(k) => self.clients.remove(&k),
-                None => break,
-            };
+        if self.clients.len() >= MAX_CLIENTS {
+            let mut by_last: Vec<(Option<Ts>, String)> =
+                self.clients.iter().map(|(k, c)| (c.last, k.clone())).collect();
+            let cut = MAX_CLIENTS / 10;
+            by_last.select_nth_unstable(cut);
+            for (_, k) in &by_last[..cut] {
+                self.clients.remove(k);
+            }
         }
     }
 }
@@ -118,5 +122,21 @@ mod tests {
         }
         assert!(t.attempt("a", at(30)).is_err());
         assert_eq!(t.attempt("a", at(30 + 3600)), Ok(()));
+    }
+
+    #[test]
+    fn t18_a_flood_of_addresses_forgets_the_quietest_tenth_in_one_pass() {
+        let mut t = SignInThrottle::default();
+        for _ in 0..FREE_FAILURES + PER_MINUTE as u32 {
+            t.failed("guesser", at(1));
+        }
+        for i in 0..MAX_CLIENTS - 1 {
+            t.failed(&format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255), at(2 + i as i64 / 100));
+        }
+        assert_eq!(t.clients.len(), MAX_CLIENTS);
+        t.failed("newcomer", at(200));
+        assert_eq!(t.clients.len(), MAX_CLIENTS - MAX_CLIENTS / 10 + 1, "a tenth forgotten in one pass");
+        assert!(!t.clients.contains_key("guesser"), "the quietest go first");
+        assert!(t.clients.contains_key("10.0.39.14") && t.clients.contains_key("newcomer"), "the most recent stay");
     }
 }

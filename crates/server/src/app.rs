@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use pcmail_core::Ts;
 use pcmail_core::duration::Dur;
 use pcmail_core::manifest::spec::RateLimit;
 use pcmail_store::AnyStore;
@@ -32,6 +33,8 @@ struct Inner {
     admin_token: AdminToken,
     /// T9/T18: failed authentication per client address, every surface.
     auth_failures: AuthFailures,
+    /// T10: the refused calls PCs reported within the hour, per machine.
+    refusals: Mutex<pcmail_core::agent::RefusalReports>,
     /// What the applied specs mean right now; swapped whole on every spec change.
     runtime: RwLock<Arc<Runtime>>,
     /// E2: long-polls and status waits, woken per machine and per mail.
@@ -89,6 +92,7 @@ impl App {
                 identity,
                 admin_token,
                 auth_failures: AuthFailures::default(),
+                refusals: Mutex::default(),
                 runtime: RwLock::new(Arc::new(Runtime::default())),
                 wakeups: Arc::default(),
                 specs_changed: watch::channel(0).0,
@@ -126,6 +130,11 @@ impl App {
 
     pub fn auth_failures(&self) -> &AuthFailures {
         &self.inner.auth_failures
+    }
+
+    /// T10: whether a PC's report of a refused call is recorded (see `RefusalReports`).
+    pub fn refusal_report(&self, machine: &str, call: pcmail_core::agent::QueuedCall, target: &str, now: Ts) -> pcmail_core::agent::Report {
+        self.inner.refusals.lock().unwrap_or_else(PoisonError::into_inner).report(machine, call, target, now)
     }
 
     pub fn runtime(&self) -> Arc<Runtime> {

@@ -377,15 +377,27 @@ async fn answer(
     Ok(response.map(|inner| Sent::new(inner, conn)))
 }
 
-/// What the edge answers without routing: 400 to HTTP/1.1 without `Host` (T19; RFC 9112
-/// requires it, and a request without one is a scanner or a broken client), 503 to an overflow
-/// connection's anything but `/healthz`.
+/// What the edge answers without routing: 400 to HTTP/1.1 without exactly one non-empty
+/// `Host` (T19; RFC 9112 section 3.2 requires one, and a request without it, or with two that
+/// proxies may read differently, is a scanner, a smuggler or a broken client), 503 to an
+/// overflow connection's anything but `/healthz`.
 fn refusal(req: &Request<Incoming>, overflow: bool) -> Option<Response<Body>> {
-    if req.version() == Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
-        let refused = crate::error::ServiceError::bad_request(
-            "the request has no Host header, which HTTP/1.1 requires (RFC 9112 section 3.2); send Host: with the server's address",
-        );
-        return Some(refused.into_response());
+    if req.version() == Version::HTTP_11 {
+        let hosts: Vec<_> = req.headers().get_all(header::HOST).iter().collect();
+        let problem = match hosts.as_slice() {
+            [] => Some("the request has no Host header"),
+            [one] if one.is_empty() || one.as_bytes().iter().any(u8::is_ascii_whitespace) => {
+                Some("the request's Host header is empty or not one address")
+            }
+            [_] => None,
+            _ => Some("the request has more than one Host header"),
+        };
+        if let Some(problem) = problem {
+            let refused = crate::error::ServiceError::bad_request(format!(
+                "{problem}, but HTTP/1.1 requires exactly one (RFC 9112 section 3.2); send Host: with the server's address"
+            ));
+            return Some(refused.into_response());
+        }
     }
     (overflow && req.uri().path() != "/healthz").then(busy)
 }

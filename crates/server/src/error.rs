@@ -19,6 +19,8 @@ pub enum Failure {
     /// Well-formed but refused for what it says (T2, T3, T5, T6), naming the field.
     Unprocessable,
     Unavailable,
+    /// 429: over a budget of the caller's; the same call later goes through.
+    TooMany,
     Internal,
     InvalidManifest,
     RecipientUnresolved,
@@ -80,6 +82,9 @@ impl ServiceError {
     }
     pub fn unavailable(m: impl Into<String>) -> Self {
         Self::new(Failure::Unavailable, m)
+    }
+    pub fn too_many(m: impl Into<String>) -> Self {
+        Self::new(Failure::TooMany, m)
     }
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(Failure::Internal, m)

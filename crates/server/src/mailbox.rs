@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pcmail_core::Ts;
+use pcmail_core::agent::{REFUSALS_PER_HOUR, Report};
 use pcmail_core::alert::{arrival_notice, poller_alert};
 use pcmail_core::api::{Event, PollResponse, PollerReport, RefusedCall, SendRequest, SendResponse};
 use pcmail_core::ids;
@@ -236,6 +237,15 @@ pub async fn refused(app: &App, caller: &Caller, call: RefusedCall, now: Ts) -> 
     let machine = caller
         .machine()
         .ok_or_else(|| ServiceError::bad_request("only a machine reports its refused calls (use --as MACHINE)"))?;
+    match app.refusal_report(machine, call.action, &call.target, now) {
+        Report::Record => {}
+        Report::Repeat => return Ok(()),
+        Report::TooMany => {
+            return Err(ServiceError::too_many(format!(
+                "{machine} reported more than {REFUSALS_PER_HOUR} refused calls within the hour; this one is kept on the PC and reported later (T10)"
+            )));
+        }
+    }
     let event = Event {
         at: now,
         object: format!("machine/{machine}"),
@@ -360,7 +370,9 @@ pub async fn poll(
     let mut arrivals = app.wakeups().subscribe(Topic::Inbox(machine.to_string()));
     let mut shutdown = app.watch_shutdown();
     let mut first = true;
+    let mut ended = false;
     let recheck = app.recheck_every();
+    let hold = (wait > Duration::ZERO).then(|| app.wakeups().hold(machine));
     loop {
         // T18: a token reissued or revoked while this poll waited delivers nothing.
         if !first && !crate::auth::still_valid(app, caller).await? {
@@ -370,7 +382,7 @@ pub async fn poll(
         }
         let response = poll_once(app, machine, cursor, limit, first, crate::clock::now()).await?;
         first = false;
-        if !response.mail.is_empty() || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+        if !response.mail.is_empty() || ended || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(response);
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
@@ -380,21 +392,30 @@ pub async fn poll(
             _ = tokio::time::sleep_until(next_look) => {}
             _ = shutdown.changed() => {}
             _ = arrivals.changed() => {}
+            _ = async { if let Some(h) = &hold { h.ended().await } else { std::future::pending().await } } => ended = true,
         }
     }
 }
 
 /// M12: waits until the mail reaches `target` (or any terminal state), or `wait` passes.
-pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Duration) -> Result<Mail, ServiceError> {
+pub async fn wait_for(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    target: Option<MailState>,
+    wait: Duration,
+) -> Result<Mail, ServiceError> {
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before each look: a move between the look and the wait wakes it.
     let mut changes = app.wakeups().subscribe(Topic::Mail(id.to_string()));
     let mut shutdown = app.watch_shutdown();
+    let hold = app.wakeups().hold(caller.machine().unwrap_or("admin"));
+    let mut ended = false;
     loop {
         let mail =
             app.store().get_mail(id).await?.ok_or_else(|| ServiceError::not_found(format!("mail {id} not found")))?;
         let reached = target.is_none_or(|t| mail.state.rank() >= t.rank() || mail.state.is_terminal());
-        if reached || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
+        if reached || ended || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);
         }
         let _parked = app.metrics().parked(Wait::Status);
@@ -402,6 +423,7 @@ pub async fn wait_for(app: &App, id: &str, target: Option<MailState>, wait: Dura
             _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + app.recheck_every())) => {}
             _ = changes.changed() => {}
             _ = shutdown.changed() => {}
+            _ = hold.ended() => ended = true,
         }
     }
 }

@@ -4,7 +4,8 @@
 use pcmail_core::Ts;
 use pcmail_core::api::{ApplyResult, Event, ManifestFile};
 use pcmail_core::manifest::{
-    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, validate_documents,
+    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, still_named,
+    validate_documents,
 };
 use pcmail_store::{SpecWrites, Store};
 
@@ -80,6 +81,18 @@ pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), Se
     let existing = app.store().list_specs().await?;
     if !existing.iter().any(|r| r.kind == kind && r.name == name) {
         return Err(ServiceError::not_found(format!("{}/{name} not found", kind.lower())));
+    }
+    if kind == Kind::Roster {
+        let named = still_named(&existing, &[]);
+        if let Some((object, field, machine)) = named.first() {
+            return Err(ServiceError::conflict(format!(
+                "roster/{name} cannot be deleted: {object} names its machine {machine:?} in {field} (T19){}; change or delete those first",
+                match named.len() {
+                    1 => String::new(),
+                    n => format!(", and {} more name one", n - 1),
+                }
+            )));
+        }
     }
     let event = Event {
         at: now,

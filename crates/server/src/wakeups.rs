@@ -2,11 +2,14 @@
 //! own machine: a commit wakes those waiters and nobody else, so 500 parked waits cost a send
 //! nothing. Each key has a generation counter (a `watch` channel): a waiter subscribes before
 //! it looks at the store, so a change between its look and its wait is never missed.
+//! T15: each caller holds at most `MAX_WAITS_PER_CALLER` waits; a newer one ends its oldest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::watch;
+use pcmail_core::conns::MAX_WAITS_PER_CALLER;
+use tokio::sync::{Notify, watch};
 
 /// What a waiter waits for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -20,6 +23,36 @@ pub enum Topic {
 #[derive(Default)]
 pub struct Wakeups {
     topics: Mutex<HashMap<Topic, watch::Sender<u64>>>,
+    /// T15: each caller's parked waits, oldest first, with the bell that ends one early.
+    holds: Mutex<HashMap<String, VecDeque<(u64, Arc<Notify>)>>>,
+    next_hold: AtomicU64,
+}
+
+/// A caller's place among its parked waits; `ended` fires when a newer wait of the same
+/// caller took it (the wait then answers what is there now).
+pub struct Hold {
+    wakeups: Arc<Wakeups>,
+    caller: String,
+    id: u64,
+    bell: Arc<Notify>,
+}
+
+impl Hold {
+    pub async fn ended(&self) {
+        self.bell.notified().await;
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut holds = self.wakeups.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(waits) = holds.get_mut(&self.caller) {
+            waits.retain(|(id, _)| *id != self.id);
+            if waits.is_empty() {
+                holds.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// A waiter's hold on its topic; the topic is forgotten when its last waiter goes.
@@ -34,6 +67,22 @@ impl Wakeups {
         let mut topics = self.topics.lock().unwrap_or_else(PoisonError::into_inner);
         let rx = topics.entry(topic.clone()).or_insert_with(|| watch::channel(0).0).subscribe();
         Subscription { wakeups: self.clone(), topic, rx: Some(rx) }
+    }
+
+    /// T15: a place for one more parked wait of `caller`, ending its oldest past the cap.
+    pub fn hold(self: &Arc<Self>, caller: &str) -> Hold {
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        let bell = Arc::new(Notify::new());
+        let mut holds = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        let waits = holds.entry(caller.to_string()).or_default();
+        waits.push_back((id, bell.clone()));
+        while waits.len() > MAX_WAITS_PER_CALLER {
+            if let Some((_, oldest)) = waits.pop_front() {
+                // A stored permit: the wait ends even if it is between two looks.
+                oldest.notify_one();
+            }
+        }
+        Hold { wakeups: self.clone(), caller: caller.to_string(), id, bell }
     }
 
     /// Wakes the waiters of `topic`, if it has any.

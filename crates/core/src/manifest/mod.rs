@@ -18,7 +18,7 @@ use crate::Ts;
 pub use parse::{Document, ManifestError, parse_file};
 pub use plan::{ApplyOutcome, ApplyStep, line_diff, plan_apply};
 use spec::*;
-pub use validate::{Problem, check_object, validate_documents};
+pub use validate::{Problem, check_object, still_named, validate_documents};
 
 pub const API_VERSION: &str = "pcmail/v1";
 

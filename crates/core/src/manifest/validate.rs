@@ -67,27 +67,34 @@ pub fn validate_documents(docs: &[Document], existing: &[SpecRecord]) -> Vec<Man
     errors
 }
 
+/// The machines an object names by label (`recorders`, `externalWorkers`, `pushers`), with
+/// the field that names them; empty for kinds that name none.
+fn labels_named(spec: &Spec) -> (&'static str, Vec<&String>) {
+    match spec {
+        Spec::IntentPolicy(p) => ("recorders", p.recorders.iter().collect()),
+        Spec::WorkerPool(w) => ("externalWorkers", w.external_workers.iter().collect()),
+        Spec::Ledger(l) => ("pushers", l.pushers.iter().map(|p| &p.machine).collect()),
+        _ => ("", Vec::new()),
+    }
+}
+
 /// T19: the machines a policy, pool or ledger names (`recorders`, `externalWorkers`,
 /// `pushers`) are Roster labels — the Roster applied with them, or the one stored — since the
-/// rules that use them compare labels.
+/// rules that use them compare labels. A Roster applied on its own is checked the other way
+/// round: it may not drop (or rename) a machine a stored object still names.
 fn machines_named(docs: &[Document], existing: &[SpecRecord]) -> Vec<ManifestError> {
     let incoming = docs.iter().find_map(|d| match &d.spec {
-        Spec::Roster(r) => Some(r.clone()),
+        Spec::Roster(r) => Some((d, r.clone())),
         _ => None,
     });
     let stored = || {
         let record = existing.iter().find(|r| r.kind == Kind::Roster)?;
         serde_json::from_value::<RosterSpec>(record.spec.clone()).ok()
     };
-    let roster = incoming.or_else(stored);
+    let roster = incoming.as_ref().map(|(_, r)| r.clone()).or_else(stored);
     let mut errors = Vec::new();
     for doc in docs {
-        let (field, named): (&str, Vec<&String>) = match &doc.spec {
-            Spec::IntentPolicy(p) => ("recorders", p.recorders.iter().collect()),
-            Spec::WorkerPool(w) => ("externalWorkers", w.external_workers.iter().collect()),
-            Spec::Ledger(l) => ("pushers", l.pushers.iter().map(|p| &p.machine).collect()),
-            _ => continue,
-        };
+        let (field, named) = labels_named(&doc.spec);
         // A name that is no valid name is already refused by T6.
         for name in named.into_iter().filter(|n| text::is_name(n)) {
             let problem = match &roster {
@@ -101,7 +108,37 @@ fn machines_named(docs: &[Document], existing: &[SpecRecord]) -> Vec<ManifestErr
             errors.push(doc.error_in(field, name, 0, problem));
         }
     }
+    if let Some((doc, roster)) = incoming {
+        let labels: Vec<&str> = roster.machines.iter().map(|m| m.label.as_str()).collect();
+        let replaced = |r: &SpecRecord| docs.iter().any(|d| d.kind() == r.kind && d.name == r.name);
+        for (object, field, name) in still_named(existing.iter().filter(|r| !replaced(r)), &labels) {
+            errors.push(doc.error_at(
+                "machines:",
+                0,
+                format!(
+                    "this Roster has no machine {name:?}, which {object} names in {field} (T19); change {object} first or with it"
+                ),
+            ));
+        }
+    }
     errors
+}
+
+/// T19 for a Roster's change or deletion: the `(object, field, label)` of every machine the
+/// stored `objects` name that `labels` (the Roster after the change; empty once deleted) lacks.
+pub fn still_named<'a>(
+    objects: impl IntoIterator<Item = &'a SpecRecord>,
+    labels: &[&str],
+) -> Vec<(String, &'static str, String)> {
+    let mut missing = Vec::new();
+    for record in objects {
+        let Ok(spec) = Spec::from_json(record.kind, record.spec.clone()) else { continue };
+        let (field, named) = labels_named(&spec);
+        for name in named.into_iter().filter(|n| !labels.contains(&n.as_str())) {
+            missing.push((format!("{}/{}", record.kind.lower(), record.name), field, name.clone()));
+        }
+    }
+    missing
 }
 
 /// One rule an object breaks, and where its document shows it: the `nth` (from 0) whole-word
@@ -505,7 +542,45 @@ mod tests {
             updated_at: chrono::DateTime::UNIX_EPOCH,
         };
         let policy = parse_file("p.yaml", &doc("IntentPolicy", "  recorders: [desk]\n")).expect("policy");
-        assert!(validate_documents(&policy, &[stored]).is_empty());
+        assert!(validate_documents(&policy, std::slice::from_ref(&stored)).is_empty());
+    }
+
+    #[test]
+    fn t19_a_roster_cannot_drop_a_machine_a_stored_object_names() {
+        let stored = |kind: Kind, spec: serde_json::Value| SpecRecord {
+            kind,
+            name: "x".into(),
+            labels: BTreeMap::new(),
+            generation: 1,
+            spec,
+            status: super::super::Status::default(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+        };
+        let policy = stored(Kind::IntentPolicy, serde_json::json!({"recorders": ["desk"]}));
+        let pool = stored(Kind::WorkerPool, serde_json::json!({"workers": 0, "queues": ["q"], "externalWorkers": ["laptop"]}));
+        let without_desk = parse_file(
+            "r.yaml",
+            "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: laptop\n  machines:\n  - {number: 2, label: laptop}\n",
+        )
+        .expect("roster");
+        let errors = validate_documents(&without_desk, &[policy.clone(), pool.clone()]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].message.contains("no machine \"desk\", which intentpolicy/x names in recorders (T19)"), "{}", errors[0]);
+        assert_eq!(errors[0].line, 6, "placed at machines:");
+        // Changing the policy in the same apply is the way through.
+        let mut both = without_desk.clone();
+        both.extend(parse_file("p.yaml", &doc("IntentPolicy", "  recorders: [laptop]\n")).expect("policy"));
+        assert!(validate_documents(&both, &[policy.clone(), pool.clone()]).is_empty());
+        // Deleting the Roster: every label named is missing.
+        let missing = still_named([&policy, &pool], &[]);
+        assert_eq!(
+            missing,
+            vec![
+                ("intentpolicy/x".to_string(), "recorders", "desk".to_string()),
+                ("workerpool/x".to_string(), "externalWorkers", "laptop".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@ fn status_and_code(failure: Failure) -> (StatusCode, ErrorCode) {
         Failure::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge),
         Failure::Unprocessable => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::BadRequest),
         Failure::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable),
+        // No code of its own: clients of every version already take `unavailable` as "later".
+        Failure::TooMany => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::Unavailable),
         Failure::Internal => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
         Failure::InvalidManifest => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidManifest),
         Failure::RecipientUnresolved => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::RecipientUnresolved),

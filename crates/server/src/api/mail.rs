@@ -142,7 +142,7 @@ pub async fn status(
     let mail = match q.wait_for {
         Some(target) => {
             let wait = wait("timeout", q.timeout)?.unwrap_or(MAX_WAIT);
-            mailbox::wait_for(&app, &id, Some(target), wait).await?
+            mailbox::wait_for(&app, &caller, &id, Some(target), wait).await?
         }
         None => mail,
     };
