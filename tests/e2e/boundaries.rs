@@ -465,6 +465,36 @@ fn v1_version_names_client_and_server_and_every_request_carries_a_user_agent() {
 }
 
 #[test]
+fn v3_a_verb_whose_route_the_server_lacks_says_the_server_is_older() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    // The real server's answer to routes it does not have: everything under a prefix it does
+    // not serve is what an older server answers to a route added since.
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("PCMAIL_SERVER", format!("{}/older", s.url))
+            .env("PCMAIL_TOKEN", &desk)
+            .env("PCMAIL_HOME", s.dir.path().join("older-home"))
+            .output()
+            .expect("run pcmail-ctl")
+    };
+    for verb in [&["search", "invoice"][..], &["jobs", "list"], &["inbox"]] {
+        let out = run(verb);
+        assert_ne!(code(&out), 0, "{verb:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("the server (before 0.2, API level 1) is older than this verb needs") && err.contains("upgrade the server"),
+            "{verb:?}: {err}"
+        );
+        assert!(!err.contains("no such route"), "never a bare 404: {err}");
+    }
+    // A missing mail is still a missing mail.
+    let out = s.ctl(&desk, &["status", "mail--0000dead"]);
+    assert!(stderr(&out).contains("not found") && !stderr(&out).contains("older"), "{}", stderr(&out));
+}
+
+#[test]
 fn t15_job_pages_and_search_answers_are_bounded_in_bytes_and_nothing_is_lost() {
     let (s, _dir) = setup();
     let (admin, desk) = (s.admin_token(), s.token("desk"));

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pcmail_core::api::{ErrorBody, ErrorCode};
+use pcmail_core::api::{self, ErrorBody, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -144,7 +144,7 @@ impl Client {
 
     /// The server's version; None from a server older than the version route (V3).
     pub async fn server_version(&self) -> Result<Option<pcmail_core::api::VersionInfo>, ClientError> {
-        match self.get("/api/v1/version", &[]).await {
+        match self.exchange(self.http.get(format!("{}/api/v1/version", self.base))).await.map(|(v, _)| v) {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.status() == Some(404) => Ok(None),
             Err(e) => Err(e),
@@ -193,8 +193,23 @@ impl Client {
         Ok(self.send_reading(req).await?.0)
     }
 
-    /// [`Client::send`], with the answer's headers.
+    /// [`Client::send`], with the answer's headers. A route the server lacks is said as V3
+    /// says (the status stays, so a queued call still backs off as for an unknown action, A4).
     async fn send_reading<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(T, reqwest::header::HeaderMap), ClientError> {
+        match self.exchange(req).await {
+            Err(ClientError::Api { status, code, message, details }) if api::route_missing(status, &message) => {
+                let server = self.server_version().await.ok().flatten();
+                let message = api::server_too_old(server.as_ref(), env!("CARGO_PKG_VERSION"));
+                Err(ClientError::Api { status, code, message, details })
+            }
+            other => other,
+        }
+    }
+
+    async fn exchange<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
     ) -> Result<(T, reqwest::header::HeaderMap), ClientError> {

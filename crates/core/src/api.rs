@@ -206,6 +206,25 @@ pub struct VersionInfo {
     pub api_level: u32,
 }
 
+/// The start of what every server since the first answers to a route it does not have (a
+/// JSON 404); a client tells "no such route" from "no such mail" by it (V3).
+pub const NO_SUCH_ROUTE: &str = "no such route";
+
+/// V3: whether an error answer means the server lacks the route (an older server): its JSON
+/// 404 for unknown routes, or 405 for a method the route does not have yet.
+pub fn route_missing(status: u16, message: &str) -> bool {
+    status == 405 || (status == 404 && message.starts_with(NO_SUCH_ROUTE))
+}
+
+/// V3: the sentence a client says when the server is older than a verb needs. `server` is
+/// None when the server is older than the version route itself.
+pub fn server_too_old(server: Option<&VersionInfo>, client_version: &str) -> String {
+    let server = server.map_or_else(|| "before 0.2, API level 1".to_string(), |v| format!("{}, API level {}", v.version, v.api_level));
+    format!(
+        "the server ({server}) is older than this verb needs ({client_version}+, API level {API_LEVEL}); upgrade the server"
+    )
+}
+
 /// `POST /api/v1/refusals` (T10): a queued call the server refused for good, reported once by
 /// the PC that keeps it, so a refusal is never silent on the server's side either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -594,6 +613,20 @@ pub struct Kept {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v3_a_missing_route_is_told_from_a_missing_mail_and_named_with_both_versions() {
+        assert!(route_missing(404, "no such route; the API lives under /api/v1/"));
+        assert!(route_missing(405, ""));
+        assert!(!route_missing(404, "mail mail--0000aaaa not found"));
+        assert!(!route_missing(400, "no such route"));
+        let old = VersionInfo { version: "0.2.0".into(), api_level: 1 };
+        assert_eq!(
+            server_too_old(Some(&old), "0.3.0"),
+            format!("the server (0.2.0, API level 1) is older than this verb needs (0.3.0+, API level {API_LEVEL}); upgrade the server")
+        );
+        assert!(server_too_old(None, "0.3.0").starts_with("the server (before 0.2, API level 1) is older"));
+    }
 
     #[test]
     fn t14_a_search_text_is_at_most_256_characters_and_the_error_names_q() {
