@@ -45,6 +45,8 @@ pub enum Within {
 pub enum Output {
     #[default]
     Table,
+    /// A table with more columns where a verb has them (`get roster -o wide`: last poll, client)
+    Wide,
     Yaml,
     Json,
 }

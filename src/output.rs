@@ -8,7 +8,7 @@ use crate::args::Output;
 /// Prints `value` as YAML or JSON; returns false for `table`, which the caller prints itself.
 pub fn structured<T: Serialize>(output: Output, value: &T) -> anyhow::Result<bool> {
     match output {
-        Output::Table => Ok(false),
+        Output::Table | Output::Wide => Ok(false),
         Output::Json => {
             println!("{}", serde_json::to_string_pretty(value)?);
             Ok(true)

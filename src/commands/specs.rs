@@ -74,8 +74,34 @@ pub async fn get(client: &Client, kind_name: &str, name: Option<&str>, out: Outp
         } else {
             print_table(&objects);
         }
+        if matches!(out, Output::Wide) && k == Kind::Roster {
+            print_machines(client, &objects).await?;
+        }
     }
     Ok(0)
+}
+
+/// V1: the Roster's machines with their last poll and client version.
+async fn print_machines(client: &Client, rosters: &[Value]) -> anyhow::Result<()> {
+    let seen: Vec<pcmail_core::api::MachineSeen> = client.get("/api/v1/machines", &[]).await?;
+    let rows: Vec<Vec<String>> = rosters
+        .iter()
+        .flat_map(|r| r["spec"]["machines"].as_array().cloned().unwrap_or_default())
+        .map(|m| {
+            let label = m["label"].as_str().unwrap_or_default().to_string();
+            let polled = seen.iter().find(|s| s.name == label);
+            vec![
+                m["number"].to_string(),
+                label.clone(),
+                m["hostname"].as_str().unwrap_or("").to_string(),
+                polled.map_or_else(|| "never".into(), |s| s.last_poll_at.format("%Y-%m-%d %H:%M:%S").to_string()),
+                polled.map(|s| s.client.clone()).filter(|c| !c.is_empty()).unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    println!();
+    output::table(&["NUMBER", "MACHINE", "HOSTNAME", "LAST POLL", "CLIENT"], &rows);
+    Ok(())
 }
 
 fn print_table(objects: &[Value]) {

@@ -82,7 +82,10 @@ fn t10_refusal_reports_are_recorded_once_and_cannot_flood_the_events() {
     }
     let (status, answer) = call(&s, "POST", "/api/v1/refusals", &laptop, report("mail--ffffffff"));
     assert_eq!(status, 429, "the 61st report of the hour waits: {answer}");
-    assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("kept on the PC") && m.contains("T10")), "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().is_some_and(|m| m.contains("kept on the PC") && m.contains("T10")),
+        "{answer}"
+    );
     assert_eq!(s.metric("pcmail_pending_refused_total{action=\"ack\"}"), Some(60.0), "one record per distinct refusal");
 }
 
@@ -131,7 +134,8 @@ fn t16_a_taken_id_answers_the_same_whoever_holds_it() {
     let theirs = send(&laptop, "mail--0000aaaa", "other");
     let mine = send(&laptop, "mail--0000bbbb", "other");
     assert_eq!(theirs.0, 409);
-    let strip = |v: &Value| v["error"]["message"].as_str().map(|m| m.replace("0000aaaa", "ID").replace("0000bbbb", "ID"));
+    let strip =
+        |v: &Value| v["error"]["message"].as_str().map(|m| m.replace("0000aaaa", "ID").replace("0000bbbb", "ID"));
     assert_eq!(strip(&theirs.1), strip(&mine.1), "{} vs {}", theirs.1, mine.1);
     assert_eq!(theirs.1["error"]["code"], mine.1["error"]["code"]);
     assert!(!theirs.1.to_string().contains("desk"), "the holder is not named: {}", theirs.1);
@@ -465,6 +469,41 @@ fn v1_version_names_client_and_server_and_every_request_carries_a_user_agent() {
 }
 
 #[test]
+fn v1_the_server_keeps_each_machines_client_version_for_the_roster_and_metrics() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    let ours = env!("CARGO_PKG_VERSION");
+    ok(s.ctl(&desk, &["poll"]));
+    let wide = ok(s.admin(&["get", "roster", "-o", "wide"]));
+    let line = |label: &str| wide.lines().find(|l| l.split_whitespace().nth(1) == Some(label)).map(str::to_string);
+    let desk_line = line("desk").unwrap_or_else(|| panic!("desk in {wide}"));
+    assert!(desk_line.trim_end().ends_with(ours), "{wide}");
+    assert!(line("laptop").is_some_and(|l| l.contains("never") && l.trim_end().ends_with('-')), "{wide}");
+    let series = format!("pcmail_client_info{{machine=\"desk\",version=\"{ours}\"}}");
+    assert_eq!(s.metric(&series), Some(1.0));
+    let console =
+        reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let login = console.post(format!("{}/ui/login", s.url)).form(&[("token", s.admin_token())]).send().expect("login");
+    let cookie = login.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("cookie").to_string();
+    let cookie = cookie.split(';').next().expect("pair").to_string();
+    let overview = console.get(format!("{}/ui/overview", s.url)).header("cookie", &cookie).send().expect("overview");
+    let page = overview.text().expect("page");
+    assert!(page.contains(&format!("<span data-client=\"desk\">{ours}</span>")), "the console shows it: {page}");
+    // A client that does not say (one older than V1) is kept as such, and its old series goes.
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let status = rt.block_on(async {
+        let r = reqwest::Client::builder().user_agent("curl/8").build().expect("client");
+        r.get(format!("{}/api/v1/poll", s.url)).bearer_auth(&desk).send().await.expect("poll").status().as_u16()
+    });
+    assert_eq!(status, 200);
+    let (_, machines) = call(&s, "GET", "/api/v1/machines", &desk, json!(null));
+    let desk_seen = machines.as_array().and_then(|a| a.iter().find(|m| m["name"] == "desk")).cloned();
+    assert_eq!(desk_seen.map(|m| m["client"].clone()), Some(json!("")), "{machines}");
+    assert_eq!(s.metric(&series), None, "the old version's series is gone");
+    assert_eq!(s.metric("pcmail_client_info{machine=\"desk\",version=\"\"}"), Some(1.0));
+}
+
+#[test]
 fn v3_a_verb_whose_route_the_server_lacks_says_the_server_is_older() {
     let s = Server::start();
     let desk = s.token("desk");
@@ -484,7 +523,8 @@ fn v3_a_verb_whose_route_the_server_lacks_says_the_server_is_older() {
         assert_ne!(code(&out), 0, "{verb:?}");
         let err = stderr(&out);
         assert!(
-            err.contains("the server (before 0.2, API level 1) is older than this verb needs") && err.contains("upgrade the server"),
+            err.contains("the server (before 0.2, API level 1) is older than this verb needs")
+                && err.contains("upgrade the server"),
             "{verb:?}: {err}"
         );
         assert!(!err.contains("no such route"), "never a bare 404: {err}");

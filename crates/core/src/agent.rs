@@ -210,7 +210,11 @@ mod tests {
         assert_eq!(r.report("desk", QueuedCall::Ack, "mail--ffffffff", at(10)), Report::TooMany);
         assert_eq!(r.report("laptop", QueuedCall::Ack, "mail--ffffffff", at(10)), Report::Record);
         assert_eq!(r.report("desk", QueuedCall::Ack, "mail--ffffffff", at(3600)), Report::Record, "the first aged out");
-        assert_eq!(r.report("desk", QueuedCall::Intent, "telegram:1:2", at(3605)), Report::Record, "recorded again after an hour");
+        assert_eq!(
+            r.report("desk", QueuedCall::Intent, "telegram:1:2", at(3605)),
+            Report::Record,
+            "recorded again after an hour"
+        );
     }
     use crate::mail::MailState;
     use crate::mail::fixtures::{at, mail};

@@ -206,6 +206,24 @@ pub struct VersionInfo {
     pub api_level: u32,
 }
 
+/// V1: the version in a client's `User-Agent: pcmail-ctl/VERSION (OS)`, when it is one of
+/// ours and a plausible version (kept per machine, so bounded and plain).
+pub fn client_version(user_agent: &str) -> Option<String> {
+    let version = user_agent.strip_prefix("pcmail-ctl/")?.split_whitespace().next()?;
+    let plain = version.chars().all(|c| c.is_ascii_alphanumeric() || ".+-".contains(c));
+    (plain && (1..=32).contains(&version.len())).then(|| version.to_string())
+}
+
+/// `GET /api/v1/machines` (V1): a machine as its polls show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSeen {
+    pub name: String,
+    pub last_poll_at: crate::Ts,
+    /// The client version of its last poll; empty when it did not say.
+    pub client: String,
+}
+
 /// The start of what every server since the first answers to a route it does not have (a
 /// JSON 404); a client tells "no such route" from "no such mail" by it (V3).
 pub const NO_SUCH_ROUTE: &str = "no such route";
@@ -219,7 +237,8 @@ pub fn route_missing(status: u16, message: &str) -> bool {
 /// V3: the sentence a client says when the server is older than a verb needs. `server` is
 /// None when the server is older than the version route itself.
 pub fn server_too_old(server: Option<&VersionInfo>, client_version: &str) -> String {
-    let server = server.map_or_else(|| "before 0.2, API level 1".to_string(), |v| format!("{}, API level {}", v.version, v.api_level));
+    let server = server
+        .map_or_else(|| "before 0.2, API level 1".to_string(), |v| format!("{}, API level {}", v.version, v.api_level));
     format!(
         "the server ({server}) is older than this verb needs ({client_version}+, API level {API_LEVEL}); upgrade the server"
     )
@@ -615,6 +634,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn v1_a_client_version_is_read_from_our_user_agent_only() {
+        assert_eq!(client_version("pcmail-ctl/0.2.0 (linux)").as_deref(), Some("0.2.0"));
+        assert_eq!(client_version("pcmail-ctl/0.3.0-rc.1+abc").as_deref(), Some("0.3.0-rc.1+abc"));
+        assert_eq!(client_version("curl/8.0"), None);
+        assert_eq!(client_version("pcmail-ctl/<script> (x)"), None);
+        assert_eq!(client_version(&format!("pcmail-ctl/{}", "9".repeat(33))), None);
+        assert_eq!(client_version("pcmail-ctl/"), None);
+    }
+
+    #[test]
     fn v3_a_missing_route_is_told_from_a_missing_mail_and_named_with_both_versions() {
         assert!(route_missing(404, "no such route; the API lives under /api/v1/"));
         assert!(route_missing(405, ""));
@@ -623,7 +652,9 @@ mod tests {
         let old = VersionInfo { version: "0.2.0".into(), api_level: 1 };
         assert_eq!(
             server_too_old(Some(&old), "0.3.0"),
-            format!("the server (0.2.0, API level 1) is older than this verb needs (0.3.0+, API level {API_LEVEL}); upgrade the server")
+            format!(
+                "the server (0.2.0, API level 1) is older than this verb needs (0.3.0+, API level {API_LEVEL}); upgrade the server"
+            )
         );
         assert!(server_too_old(None, "0.3.0").starts_with("the server (before 0.2, API level 1) is older"));
     }

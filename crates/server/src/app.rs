@@ -133,7 +133,13 @@ impl App {
     }
 
     /// T10: whether a PC's report of a refused call is recorded (see `RefusalReports`).
-    pub fn refusal_report(&self, machine: &str, call: pcmail_core::agent::QueuedCall, target: &str, now: Ts) -> pcmail_core::agent::Report {
+    pub fn refusal_report(
+        &self,
+        machine: &str,
+        call: pcmail_core::agent::QueuedCall,
+        target: &str,
+        now: Ts,
+    ) -> pcmail_core::agent::Report {
         self.inner.refusals.lock().unwrap_or_else(PoisonError::into_inner).report(machine, call, target, now)
     }
 

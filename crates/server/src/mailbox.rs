@@ -14,7 +14,7 @@ use pcmail_core::mail::{
     deliver_or_expire, plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
-use pcmail_store::{MailSelect, MailWrites, Store};
+use pcmail_store::{Heartbeat, MailSelect, MailWrites, Store};
 
 use crate::app::App;
 use crate::auth::Caller;
@@ -314,14 +314,15 @@ async fn poll_once(
     machine: &str,
     cursor: i64,
     limit: usize,
-    heartbeat: bool,
+    heartbeat: Option<&str>,
     now: Ts,
 ) -> Result<PollResponse, ServiceError> {
     let who = machine.to_string();
+    let heartbeat = heartbeat.map(|client| Heartbeat { machine: who.clone(), at: now, client: client.to_string() });
     let select = MailSelect::After { to: who.clone(), cursor, limit };
     // Most wake-ups of a long-poll find nothing new: answer those from a reader, without
     // queueing behind the single writer.
-    if !heartbeat {
+    if heartbeat.is_none() {
         let rows = within_page_bytes(app.store().select_mail(select.clone()).await?);
         if rows.iter().all(|m| m.state != MailState::New) {
             let cursor = rows.last().map_or(cursor, |m| m.seq);
@@ -332,7 +333,7 @@ async fn poll_once(
     let (response, moves) = app
         .store()
         .mail_transaction(select, move |rows| {
-            let mut writes = MailWrites { heartbeat: heartbeat.then(|| (who.clone(), now)), ..Default::default() };
+            let mut writes = MailWrites { heartbeat, ..Default::default() };
             let mut moves = Moves::default();
             let rows = within_page_bytes(rows);
             let mut out = Vec::with_capacity(rows.len());
@@ -361,6 +362,7 @@ pub async fn poll(
     (cursor, client_store): (i64, Option<&str>),
     limit: usize,
     wait: Duration,
+    client: &str,
 ) -> Result<PollResponse, ServiceError> {
     let machine = caller.require_machine()?;
     let last_seq = if cursor > 0 { app.store().mail_last_seq().await? } else { 0 };
@@ -380,7 +382,11 @@ pub async fn poll(
                 "token not recognized; it was reissued or revoked while this poll waited",
             ));
         }
-        let response = poll_once(app, machine, cursor, limit, first, crate::clock::now()).await?;
+        let heartbeat = first.then_some(client);
+        if first {
+            app.metrics().client_seen(machine, client);
+        }
+        let response = poll_once(app, machine, cursor, limit, heartbeat, crate::clock::now()).await?;
         first = false;
         if !response.mail.is_empty() || ended || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(response);

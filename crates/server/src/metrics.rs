@@ -46,6 +46,9 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     pub tls_expiry: IntGauge,
     waits_parked: IntGaugeVec,
+    /// V1: 1 for each machine's client version as its last poll to this replica said.
+    client_info: IntGaugeVec,
+    client_versions: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// E1/T15: connections the server closed, by why (`pcmail_core::conns::Closed`).
     pub connections_closed: IntCounterVec,
 }
@@ -181,6 +184,12 @@ impl Metrics {
                 "pcmail_tls_cert_expiry_timestamp_seconds",
                 "When the served TLS certificate expires, as a Unix time; 0 without --tls-cert (T17)."
             )?),
+            client_info: reg!(gauge(
+                "pcmail_client_info",
+                "1 for the pcmail-ctl version each machine last polled with (V1); \"\" for a client that did not say.",
+                &["machine", "version"]
+            )?),
+            client_versions: Default::default(),
             connections_closed: reg!(counter(
                 "pcmail_connections_closed_total",
                 "Connections the server closed: a head, body or answer too slow, idle too long, or evicted when full.",
@@ -226,6 +235,19 @@ impl Metrics {
 
     pub fn ledger_ran(&self, function: &str, outcome: RunOutcome) {
         self.ledger_runs.with_label_values(&[function, outcome.as_str()]).inc();
+    }
+
+    /// V1: `machine` polls with `version` now; the series of its earlier version goes.
+    pub fn client_seen(&self, machine: &str, version: &str) {
+        let mut last = self.client_versions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last.insert(machine.to_string(), version.to_string()) {
+            Some(old) if old == version => return,
+            Some(old) => {
+                let _ = self.client_info.remove_label_values(&[machine, &old]);
+            }
+            None => {}
+        }
+        self.client_info.with_label_values(&[machine, version]).set(1);
     }
 
     /// Counts a wait in `pcmail_waits_parked` for as long as the answer lives.

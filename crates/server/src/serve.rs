@@ -120,7 +120,9 @@ pub async fn serve(
 pub(crate) fn router(app: App) -> axum::Router {
     api::routes(app.clone())
         .merge(console::routes(std::sync::Arc::default()))
-        .fallback(|| async { ServiceError::not_found(format!("{}; the API lives under /api/v1/", pcmail_core::api::NO_SUCH_ROUTE)) })
+        .fallback(|| async {
+            ServiceError::not_found(format!("{}; the API lives under /api/v1/", pcmail_core::api::NO_SUCH_ROUTE))
+        })
         .with_state(app)
 }
 

@@ -4,8 +4,7 @@
 use pcmail_core::Ts;
 use pcmail_core::api::{ApplyResult, Event, ManifestFile};
 use pcmail_core::manifest::{
-    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, still_named,
-    validate_documents,
+    ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, still_named, validate_documents,
 };
 use pcmail_store::{SpecWrites, Store};
 

@@ -24,9 +24,12 @@ pub enum Topic {
 pub struct Wakeups {
     topics: Mutex<HashMap<Topic, watch::Sender<u64>>>,
     /// T15: each caller's parked waits, oldest first, with the bell that ends one early.
-    holds: Mutex<HashMap<String, VecDeque<(u64, Arc<Notify>)>>>,
+    holds: Mutex<HashMap<String, VecDeque<Place>>>,
     next_hold: AtomicU64,
 }
+
+/// One parked wait's number and the bell that ends it early.
+type Place = (u64, Arc<Notify>);
 
 /// A caller's place among its parked waits; `ended` fires when a newer wait of the same
 /// caller took it (the wait then answers what is there now).

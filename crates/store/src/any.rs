@@ -138,6 +138,10 @@ impl Store for AnyStore {
         forward!(self, s => s.last_polls().await)
     }
 
+    async fn machines_seen(&self) -> Result<Vec<crate::MachineSeen>> {
+        forward!(self, s => s.machines_seen().await)
+    }
+
     async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>
     where
         F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,

@@ -420,7 +420,7 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
     ("mail", MAIL_TABLE_COLUMNS),
     ("specs", &["kind", "name", "labels", "generation", "spec", "status", "created_at", "updated_at"]),
     ("events", &["id", "at", "object", "reason", "message", "actor"]),
-    ("machines", &["name", "last_poll_at"]),
+    ("machines", &["name", "last_poll_at", "client"]),
     (
         "alerts",
         &[

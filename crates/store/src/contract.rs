@@ -11,8 +11,8 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
 
 use crate::{
-    Claim, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites, Prune,
-    Search, SpecWrites, Store,
+    Claim, Heartbeat, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
+    MailWrites, Prune, Search, SpecWrites, Store,
 };
 use pcmail_core::ledger::{Incoming, RowState, merge_plan};
 
@@ -294,15 +294,19 @@ pub async fn u3_mail_is_listed_a_page_at_a_time_within_its_scope(store: &impl St
 }
 
 pub async fn heartbeat_keeps_the_latest_poll(store: &impl Store) {
-    for t in [10, 30, 20] {
+    for (t, client) in [(10, "0.1.0"), (30, "0.2.0"), (20, "")] {
         store
             .mail_transaction(MailSelect::Ids(vec![]), move |_| {
-                (MailWrites { heartbeat: Some(("pc2".into(), at(t))), ..Default::default() }, ())
+                let heartbeat = Heartbeat { machine: "pc2".into(), at: at(t), client: client.into() };
+                (MailWrites { heartbeat: Some(heartbeat), ..Default::default() }, ())
             })
             .await
             .expect("heartbeat");
     }
     assert_eq!(store.last_polls().await.expect("polls"), vec![("pc2".to_string(), at(30))]);
+    // V1: the client of the latest poll, not of the last one written.
+    let seen = MachineSeen { name: "pc2".into(), last_poll_at: at(30), client: "0.2.0".into() };
+    assert_eq!(store.machines_seen().await.expect("machines"), vec![seen]);
 }
 
 fn record(kind: Kind, name: &str, generation: u64) -> SpecRecord {
@@ -930,7 +934,7 @@ async fn fill_every_tab(store: &impl Store) {
                 insert: vec![mail(1, "pc2"), seen, mail(3, "pc2")],
                 events: vec![event],
                 alerts: vec![notice],
-                heartbeat: Some(("pc2".into(), at(4))),
+                heartbeat: Some(Heartbeat { machine: "pc2".into(), at: at(4), client: "0.2.0".into() }),
                 ..Default::default()
             };
             (writes, ())

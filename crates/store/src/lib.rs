@@ -128,7 +128,7 @@ pub struct MailWrites {
     pub update: Vec<Mail>,
     pub events: Vec<Event>,
     /// M11/A5: every poll is a heartbeat of the polling machine.
-    pub heartbeat: Option<(String, Ts)>,
+    pub heartbeat: Option<Heartbeat>,
     /// Alert rows upserted in the same transaction (M10's arrival notices are written with
     /// the mail they announce, so a crash cannot separate them).
     pub alerts: Vec<Alert>,
@@ -143,6 +143,17 @@ impl MailWrites {
             && self.alerts.is_empty()
     }
 }
+
+/// One poll of a machine: when, and with which client version (V1; empty when the client did
+/// not say, as clients before V1 do not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub machine: String,
+    pub at: Ts,
+    pub client: String,
+}
+
+pub use pcmail_core::api::MachineSeen;
 
 /// How many mails are in one (state, kind, channel), kept without scanning the mail tab.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,6 +474,8 @@ pub trait Store: Send + Sync + 'static {
     fn machine_for_token(&self, hash: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     /// Each machine's last poll (A5, M9 receiver-down).
     fn last_polls(&self) -> impl Future<Output = Result<Vec<(String, Ts)>>> + Send;
+    /// Each machine's last poll and client version (V1).
+    fn machines_seen(&self) -> impl Future<Output = Result<Vec<MachineSeen>>> + Send;
 
     /// Loads the selected rows of `project` with its next id number, hands them to `plan`, and
     /// applies the writes it returns in one transaction.

@@ -558,7 +558,8 @@ mod tests {
             updated_at: chrono::DateTime::UNIX_EPOCH,
         };
         let policy = stored(Kind::IntentPolicy, serde_json::json!({"recorders": ["desk"]}));
-        let pool = stored(Kind::WorkerPool, serde_json::json!({"workers": 0, "queues": ["q"], "externalWorkers": ["laptop"]}));
+        let pool =
+            stored(Kind::WorkerPool, serde_json::json!({"workers": 0, "queues": ["q"], "externalWorkers": ["laptop"]}));
         let without_desk = parse_file(
             "r.yaml",
             "apiVersion: pcmail/v1\nkind: Roster\nmetadata: {name: office}\nspec:\n  owner: laptop\n  machines:\n  - {number: 2, label: laptop}\n",
@@ -566,7 +567,11 @@ mod tests {
         .expect("roster");
         let errors = validate_documents(&without_desk, &[policy.clone(), pool.clone()]);
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].message.contains("no machine \"desk\", which intentpolicy/x names in recorders (T19)"), "{}", errors[0]);
+        assert!(
+            errors[0].message.contains("no machine \"desk\", which intentpolicy/x names in recorders (T19)"),
+            "{}",
+            errors[0]
+        );
         assert_eq!(errors[0].line, 6, "placed at machines:");
         // Changing the policy in the same apply is the way through.
         let mut both = without_desk.clone();

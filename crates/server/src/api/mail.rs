@@ -189,13 +189,20 @@ pub struct PollQuery {
 pub async fn poll(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
     q: Result<Query<PollQuery>, QueryRejection>,
 ) -> Result<Json<PollResponse>, ServiceError> {
     let q = query(q)?;
     caller.require_machine()?;
     let wait = wait("wait", q.wait)?.unwrap_or(Duration::ZERO);
     let limit = limit(q.limit, 100)?;
-    Ok(Json(mailbox::poll(&app, &caller, (q.cursor, q.store.as_deref()), limit, wait).await?))
+    // V1: the client's version, kept with the poll's heartbeat.
+    let client = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(pcmail_core::api::client_version)
+        .unwrap_or_default();
+    Ok(Json(mailbox::poll(&app, &caller, (q.cursor, q.store.as_deref()), limit, wait, &client).await?))
 }
 
 /// I1 on the server: stores an inbound message as an intent for the Roster owner; the same key

@@ -47,6 +47,7 @@ routes!(MANIFEST_ROUTES, manifest_routes:
 routes!(ROUTES, api_routes:
     "/api/v1/alerts" => get specs::alerts;
     "/api/v1/whoami" => get mail::whoami;
+    "/api/v1/machines" => get specs::machines;
     "/api/v1/specs" => get specs::list;
     "/api/v1/specs/{kind}/{name}" => get specs::get_one, delete specs::delete;
     "/api/v1/tokens" => post specs::issue_token;

@@ -98,6 +98,12 @@ pub struct AlertQuery {
     after: Option<String>,
 }
 
+/// V1: each machine's last poll and client version; any caller (labels and versions are no
+/// secret between the machines of one roster).
+pub async fn machines(State(app): State<App>) -> Result<Json<Vec<pcmail_core::api::MachineSeen>>, ServiceError> {
+    Ok(Json(app.store().machines_seen().await?))
+}
+
 /// The alerts tab, most recently changed first (admin); how many more match is the
 /// `x-pcmail-more` header.
 pub async fn alerts(

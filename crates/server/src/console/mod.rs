@@ -240,6 +240,7 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
             let firing = Listing { state: Some(AlertState::Firing.as_str().into()), ..Default::default() };
             store.alert_page(firing, 0).await.map_err(unavailable(&ctx))?.1
         },
+        machines: store.machines_seen().await.map_err(unavailable(&ctx))?,
     };
     // The window ends with the hour now is in, so the last point is this hour so far.
     let hour = chrono::TimeDelta::hours(1);

@@ -55,6 +55,8 @@ pub struct Totals {
     pub ledger: Vec<(String, String, u64)>,
     pub jobs: Vec<(String, String, u64)>,
     pub alerts_firing: u64,
+    /// V1: each machine's last poll and client version.
+    pub machines: Vec<pcmail_core::api::MachineSeen>,
 }
 
 /// The 95th percentile of each hour's delivery times (ms) from `since`, 0 for an hour without
@@ -105,6 +107,14 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
     let job_rows = JobState::ALL
         .iter()
         .map(|s| vec![html! { (s.as_str()) }, total(format!("jobs:{}", s.as_str()), sum(&totals.jobs, s.as_str()))]);
+    let machine_rows = totals.machines.iter().map(|m| {
+        let client = if m.client.is_empty() { "-" } else { m.client.as_str() };
+        vec![
+            html! { (m.name) },
+            html! { time datetime=(m.last_poll_at.to_rfc3339()) { (m.last_poll_at.format("%Y-%m-%d %H:%M:%S")) } },
+            html! { span data-client=(m.name) { (client) } },
+        ]
+    });
     let hours = (t(l, "24 h ago", "24時間前"), t(l, "now", "現在"));
     html! {
         div #totals data-live {
@@ -116,6 +126,10 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
                 section { h2 { a href="/ui/mail" { (t(l, "Mail", "メール")) } } (table(&[t(l, "State", "状態"), ""], mail_rows)) }
                 section { h2 { a href="/ui/ledger" { (t(l, "Ledger", "台帳")) } } (table(&[t(l, "State", "状態"), ""], ledger_rows)) }
                 section { h2 { a href="/ui/jobs" { (t(l, "Jobs", "ジョブ")) } } (table(&[t(l, "State", "状態"), ""], job_rows)) }
+                section {
+                    h2 { (t(l, "Machines", "マシン")) }
+                    (table(&[t(l, "Machine", "マシン"), t(l, "Last poll", "最終ポーリング"), t(l, "Client", "クライアント")], machine_rows))
+                }
             }
         }
         div #charts data-live {

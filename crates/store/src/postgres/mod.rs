@@ -29,8 +29,8 @@ use crate::codec::{
 };
 use crate::transfer;
 use crate::{
-    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
-    MailWrites, Prune, Result, SpecWrites, Store, StoreError,
+    Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery,
+    MailSelect, MailWrites, Prune, Result, SpecWrites, Store, StoreError,
 };
 use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 
@@ -159,11 +159,13 @@ async fn apply_mail_writes(c: &mut Conn, w: &MailWrites) -> Result<()> {
     }
     insert_events(c, &w.events).await?;
     upsert_alerts(c, &w.alerts).await?;
-    if let Some((machine, at)) = &w.heartbeat {
+    if let Some(h) = &w.heartbeat {
+        // The client of the latest poll wins, as its time does.
         c.execute(
-            "INSERT INTO machines (name, last_poll_at) VALUES ($1, $2) \
-             ON CONFLICT (name) DO UPDATE SET last_poll_at = GREATEST(machines.last_poll_at, excluded.last_poll_at)",
-            &[machine, &ms(*at)],
+            "INSERT INTO machines (name, last_poll_at, client) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET last_poll_at = GREATEST(machines.last_poll_at, excluded.last_poll_at), \
+             client = CASE WHEN excluded.last_poll_at >= machines.last_poll_at THEN excluded.client ELSE machines.client END",
+            &[&h.machine, &ms(h.at), &h.client],
         )
         .await?;
     }
@@ -427,6 +429,20 @@ impl Store for PgStore {
     async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
         let rows = self.conn().await?.query("SELECT name, last_poll_at FROM machines ORDER BY name", &[]).await?;
         rows.iter().map(|r| Ok((codec::Columns::text(r, 0)?, codec::Columns::ts(r, 1)?))).collect()
+    }
+
+    async fn machines_seen(&self) -> Result<Vec<MachineSeen>> {
+        let rows =
+            self.conn().await?.query("SELECT name, last_poll_at, client FROM machines ORDER BY name", &[]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MachineSeen {
+                    name: codec::Columns::text(r, 0)?,
+                    last_poll_at: codec::Columns::ts(r, 1)?,
+                    client: codec::Columns::text(r, 2)?,
+                })
+            })
+            .collect()
     }
 
     async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>

@@ -236,6 +236,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     DROP INDEX jobs_unique;
     CREATE INDEX jobs_unique_key ON jobs(unique_key) WHERE unique_key IS NOT NULL;
     "#,
+    // 8: V1, as SQLite's migration 10: each machine's last client version.
+    r#"
+    ALTER TABLE machines ADD COLUMN client TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {

@@ -41,8 +41,8 @@ use super::wire::{
 use crate::cells::Batch;
 use crate::codec::{self, ALERT_COLUMNS, JOB_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, json};
 use crate::{
-    Change, Claim, JobQuery, JobSelect, LEDGER_VIEW_KEY, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery,
-    MailSelect, MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
+    Change, Claim, JobQuery, JobSelect, LEDGER_VIEW_KEY, LedgerSelect, LedgerState, LedgerWrites, MachineSeen,
+    MailCount, MailQuery, MailSelect, MailWrites, Prune, Result, SpecWrites, SqliteStore, Store, StoreError,
 };
 
 /// The tabs every spreadsheet has besides a ledger tab per project.
@@ -873,6 +873,10 @@ impl Store for SheetsStore {
 
     async fn last_polls(&self) -> Result<Vec<(String, Ts)>> {
         self.inner.local.last_polls().await
+    }
+
+    async fn machines_seen(&self) -> Result<Vec<MachineSeen>> {
+        self.inner.local.machines_seen().await
     }
 
     async fn ledger_transaction<R, F>(&self, project: &str, select: LedgerSelect, plan: F) -> Result<R>

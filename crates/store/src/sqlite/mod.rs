@@ -23,8 +23,8 @@ use crate::codec::{
 };
 use crate::transfer;
 use crate::{
-    Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect, MailWrites,
-    Prune, Result, SpecWrites, Store, StoreError,
+    Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
+    MailWrites, Prune, Result, SpecWrites, Store, StoreError,
 };
 use pcmail_core::jobs::Job;
 use pcmail_core::lease::Lease;
@@ -255,13 +255,15 @@ fn apply_mail_writes(conn: &Connection, w: &MailWrites) -> Result<()> {
     }
     insert_events(conn, &w.events)?;
     upsert_alerts(conn, &w.alerts)?;
-    if let Some((machine, at)) = &w.heartbeat {
+    if let Some(h) = &w.heartbeat {
+        // The client of the latest poll wins, as its time does.
         conn.prepare_cached(
-            "INSERT INTO machines (name, last_poll_at) VALUES (?1, ?2) \
-             ON CONFLICT(name) DO UPDATE SET last_poll_at = MAX(last_poll_at, excluded.last_poll_at)",
+            "INSERT INTO machines (name, last_poll_at, client) VALUES (?1, ?2, ?3) \
+             ON CONFLICT(name) DO UPDATE SET last_poll_at = MAX(last_poll_at, excluded.last_poll_at), \
+             client = CASE WHEN excluded.last_poll_at >= last_poll_at THEN excluded.client ELSE client END",
         )
         .map_err(map_err)?
-        .execute(params![machine, ms(*at)])
+        .execute(params![h.machine, ms(h.at), h.client])
         .map_err(map_err)?;
     }
     Ok(())
@@ -604,6 +606,21 @@ impl Store for SqliteStore {
             let mut stmt =
                 conn.prepare_cached("SELECT name, last_poll_at FROM machines ORDER BY name").map_err(map_err)?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_ms(r.get(1)?)))).map_err(map_err)?;
+            rows.map(|r| r.map_err(map_err)).collect()
+        })
+        .await
+    }
+
+    async fn machines_seen(&self) -> Result<Vec<MachineSeen>> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT name, last_poll_at, client FROM machines ORDER BY name")
+                .map_err(map_err)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(MachineSeen { name: r.get(0)?, last_poll_at: from_ms(r.get(1)?), client: r.get(2)? })
+                })
+                .map_err(map_err)?;
             rows.map(|r| r.map_err(map_err)).collect()
         })
         .await

@@ -240,6 +240,10 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX jobs_unique;
     CREATE INDEX jobs_unique_key ON jobs(unique_key) WHERE unique_key IS NOT NULL;
     "#,
+    // 10: V1 — each machine's last client version, from its polls' User-Agent.
+    r#"
+    ALTER TABLE machines ADD COLUMN client TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
