@@ -9,6 +9,7 @@ mod botapi;
 mod boundaries;
 mod console;
 mod deploy;
+mod disk;
 mod edge;
 mod endurance;
 mod faults;
