@@ -444,6 +444,11 @@ impl PgScratch {
         PgScratch { url: format!("{base}/{name}"), name }
     }
 
+    /// Drops the database now, under whoever is connected to it (the store going away).
+    pub fn drop_now(&self) {
+        pg_admin(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+    }
+
     /// Runs `sql` in this database and answers the rows' first columns as text.
     pub fn query(&self, sql: &str) -> Vec<Vec<String>> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");

@@ -21,6 +21,7 @@ mod load;
 mod mail;
 mod mcp;
 mod monitoring;
+mod noise;
 mod operations;
 mod pcside;
 mod process;
