@@ -118,6 +118,7 @@ fn m9_m10_undelivered_fires_once_resolves_once_across_sigkill_and_prometheus_see
     });
     let alerts = json(s.admin(&["alerts", "-o", "json"]));
     assert_eq!(alerts["alerts"][0]["notified"], "firing", "the row records what was posted");
+    assert!(alerts["alerts"][0]["summary"].as_str().is_some_and(|t| t.contains(&id)), "E18: it lists {id}: {alerts}");
 
     s.kill9();
     s.restart();
