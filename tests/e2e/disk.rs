@@ -62,7 +62,8 @@ fn e15_a_full_disk_is_a_readiness_reason_a_metric_and_a_log_line_and_serve_start
     let (ready, why) = get(&format!("{}/readyz", s.url));
     assert_eq!(ready, 503, "{why}");
     assert!(why.contains("disk is full (E15)"), "readiness names the disk: {why}");
-    assert!(no_space(&s) >= 301.0, "every refused write counted: {}", no_space(&s));
+    let counted = no_space(&s);
+    assert!(counted >= 301.0, "every refused write counted: {counted}");
     assert_eq!(s.metric("pcmail_store_unwritable"), Some(1.0));
     let said: Vec<String> = s.log().lines().skip(log_before).map(String::from).collect();
     assert!(said.len() <= 10, "301 refused sends, {} log lines:\n{}", said.len(), said.join("\n"));
@@ -84,7 +85,7 @@ fn e15_a_full_disk_is_a_readiness_reason_a_metric_and_a_log_line_and_serve_start
         Some(get(&format!("{}/readyz", s.url))).filter(|(status, _)| *status == 503)
     });
     assert!(why.contains("disk is full"), "{ready} {why}");
-    eprintln!("E15: {} refused writes counted, {} log lines for 301 refused sends", no_space(&s), said.len());
+    eprintln!("E15: {counted} refused writes counted, {} log line(s) for 301 refused sends", said.len());
 
     // Space returns: readiness clears by itself and sends are taken again.
     std::fs::remove_file(filler).expect("free the disk");

@@ -11,6 +11,17 @@ pub const PAUSE_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 /// How often a trouble that lasts is said again in the log.
 pub const REMIND_EVERY: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 
+/// E15: how long after the last write refused for space a write must succeed to say the room
+/// is back. A small write can fit in space the store already holds (SQLite reuses its log)
+/// while a larger one is refused: without this, readiness would flap between the two.
+pub const ROOM_BACK_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// E15: whether a write that succeeded `since_refused` after the last refusal for space says
+/// the refusal is over.
+pub fn room_is_back(since_refused: std::time::Duration) -> bool {
+    since_refused >= ROOM_BACK_AFTER
+}
+
 /// E18: since when this server has been up without a break, as its own ticks saw it. A tick
 /// that comes more than [`PAUSE_AFTER`] after the last one (or before it: the clock stepped
 /// back) starts the uptime again.
@@ -144,6 +155,12 @@ mod tests {
         assert_eq!(said.observe(Some("read-only".into()), at(62)), Some(Say::Began("read-only".into())));
         assert_eq!(said.observe(None, at(63)), Some(Say::Ended("read-only".into())));
         assert_eq!(said.observe(None, at(64)), None);
+    }
+
+    #[test]
+    fn e15_a_write_right_after_a_refusal_for_space_does_not_say_the_room_is_back() {
+        assert!(!room_is_back(std::time::Duration::from_secs(1)));
+        assert!(room_is_back(ROOM_BACK_AFTER));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! E15: what the store's writes have met, kept in memory so it answers while the store does
 //! not. Every write failure is counted by [`WriteReason`]; a write refused for want of space
-//! marks the store *refusing* until a write succeeds again; an unreachable store (a database
+//! marks the store *refusing* until a write succeeds again (a while after the last refusal); an unreachable store (a database
 //! down, a connection lost) is *unreachable* until any call succeeds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
 
 use crate::StoreError;
 
@@ -47,8 +48,9 @@ impl WriteReason {
 #[derive(Debug, Default)]
 pub struct WriteHealth {
     failed: [AtomicU64; 3],
-    /// The last refusal for space, until a write succeeds.
-    refusing: Mutex<Option<String>>,
+    /// The last refusal for space and when it came, until a write succeeds
+    /// [`pcmail_core::health::ROOM_BACK_AFTER`] later.
+    refusing: Mutex<Option<(String, Instant)>>,
     /// The last failure to reach the store, until any call succeeds.
     unreachable: Mutex<Option<String>>,
 }
@@ -56,10 +58,20 @@ pub struct WriteHealth {
 impl WriteHealth {
     /// Records how a call ended; `write` says whether it was one that writes.
     pub fn observe<T>(&self, result: &Result<T, StoreError>, write: bool) {
+        self.observe_at(result, write, Instant::now());
+    }
+
+    fn observe_at<T>(&self, result: &Result<T, StoreError>, write: bool, now: Instant) {
         match result {
             Ok(_) => {
                 if write {
-                    set(&self.refusing, None);
+                    let mut refusing = self.refusing.lock().unwrap_or_else(PoisonError::into_inner);
+                    let back = refusing
+                        .as_ref()
+                        .is_some_and(|(_, at)| pcmail_core::health::room_is_back(now.saturating_duration_since(*at)));
+                    if back {
+                        *refusing = None;
+                    }
                 }
                 set(&self.unreachable, None);
             }
@@ -69,7 +81,9 @@ impl WriteHealth {
                     self.failed[reason.index()].fetch_add(1, Ordering::Relaxed);
                 }
                 match e {
-                    StoreError::NoSpace(why) => set(&self.refusing, Some(why.clone())),
+                    StoreError::NoSpace(why) => {
+                        *self.refusing.lock().unwrap_or_else(PoisonError::into_inner) = Some((why.clone(), now));
+                    }
                     StoreError::Unavailable(why) => set(&self.unreachable, Some(why.clone())),
                     _ => {}
                 }
@@ -84,7 +98,7 @@ impl WriteHealth {
 
     /// Why the store refuses writes for want of space right now, if it does.
     pub fn refusing(&self) -> Option<String> {
-        self.refusing.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.refusing.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(why, _)| why.clone())
     }
 
     /// Why the store could not be reached at its last call, if it could not.
@@ -114,17 +128,21 @@ mod tests {
     #[test]
     fn e15_a_refusal_for_space_lasts_until_a_write_succeeds_and_is_counted_by_reason() {
         let h = WriteHealth::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
         let full: Result<(), _> = Err(StoreError::NoSpace("database or disk is full".into()));
-        h.observe(&full, true);
-        h.observe(&full, true);
+        h.observe_at(&full, true, at(0));
+        h.observe_at(&full, true, at(1));
         assert_eq!(h.failed(WriteReason::NoSpace), 2);
         assert!(h.refusing().is_some_and(|m| m.contains("full")));
-        h.observe(&Ok(()), false);
+        h.observe_at(&Ok(()), false, at(10));
         assert!(h.refusing().is_some(), "a read that succeeds says nothing about space");
-        h.observe(&Err::<(), _>(StoreError::Unavailable("connection refused".into())), true);
+        h.observe_at(&Ok(()), true, at(2));
+        assert!(h.refusing().is_some(), "a small write just after a refusal may fit where a send did not");
+        h.observe_at(&Err::<(), _>(StoreError::Unavailable("connection refused".into())), true, at(3));
         assert_eq!((h.failed(WriteReason::Unavailable), h.failed(WriteReason::Other)), (1, 0));
         assert!(h.unreachable().is_some());
-        h.observe(&Ok(()), true);
+        h.observe_at(&Ok(()), true, at(6));
         assert_eq!((h.refusing(), h.unreachable()), (None, None));
     }
 
