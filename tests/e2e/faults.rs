@@ -115,10 +115,10 @@ impl Drop for KillOnDrop {
 }
 
 /// A small tmpfs of its own under the data dir, unmounted when the test ends.
-struct SmallDisk(PathBuf);
+pub struct SmallDisk(pub PathBuf);
 
 impl SmallDisk {
-    fn mount(at: &Path, size: &str) -> SmallDisk {
+    pub fn mount(at: &Path, size: &str) -> SmallDisk {
         std::fs::create_dir_all(at).expect("mount point");
         let status = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -129,7 +129,7 @@ impl SmallDisk {
         SmallDisk(at.to_path_buf())
     }
 
-    fn remount(&self, options: &str) {
+    pub fn remount(&self, options: &str) {
         let status = std::process::Command::new("mount")
             .args(["-o", &format!("remount,{options}")])
             .arg(&self.0)

@@ -123,7 +123,14 @@ impl Server {
     }
 
     pub fn start_logged_opts(apply: Option<PathBuf>, extra: &[&str]) -> Server {
+        Server::start_logged_on(apply, extra, |_| {})
+    }
+
+    /// As [`Server::start_logged_opts`], with `prepare` run on the data dir's path before serve
+    /// first starts (a small disk mounted there).
+    pub fn start_logged_on(apply: Option<PathBuf>, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
+        prepare(&dir.path().join("data"));
         std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
         let mut s = Server {
             dir,
@@ -435,6 +442,11 @@ impl PgScratch {
         let admin = pg_admin_url();
         let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
         PgScratch { url: format!("{base}/{name}"), name }
+    }
+
+    /// Drops the database now, under whoever is connected to it (the store going away).
+    pub fn drop_now(&self) {
+        pg_admin(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
     }
 
     /// Runs `sql` in this database and answers the rows' first columns as text.

@@ -40,14 +40,17 @@ fn c1_one_leader_takes_over_within_two_lease_durations_and_notifications_are_nev
     let leader = sole_leader(&servers);
     let (desk, builder) = (servers[0].token("desk"), servers[1].token("builder"));
 
-    // Mail taken by either replica; the leader's sweep raises every undelivered alert once.
+    // Mail taken by either replica; the leader's sweep raises builder's undelivered alert (one
+    // for all four, E18) once.
     let ids: Vec<String> = (0..4)
         .map(|n| {
             ok(servers[n % 2].ctl(&desk, &["send", "--to", "builder", "--subject", &format!("m{n}"), "--body", "b"]))
         })
         .collect();
-    eventually(20, "every firing notification", || {
-        ids.iter().all(|id| undelivered(&receiver, id) == ["firing"]).then_some(())
+    eventually(20, "the firing notification listing every mail", || {
+        let alerts = ok(servers[0].admin(&["alerts", "--state", "firing", "-o", "json"]));
+        (undelivered(&receiver, "builder") == ["firing"] && ids.iter().all(|id| alerts.contains(id.as_str())))
+            .then_some(())
     });
 
     // SIGKILL the leader: the other takes over once the lease runs out.
@@ -61,8 +64,8 @@ fn c1_one_leader_takes_over_within_two_lease_durations_and_notifications_are_nev
 
     // The new leader resolves what the old one fired, each state posted exactly once.
     ok(servers[survivor].ctl(&builder, &["poll"]));
-    eventually(20, "every resolved notification", || {
-        ids.iter().all(|id| undelivered(&receiver, id) == ["firing", "resolved"]).then_some(())
+    eventually(20, "the resolved notification", || {
+        (undelivered(&receiver, "builder") == ["firing", "resolved"]).then_some(())
     });
 
     // The killed replica comes back as a follower; a SIGTERMed leader hands over at once.
@@ -77,9 +80,7 @@ fn c1_one_leader_takes_over_within_two_lease_durations_and_notifications_are_nev
     eprintln!("C1: handover after SIGTERM in {handover:?}");
 
     servers[leader].await_passes("notify", 2);
-    for id in &ids {
-        assert_eq!(undelivered(&receiver, id), ["firing", "resolved"], "{id}: each state posted exactly once");
-    }
+    assert_eq!(undelivered(&receiver, "builder"), ["firing", "resolved"], "each state posted exactly once");
 }
 
 #[test]

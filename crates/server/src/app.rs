@@ -8,6 +8,7 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use pcmail_core::Ts;
 use pcmail_core::duration::Dur;
+use pcmail_core::health::{Leading, Said, Say, Uptime};
 use pcmail_core::manifest::spec::RateLimit;
 use pcmail_store::AnyStore;
 use tokio::sync::watch;
@@ -61,6 +62,12 @@ struct Inner {
     /// Other processes write to the store (PostgreSQL): follow their announcements.
     shared_store: bool,
     leading_until: Mutex<Option<tokio::time::Instant>>,
+    /// E18: the leadership last said in the log.
+    said_leading: Mutex<bool>,
+    /// E18: since when this server has been up without a break, by its own ticks.
+    uptime: Mutex<Uptime>,
+    /// E15: the store trouble last said in the log.
+    said_store: Mutex<Said<String>>,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -111,6 +118,9 @@ impl App {
                 shared_store,
                 lease: config.lease.max(Duration::from_millis(300)),
                 leading_until: Mutex::new(None),
+                said_leading: Mutex::new(false),
+                uptime: Mutex::new(Uptime::started(crate::clock::now())),
+                said_store: Mutex::new(Said::default()),
             }),
         })
     }
@@ -270,6 +280,33 @@ impl App {
         let is = self.is_leader();
         self.metrics().leader.set(i64::from(is));
         was != is
+    }
+
+    /// E18: whether leadership changed since it was last said (and now it is said).
+    pub fn leadership_change(&self) -> Option<Leading> {
+        let leading = self.is_leader();
+        self.metrics().leader.set(i64::from(leading));
+        let mut said = self.inner.said_leading.lock().unwrap_or_else(PoisonError::into_inner);
+        let change = pcmail_core::health::leadership_change(*said, leading);
+        *said = leading;
+        change
+    }
+
+    /// E18: records one of the server's own ticks at `now`; answers since when it has been up
+    /// without a break.
+    pub fn tick_uptime(&self, now: pcmail_core::Ts) -> pcmail_core::Ts {
+        let mut up = self.inner.uptime.lock().unwrap_or_else(PoisonError::into_inner);
+        if up.tick(now) {
+            tracing::info!(
+                "the server was away (paused, stopped or its clock stepped); receivers' silence counts from now (E18)"
+            );
+        }
+        up.since()
+    }
+
+    /// E15: the store's trouble as it is now; answers what to log about it, if anything.
+    pub fn observe_store(&self, trouble: Option<String>, now: pcmail_core::Ts) -> Option<Say<String>> {
+        self.inner.said_store.lock().unwrap_or_else(PoisonError::into_inner).observe(trouble, now)
     }
 
     pub fn http(&self) -> &reqwest::Client {

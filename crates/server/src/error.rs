@@ -110,8 +110,10 @@ impl ServiceError {
 impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(_) => {
-                tracing::error!(error = %e, "store unavailable");
+            // E15: an outage is said in the log once per change by the health watch
+            // (`serve::watch_health`), not once per request it refuses.
+            StoreError::Unavailable(_) | StoreError::NoSpace(_) => {
+                tracing::debug!(error = %e, "store unavailable");
                 Self::unavailable(e.to_string())
             }
             _ => {

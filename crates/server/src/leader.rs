@@ -12,6 +12,8 @@ use pcmail_core::lease::{CONTROLLER, Leadership, attempt_every, plan_acquire, pl
 use pcmail_store::Store;
 use tokio::time::Instant;
 
+use pcmail_core::health::Leading;
+
 use crate::app::App;
 use crate::key::Key;
 
@@ -28,8 +30,12 @@ pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> 
         Leadership::Leading { .. } => Some(started + duration),
         Leadership::Following { .. } => None,
     };
+    let holder = match &leadership {
+        Leadership::Following { holder, .. } => Some(holder.as_str()),
+        Leadership::Leading { .. } => None,
+    };
     if app.set_leading_until(until) {
-        tracing::info!(replica = app.replica(), leading = until.is_some(), "leadership changed");
+        say_leadership(app, holder);
         if until.is_some() {
             // A new leader looks at everything at once instead of waiting for the resync.
             for key in Key::ALL {
@@ -50,8 +56,12 @@ pub async fn run(app: App) {
             _ = shutdown.wait_for(|stop| *stop) => break,
         }
         if let Err(e) = attempt(&app).await {
-            // Leadership lapses on its own when renewals fail; nothing else to do here.
-            tracing::warn!(error = %e, "leader lease attempt failed");
+            // Leadership lapses on its own when renewals fail (said by `say_leadership` when
+            // it does); a store outage is said by the health watch.
+            if !e.is_outage() {
+                tracing::warn!(error = %e, "leader lease attempt failed");
+            }
+            say_leadership(&app, None);
         }
     }
     release(&app).await;
@@ -62,6 +72,7 @@ async fn release(app: &App) {
         return;
     }
     app.set_leading_until(None);
+    say_leadership(app, None);
     let me = app.replica().to_string();
     let released = app
         .store()
@@ -69,6 +80,20 @@ async fn release(app: &App) {
         .await;
     if let Err(e) = released {
         tracing::warn!(error = %e, "could not release the leader lease; it expires on its own");
+    }
+}
+
+/// E18: logs a change of this replica's leadership once, whether an attempt or the lapse of
+/// its belief (renewals that failed) changed it; `holder` names who leads instead, if known.
+pub fn say_leadership(app: &App, holder: Option<&str>) {
+    match app.leadership_change() {
+        Some(Leading::Gained) => tracing::info!(replica = app.replica(), "leadership gained: this replica leads (C1)"),
+        Some(Leading::Lost) => tracing::warn!(
+            replica = app.replica(),
+            holder = holder.unwrap_or("unknown"),
+            "leadership lost: this replica no longer leads (C1)"
+        ),
+        None => {}
     }
 }
 

@@ -51,6 +51,12 @@ pub struct Metrics {
     client_versions: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// E1/T15: connections the server closed, by why (`pcmail_core::conns::Closed`).
     pub connections_closed: IntCounterVec,
+    /// E15: store writes that failed, by `pcmail_store::health::WriteReason`.
+    store_write_errors: IntCounterVec,
+    /// E15: 1 while the store refuses writes for want of space.
+    store_unwritable: IntGauge,
+    /// E18: 1 when the last scrape could not read the store (its gauges keep their last value).
+    pub store_read_failed: IntGauge,
 }
 
 /// A closed set of label values: code names a variant, the registry declares every one at 0.
@@ -195,8 +201,24 @@ impl Metrics {
                 "Connections the server closed: a head, body or answer too slow, idle too long, or evicted when full.",
                 &["reason"]
             )?),
+            store_write_errors: reg!(counter(
+                "pcmail_store_write_errors_total",
+                "Store writes that failed, by reason: no_space (a full disk), unavailable, other (E15).",
+                &["reason"]
+            )?),
+            store_unwritable: reg!(IntGauge::new(
+                "pcmail_store_unwritable",
+                "1 while the store refuses writes because its disk is full (E15)."
+            )?),
+            store_read_failed: reg!(IntGauge::new(
+                "pcmail_store_read_failed",
+                "1 when /metrics could not read the store; the store-read gauges keep their last value (E18)."
+            )?),
             registry,
         };
+        for reason in pcmail_store::health::WriteReason::ALL {
+            m.store_write_errors.with_label_values(&[reason.as_str()]);
+        }
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for surface in Surface::ALL {
             m.auth_failures.with_label_values(&[surface.as_str()]);
@@ -259,6 +281,15 @@ impl Metrics {
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// E15: the store's health as it stands in memory (the counters only ever move up).
+    pub fn set_store_health(&self, health: &pcmail_store::health::WriteHealth) {
+        for reason in pcmail_store::health::WriteReason::ALL {
+            let counter = self.store_write_errors.with_label_values(&[reason.as_str()]);
+            counter.inc_by(health.failed(reason).saturating_sub(counter.get()));
+        }
+        self.store_unwritable.set(i64::from(health.refusing().is_some()));
     }
 
     /// Mail counts by state, every state present.

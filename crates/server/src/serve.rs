@@ -31,9 +31,12 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     if let Some(changes) = changes {
         tokio::spawn(follow_changes(app.clone(), changes));
     }
-    // Before the first sync, so a sole replica writes statuses from its first moment.
-    leader::attempt(&app).await?;
-    specs::sync(&app, crate::clock::now()).await?;
+    tokio::spawn(watch_health(app.clone()));
+    // Before the first sync, so a sole replica writes statuses from its first moment. E15: on
+    // a full disk neither can write; serve starts anyway and serves reads (the leader task
+    // tries again, the resync writes the statuses once there is room).
+    tolerate_full_disk(leader::attempt(&app).await.map(drop), "the leader lease")?;
+    tolerate_full_disk(specs::sync(&app, crate::clock::now()).await, "the objects' statuses")?;
     tokio::spawn(controller::pools::run(app.clone()));
     // Objects an older build stored that today's rules refuse: said once at start, and
     // on their status; everything else serves.
@@ -60,9 +63,14 @@ pub async fn serve(
     if let Some(path) = &config.apply {
         let files =
             manifests::read_path(path).map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
-        specs::apply(&app, files, false, crate::clock::now())
-            .await
-            .map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
+        match specs::apply(&app, files, false, crate::clock::now()).await {
+            Ok(_) => {}
+            // E15: what the store holds is served; the manifests wait for room.
+            Err(e) if app.store().health().refusing().is_some() => {
+                tracing::error!(path = %path.display(), error = %e, "--apply not applied: the store refuses writes, its disk is full (E15); serving what it holds");
+            }
+            Err(e) => return Err(ServeError::Apply { path: path.clone(), message: e.to_string() }),
+        }
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -141,6 +149,60 @@ async fn over_tls(mut response: axum::response::Response) -> axum::response::Res
         }
     }
     response
+}
+
+/// E15: a start-up write refused for space is said and passed over; anything else stops serve.
+fn tolerate_full_disk(result: Result<(), pcmail_store::StoreError>, what: &str) -> Result<(), ServeError> {
+    match result {
+        Err(e @ pcmail_store::StoreError::NoSpace(_)) => {
+            tracing::error!(error = %e, "{what} not written at start: the disk is full (E15); serving reads");
+            Ok(())
+        }
+        other => Ok(other?),
+    }
+}
+
+/// The kv key a write probe touches while the store refuses writes for space (E15).
+const WRITE_PROBE_KEY: &str = "store/write-probe";
+
+/// E15/E18, once a second: the server's own tick (its uptime, so a pause is not blamed on
+/// receivers); while the store refuses writes for space, a one-row write to see whether room
+/// came back; the store's trouble said in the log once per change and reminded every minute;
+/// the write-error counters; a leadership that lapsed without an attempt saying so.
+async fn watch_health(app: App) {
+    use pcmail_core::health::Say;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = app.watch_shutdown();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let now = crate::clock::now();
+        app.tick_uptime(now);
+        let health = app.store().health();
+        if health.refusing().is_some() {
+            // Only a write that needs room can say the room is back.
+            let _ = app.store().kv_set(WRITE_PROBE_KEY, &now.timestamp_millis().to_string()).await;
+        }
+        let trouble = health.refusing().map(|r| pcmail_core::health::unwritable(&r)).or_else(|| {
+            health.unreachable().map(|u| format!("the store cannot be reached; requests answer 503 ({u})"))
+        });
+        let failed = |r: pcmail_store::health::WriteReason| health.failed(r);
+        match app.observe_store(trouble, now) {
+            Some(Say::Began(t)) => tracing::error!(write_errors = failed_total(&failed), "{t}"),
+            Some(Say::Still(t)) => tracing::warn!(write_errors = failed_total(&failed), "still: {t}"),
+            Some(Say::Ended(t)) => tracing::info!(was = %t, "the store answers and takes writes again"),
+            None => {}
+        }
+        app.metrics().set_store_health(health);
+        leader::say_leadership(&app, None);
+    }
+}
+
+fn failed_total(failed: &dyn Fn(pcmail_store::health::WriteReason) -> u64) -> u64 {
+    pcmail_store::health::WriteReason::ALL.into_iter().map(failed).sum()
 }
 
 /// Turns other replicas' announced commits into the same wake-ups this replica's own writes

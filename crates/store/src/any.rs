@@ -9,9 +9,12 @@ use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
+use std::sync::Arc;
+
 use tokio::sync::mpsc;
 
 use crate::cells::Batch;
+use crate::health::WriteHealth;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, PgStore, Prune, Result, SheetsStore, SpecWrites, SqliteStore, Store, StoreError, redact_url, sheets,
@@ -22,12 +25,12 @@ use crate::{
 /// keeps a second process from syncing the same sheet.
 pub async fn open_to_read(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
     if let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
-        return SqliteStore::open_read_only(path).await.map(AnyStore::Sqlite);
+        return SqliteStore::open_read_only(path).await.map(AnyStore::over(Adapter::Sqlite));
     }
     if url.starts_with("sheets://") {
         let copy = sheets::working_copy(url, data_dir)?;
         if copy.exists() {
-            return SqliteStore::open_read_only(copy).await.map(AnyStore::Sqlite);
+            return SqliteStore::open_read_only(copy).await.map(AnyStore::over(Adapter::Sqlite));
         }
     }
     open(url, data_dir).await
@@ -40,45 +43,87 @@ pub async fn open(url: &str, data_dir: &std::path::Path) -> Result<AnyStore> {
         if path.is_empty() {
             return Err(StoreError::BadUrl { url: url.into(), reason: "sqlite: needs a file path".into() });
         }
-        return SqliteStore::open(path).await.map(AnyStore::Sqlite);
+        return SqliteStore::open(path).await.map(AnyStore::over(Adapter::Sqlite));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return PgStore::open(url).await.map(AnyStore::Postgres);
+        return PgStore::open(url).await.map(AnyStore::over(Adapter::Postgres));
     }
     if url.starts_with("sheets://") {
-        return SheetsStore::open(url, data_dir).await.map(AnyStore::Sheets);
+        return SheetsStore::open(url, data_dir).await.map(AnyStore::over(Adapter::Sheets));
     }
     let reason = "expected sqlite:PATH, postgres://USER@HOST/DB or sheets://SPREADSHEET_ID?credentials=PATH";
     Err(StoreError::BadUrl { url: redact_url(url), reason: reason.into() })
 }
 
+/// One adapter, and what its calls met (E15), kept in memory for every clone.
 #[derive(Clone)]
-pub enum AnyStore {
+pub struct AnyStore {
+    adapter: Adapter,
+    health: Arc<WriteHealth>,
+}
+
+#[derive(Clone)]
+enum Adapter {
     Sqlite(SqliteStore),
     Postgres(PgStore),
     Sheets(SheetsStore),
 }
 
 impl AnyStore {
+    fn over<S>(adapter: impl Fn(S) -> Adapter) -> impl Fn(S) -> AnyStore {
+        move |s| AnyStore { adapter: adapter(s), health: Arc::default() }
+    }
+
     /// Why the store cannot keep its promises right now, though it answers: a spreadsheet the
     /// last sync cycle could not reach or read.
     pub fn problem(&self) -> Option<String> {
-        match self {
-            AnyStore::Sheets(s) => s.sync_error().map(|e| format!("spreadsheet sync: {e}")),
+        match &self.adapter {
+            Adapter::Sheets(s) => s.sync_error().map(|e| format!("spreadsheet sync: {e}")),
             _ => None,
         }
     }
+
+    /// E15: how this store's calls have ended lately, from memory (it answers while the store
+    /// does not).
+    pub fn health(&self) -> &WriteHealth {
+        &self.health
+    }
+
+    fn read<T>(&self, result: Result<T>) -> Result<T> {
+        self.health.observe(&result, false);
+        result
+    }
+
+    fn wrote<T>(&self, result: Result<T>) -> Result<T> {
+        self.health.observe(&result, true);
+        result
+    }
 }
 
-/// Forwards one call to whichever adapter this is.
+/// Forwards one call to whichever adapter this is; a read's or a write's outcome is recorded
+/// on the store's health.
 macro_rules! forward {
-    ($self:ident, $s:ident => $call:expr) => {
-        match $self {
-            AnyStore::Sqlite($s) => $call,
-            AnyStore::Postgres($s) => $call,
-            AnyStore::Sheets($s) => $call,
+    (@ $self:ident, $s:ident => $call:expr) => {
+        match &$self.adapter {
+            Adapter::Sqlite($s) => $call,
+            Adapter::Postgres($s) => $call,
+            Adapter::Sheets($s) => $call,
         }
     };
+    (write $self:ident, $s:ident => $call:expr) => {{
+        let result = forward!(@ $self, $s => $call);
+        $self.wrote(result)
+    }};
+    // A transaction may write nothing (a claim of no job): its failure is a write's, its
+    // success a read's, so it never says space is back.
+    (transaction $self:ident, $s:ident => $call:expr) => {{
+        let result = forward!(@ $self, $s => $call);
+        if result.is_err() { $self.wrote(result) } else { $self.read(result) }
+    }};
+    ($self:ident, $s:ident => $call:expr) => {{
+        let result = forward!(@ $self, $s => $call);
+        $self.read(result)
+    }};
 }
 
 impl Store for AnyStore {
@@ -87,7 +132,7 @@ impl Store for AnyStore {
         F: FnOnce(Vec<Mail>) -> (MailWrites, R) + Send + 'static,
         R: Send + 'static,
     {
-        forward!(self, s => s.mail_transaction(select, plan).await)
+        forward!(transaction self, s => s.mail_transaction(select, plan).await)
     }
 
     async fn select_mail(&self, select: MailSelect) -> Result<Vec<Mail>> {
@@ -119,15 +164,15 @@ impl Store for AnyStore {
     }
 
     async fn write_specs(&self, writes: SpecWrites) -> Result<()> {
-        forward!(self, s => s.write_specs(writes).await)
+        forward!(write self, s => s.write_specs(writes).await)
     }
 
     async fn set_spec_status(&self, kind: Kind, name: &str, status: Status) -> Result<()> {
-        forward!(self, s => s.set_spec_status(kind, name, status).await)
+        forward!(write self, s => s.set_spec_status(kind, name, status).await)
     }
 
     async fn put_token(&self, machine: &str, hash: &str, now: Ts) -> Result<()> {
-        forward!(self, s => s.put_token(machine, hash, now).await)
+        forward!(write self, s => s.put_token(machine, hash, now).await)
     }
 
     async fn machine_for_token(&self, hash: &str) -> Result<Option<String>> {
@@ -147,7 +192,7 @@ impl Store for AnyStore {
         F: FnOnce(LedgerState) -> (LedgerWrites, R) + Send + 'static,
         R: Send + 'static,
     {
-        forward!(self, s => s.ledger_transaction(project, select, plan).await)
+        forward!(transaction self, s => s.ledger_transaction(project, select, plan).await)
     }
 
     async fn ledger_rows(&self, project: Option<&str>) -> Result<Vec<LedgerRow>> {
@@ -183,11 +228,11 @@ impl Store for AnyStore {
     }
 
     async fn kv_set(&self, key: &str, value: &str) -> Result<()> {
-        forward!(self, s => s.kv_set(key, value).await)
+        forward!(write self, s => s.kv_set(key, value).await)
     }
 
     async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
-        forward!(self, s => s.claim_jobs(claim).await)
+        forward!(transaction self, s => s.claim_jobs(claim).await)
     }
 
     async fn jobs_transaction<R, F>(&self, select: JobSelect, plan: F) -> Result<R>
@@ -195,7 +240,7 @@ impl Store for AnyStore {
         F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
         R: Send + 'static,
     {
-        forward!(self, s => s.jobs_transaction(select, plan).await)
+        forward!(transaction self, s => s.jobs_transaction(select, plan).await)
     }
 
     async fn get_job(&self, id: &str) -> Result<Option<Job>> {
@@ -215,7 +260,7 @@ impl Store for AnyStore {
     }
 
     async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
-        forward!(self, s => s.prune(what, limit).await)
+        forward!(transaction self, s => s.prune(what, limit).await)
     }
 
     async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
@@ -223,11 +268,11 @@ impl Store for AnyStore {
     }
 
     async fn import_rows(&self, batch: Batch) -> Result<()> {
-        forward!(self, s => s.import_rows(batch).await)
+        forward!(write self, s => s.import_rows(batch).await)
     }
 
     async fn import_finished(&self) -> Result<()> {
-        forward!(self, s => s.import_finished().await)
+        forward!(write self, s => s.import_finished().await)
     }
 
     async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {
@@ -247,11 +292,11 @@ impl Store for AnyStore {
     }
 
     async fn write_alerts(&self, alerts: Vec<Alert>) -> Result<()> {
-        forward!(self, s => s.write_alerts(alerts).await)
+        forward!(write self, s => s.write_alerts(alerts).await)
     }
 
     async fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> Result<()> {
-        forward!(self, s => s.mark_notified(sent, at).await)
+        forward!(write self, s => s.mark_notified(sent, at).await)
     }
 
     async fn lease_transaction<R, F>(&self, name: &str, plan: F) -> Result<R>
@@ -259,11 +304,11 @@ impl Store for AnyStore {
         F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,
         R: Send + 'static,
     {
-        forward!(self, s => s.lease_transaction(name, plan).await)
+        forward!(transaction self, s => s.lease_transaction(name, plan).await)
     }
 
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
-        forward!(self, s => s.changes())
+        forward!(@ self, s => s.changes())
     }
 
     async fn refresh(&self) -> Result<()> {

@@ -11,6 +11,7 @@ pub mod codec;
 #[cfg(test)]
 #[cfg(all(feature = "postgres", feature = "sheets"))]
 mod contract;
+pub mod health;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod private;
@@ -46,6 +47,11 @@ pub enum StoreError {
     /// The disk is full, read-only or failing: the API answers 503 and nothing is half-written.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// E15: a write refused for want of space (SQLite `SQLITE_FULL`, PostgreSQL `53100`,
+    /// `ENOSPC`). An outage like [`StoreError::Unavailable`]: a 503, retried, nothing
+    /// half-written; it also makes `/readyz` name the disk until a write succeeds again.
+    #[error("store refuses writes, the disk is full: {0}")]
+    NoSpace(String),
     /// The schema is older or newer than this build understands (I6: fail closed).
     #[error("store schema problem: {0}")]
     Schema(String),
@@ -75,6 +81,7 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Unavailable(_) => "store_unavailable",
+            StoreError::NoSpace(_) => "store_no_space",
             StoreError::Schema(_) => "store_schema",
             StoreError::Corrupt(_) => "store_corrupt",
             StoreError::BadUrl { .. } => "store_bad_url",
@@ -86,8 +93,9 @@ impl StoreError {
     }
 
     /// Every value [`StoreError::kind`] answers.
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "store_unavailable",
+        "store_no_space",
         "store_schema",
         "store_corrupt",
         "store_bad_url",
@@ -96,6 +104,12 @@ impl StoreError {
         "store_not_empty",
         "store_unfinished_copy",
     ];
+
+    /// Whether this is an outage that passes by itself (unreachable, read-only, full): worth
+    /// a retry, answered 503, never a sign of bad input.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::NoSpace(_))
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

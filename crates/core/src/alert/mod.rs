@@ -11,6 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
+use crate::health::silent_since;
 use crate::mail::{Mail, MailKind, MailState};
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 pub use notify::{alertmanager_api_body, chat_text, webhook_body};
@@ -183,6 +184,8 @@ pub struct AlertInputs<'a> {
     pub open: &'a [Alert],
     /// The IntentPolicy's `escalateAfter` (I4).
     pub escalate_after: crate::duration::Dur,
+    /// E18: since when the server has been up without a break (`health::Uptime`).
+    pub up_since: Ts,
 }
 
 /// Counts for the breach gauges, by bounded labels only.
@@ -222,22 +225,18 @@ impl Urgency {
 }
 
 /// M9: fires what breaches and is not yet firing, resolves what fires and no longer breaches.
-/// Receiver-down watches only machines of the Roster that have polled at least once.
+/// Receiver-down watches only machines of the Roster that have polled at least once. E18: a
+/// machine's undelivered mail is one alert (its subject the machine) whose summary lists the
+/// mail, rewritten when the list changes.
 pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -> AlertPlan {
     let mut breaches = Breaches::default();
     let mut firing: Vec<(AlertKind, String, String, BTreeMap<String, String>)> = Vec::new();
     let mut seen_mail = BTreeSet::new();
+    let mut undelivered: BTreeMap<&str, Vec<&Mail>> = BTreeMap::new();
     for m in inputs.mails.iter().filter(|m| seen_mail.insert(m.id.as_str())) {
         if is_undelivered(m, policy, now) {
             *breaches.undelivered.entry(m.to.clone()).or_default() += 1;
-            let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("from".to_string(), m.from.clone())]);
-            let age = format_age(now - m.created_at);
-            firing.push((
-                AlertKind::Undelivered,
-                m.id.clone(),
-                format!("{} to {} not delivered for {age}: {}", m.id, m.to, title(m)),
-                labels,
-            ));
+            undelivered.entry(m.to.as_str()).or_default().push(m);
         }
         if is_intent_unanswered(m, inputs.escalate_after, now) {
             let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("channel".to_string(), m.channel.clone())]);
@@ -261,9 +260,23 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             ));
         }
     }
+    // E18: one cause, one alert — a machine's undelivered mail is one alert listing it.
+    for (to, mails) in &undelivered {
+        let labels = BTreeMap::from([("to".to_string(), to.to_string())]);
+        firing.push((AlertKind::Undelivered, to.to_string(), undelivered_summary(to, mails, policy), labels));
+    }
     let in_roster = |name: &str| inputs.roster.is_some_and(|r| r.machines.iter().any(|m| m.label == name));
+    let open_down: BTreeSet<&str> = inputs
+        .open
+        .iter()
+        .filter(|a| a.kind == AlertKind::ReceiverDown && a.state == AlertState::Firing)
+        .map(|a| a.subject.as_str())
+        .collect();
     for (machine, last) in inputs.last_polls.iter().filter(|(name, _)| in_roster(name)) {
-        if is_receiver_down(*last, policy, now) {
+        // E18: a machine's silence counts only while the server was up to hear it; one that is
+        // already down stays down until it polls.
+        let since = if open_down.contains(machine.as_str()) { *last } else { silent_since(*last, inputs.up_since) };
+        if is_receiver_down(since, policy, now) {
             let labels = BTreeMap::from([("machine".to_string(), machine.clone())]);
             let summary = format!("{machine} has not polled for {}", format_age(now - *last));
             firing.push((AlertKind::ReceiverDown, machine.clone(), summary, labels));
@@ -280,7 +293,12 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
     let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
     for (kind, subject, summary, labels) in &firing {
         *breaches.firing.entry(*kind).or_default() += 1;
-        if !open.contains_key(&(*kind, subject.as_str())) {
+        let held = open.get(&(*kind, subject.as_str()));
+        if let Some(held) = held.filter(|a| a.kind == AlertKind::Undelivered && a.summary != *summary) {
+            // The list of mail changed: the row says so, and what was posted stays posted.
+            upsert.push(Alert { summary: summary.clone(), updated_at: now, ..(*held).clone() });
+        }
+        if held.is_none() {
             upsert.push(Alert {
                 kind: *kind,
                 subject: subject.clone(),
@@ -341,6 +359,23 @@ pub fn poller_alert(
         }
         _ => None,
     }
+}
+
+/// Mail an undelivered alert's summary names; the rest are counted.
+const LISTED: usize = 10;
+
+/// E18: one line for all of a machine's undelivered mail, oldest first: stable while the list
+/// is (no age in it), so an unchanged list rewrites nothing.
+fn undelivered_summary(to: &str, mails: &[&Mail], policy: &MailPolicySpec) -> String {
+    let mut mails = mails.to_vec();
+    mails.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let n = mails.len();
+    let listed: Vec<String> =
+        mails.iter().take(LISTED).map(|m| format!("{} ({})", m.id, crate::present::cut(&title(m), 40))).collect();
+    let more = if n > LISTED { format!(" and {} more", n - LISTED) } else { String::new() };
+    let within = policy.undelivered_after;
+    let mail = if n == 1 { "mail" } else { "mails" };
+    format!("{n} {mail} to {to} not delivered within {within}: {}{more}", listed.join(", "))
 }
 
 /// What a summary calls a mail: its subject, else the start of its body (O6: never a dangling
@@ -416,7 +451,11 @@ mod tests {
 
     fn plan(mails: &[Mail], open: &[Alert], now: Ts) -> AlertPlan {
         let escalate_after = crate::duration::Dur::from_mins(10);
-        plan_alerts(&AlertInputs { mails, last_polls: &[], roster: None, open, escalate_after }, &policy(), now)
+        plan_alerts(
+            &AlertInputs { mails, last_polls: &[], roster: None, open, escalate_after, up_since: at(0) },
+            &policy(),
+            now,
+        )
     }
 
     const H: i64 = 3600;
@@ -483,16 +522,140 @@ mod tests {
         };
         let polls = vec![("pc1".to_string(), at(0)), ("pc2".to_string(), at(500)), ("gone".to_string(), at(0))];
         let escalate_after = crate::duration::Dur::from_mins(10);
-        let inputs = AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &[], escalate_after };
+        let inputs = AlertInputs {
+            mails: &[],
+            last_polls: &polls,
+            roster: Some(&roster),
+            open: &[],
+            escalate_after,
+            up_since: at(0),
+        };
         let p = plan_alerts(&inputs, &policy(), at(600));
         let subjects: Vec<_> = p.upsert.iter().map(|a| (a.kind, a.subject.as_str())).collect();
         assert_eq!(subjects, [(AlertKind::ReceiverDown, "pc1")]);
         // pc1 polls again: its alert resolves.
         let polls = vec![("pc1".to_string(), at(650)), ("pc2".to_string(), at(500))];
-        let inputs =
-            AlertInputs { mails: &[], last_polls: &polls, roster: Some(&roster), open: &p.upsert, escalate_after };
+        let inputs = AlertInputs {
+            mails: &[],
+            last_polls: &polls,
+            roster: Some(&roster),
+            open: &p.upsert,
+            escalate_after,
+            up_since: at(0),
+        };
         let p2 = plan_alerts(&inputs, &policy(), at(700));
         assert_eq!(p2.upsert.iter().map(|a| a.state).collect::<Vec<_>>(), [AlertState::Resolved]);
+    }
+
+    fn roster(labels: &[&str]) -> RosterSpec {
+        RosterSpec {
+            owner: labels[0].into(),
+            machines: labels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Machine { number: i as u32 + 1, label: l.to_string(), hostname: None, aliases: vec![] })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn e18_undelivered_mail_of_one_machine_is_one_alert_listing_its_mails() {
+        let mails: Vec<Mail> = (1..=21)
+            .map(|n| {
+                let mut m = mail(&format!("mail--{n:08x}"), "pc1", if n == 21 { "pc3" } else { "pc2" });
+                m.created_at = at(n);
+                m
+            })
+            .collect();
+        let p = plan(&mails[..3], &[], at(3600));
+        assert_eq!(p.upsert.len(), 1, "three mails to pc2, one alert: {:?}", p.upsert);
+        let a = &p.upsert[0];
+        assert_eq!(
+            (a.kind, a.subject.as_str(), a.labels.get("to").map(String::as_str)),
+            (AlertKind::Undelivered, "pc2", Some("pc2"))
+        );
+        for m in &mails[..3] {
+            assert!(a.summary.contains(&m.id), "{} lists {}", a.summary, m.id);
+        }
+        assert!(a.summary.starts_with("3 mails to pc2 not delivered within 30m: "), "{}", a.summary);
+        assert_eq!(p.breaches.undelivered.get("pc2"), Some(&3));
+        assert_eq!(p.breaches.firing.get(&AlertKind::Undelivered), Some(&1));
+
+        // Unchanged: nothing to write, however long it lasts.
+        assert!(plan(&mails[..3], &p.upsert, at(7200)).upsert.is_empty());
+        // More mail joins: the same alert, its list rewritten, what was posted kept.
+        let mut posted = p.upsert.clone();
+        posted[0].notified = Some(AlertState::Firing);
+        let grown = plan(&mails, &posted, at(7200)).upsert;
+        assert_eq!(grown.len(), 2, "pc2's alert rewritten and pc3's fired: {grown:?}");
+        let pc2 = grown.iter().find(|a| a.subject == "pc2").expect("pc2");
+        assert!(!pc2.needs_notification() && pc2.firing_since == at(3600));
+        assert!(pc2.summary.starts_with("20 mails") && pc2.summary.ends_with(" and 10 more"), "{}", pc2.summary);
+        // Every mail delivered: one resolve.
+        let resolved = plan(&[], &posted, at(7300)).upsert;
+        assert_eq!(
+            resolved.iter().map(|a| (a.subject.as_str(), a.state)).collect::<Vec<_>>(),
+            [("pc2", AlertState::Resolved)]
+        );
+    }
+
+    #[test]
+    fn e18_an_undelivered_alert_of_an_older_build_one_per_mail_resolves_into_the_machine_alert() {
+        let m = mail("mail--00000001", "pc1", "pc2");
+        let old = Alert { subject: m.id.clone(), ..plan(std::slice::from_ref(&m), &[], at(3600)).upsert[0].clone() };
+        let p = plan(std::slice::from_ref(&m), std::slice::from_ref(&old), at(3700)).upsert;
+        let got: Vec<_> = p.iter().map(|a| (a.subject.as_str(), a.state)).collect();
+        assert_eq!(got, [("pc2", AlertState::Firing), ("mail--00000001", AlertState::Resolved)]);
+    }
+
+    #[test]
+    fn e18_receiver_down_is_judged_against_the_servers_uptime() {
+        let roster = roster(&["pc1", "pc2"]);
+        let escalate_after = crate::duration::Dur::from_mins(10);
+        let polls = vec![("pc1".to_string(), at(0)), ("pc2".to_string(), at(0))];
+        let inputs = |open: &'static [Alert], up_since| AlertInputs {
+            mails: &[],
+            last_polls: &polls,
+            roster: Some(&roster),
+            open,
+            escalate_after,
+            up_since,
+        };
+        // Up since 0: ten minutes of silence is down.
+        assert_eq!(plan_alerts(&inputs(&[], at(0)), &policy(), at(600)).upsert.len(), 2);
+        // The server was paused (or restarted) and is up again since 300: nobody could poll it
+        // meanwhile, so nobody is down before 900.
+        assert!(plan_alerts(&inputs(&[], at(300)), &policy(), at(899)).upsert.is_empty());
+        assert_eq!(plan_alerts(&inputs(&[], at(300)), &policy(), at(900)).upsert.len(), 2);
+    }
+
+    #[test]
+    fn e18_a_machine_already_down_stays_down_across_a_restart_until_it_polls() {
+        let roster = roster(&["pc1"]);
+        let escalate_after = crate::duration::Dur::from_mins(10);
+        let polls = vec![("pc1".to_string(), at(0))];
+        let fired = plan_alerts(
+            &AlertInputs {
+                mails: &[],
+                last_polls: &polls,
+                roster: Some(&roster),
+                open: &[],
+                escalate_after,
+                up_since: at(0),
+            },
+            &policy(),
+            at(600),
+        )
+        .upsert;
+        let restarted = AlertInputs {
+            mails: &[],
+            last_polls: &polls,
+            roster: Some(&roster),
+            open: &fired,
+            escalate_after,
+            up_since: at(700),
+        };
+        assert!(plan_alerts(&restarted, &policy(), at(701)).upsert.is_empty(), "no resolve and no second firing");
     }
 
     #[test]

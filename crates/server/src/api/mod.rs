@@ -150,7 +150,12 @@ async fn require_token(
     }
 }
 
+/// Ready when the store answers reads and takes writes. E15: a store refusing writes for
+/// space is named from memory (the read would succeed).
 async fn readyz(State(app): State<App>) -> Result<&'static str, ServiceError> {
+    if let Some(refusal) = app.store().health().refusing() {
+        return Err(ServiceError::unavailable(pcmail_core::health::unwritable(&refusal)));
+    }
     app.store().last_polls().await?;
     if let Some(problem) = app.store().problem() {
         return Err(pcmail_store::StoreError::Unavailable(problem).into());
@@ -160,7 +165,24 @@ async fn readyz(State(app): State<App>) -> Result<&'static str, ServiceError> {
 
 /// Prometheus text format. Counts that live in the store are read here, at scrape time, from
 /// the trigger-kept count table (never a scan of the mail tab).
+/// E18: answered from memory when the store is down — the store-read gauges keep their last
+/// value and `pcmail_store_read_failed` says so — so a scrape never turns an outage into a
+/// missing target.
 async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResponse, ServiceError> {
+    let m = app.metrics();
+    let read = refresh_store_metrics(&app).await;
+    if let Err(e) = &read {
+        tracing::debug!(error = %e, "/metrics answers from memory: the store could not be read");
+    }
+    m.store_read_failed.set(i64::from(read.is_err()));
+    m.set_store_health(app.store().health());
+    m.workqueue_depth.set(app.queue().depth() as i64);
+    let body = m.encode().map_err(|e| ServiceError::internal(format!("encoding metrics: {e}")))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
+}
+
+/// The gauges read from the store at scrape time, from the trigger-kept counts.
+async fn refresh_store_metrics(app: &App) -> Result<(), ServiceError> {
     let counts = app.store().mail_counts().await?;
     let m = app.metrics();
     let by_state: Vec<_> = counts.iter().map(|c| (c.state, c.count)).collect();
@@ -172,11 +194,9 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
         .map(|c| c.count)
         .sum();
     m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
-    m.workqueue_depth.set(app.queue().depth() as i64);
-    crate::ledger::refresh_metrics(&app).await?;
-    crate::jobs::refresh_metrics(&app).await?;
-    let body = m.encode().map_err(|e| ServiceError::internal(format!("encoding metrics: {e}")))?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
+    crate::ledger::refresh_metrics(app).await?;
+    crate::jobs::refresh_metrics(app).await?;
+    Ok(())
 }
 
 /// U3/T5: a listing's page size, 1 to `max`, `default` when absent.

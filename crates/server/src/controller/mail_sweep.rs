@@ -83,15 +83,25 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     let behind_open: Vec<String> = open
         .iter()
         .filter(|a| {
-            matches!(a.kind, AlertKind::Undelivered | AlertKind::UnreadSla) && !known.contains(a.subject.as_str())
+            // E18: an undelivered alert names a machine; the mail behind it is all candidates.
+            a.kind == AlertKind::UnreadSla && !known.contains(a.subject.as_str())
         })
         .map(|a| a.subject.clone())
         .collect();
     if !behind_open.is_empty() {
         mails.extend(store.select_mail(MailSelect::Ids(behind_open)).await?);
     }
-    let inputs =
-        AlertInputs { mails: &mails, last_polls: &polls, roster: rt.roster.as_ref(), open: &open, escalate_after };
+    // E18: this pass is one of the server's ticks too, so a pass right after a pause already
+    // knows the server was away.
+    let up_since = app.tick_uptime(now);
+    let inputs = AlertInputs {
+        mails: &mails,
+        last_polls: &polls,
+        roster: rt.roster.as_ref(),
+        open: &open,
+        escalate_after,
+        up_since,
+    };
     let plan = plan_alerts(&inputs, policy, now);
 
     let metrics = app.metrics();

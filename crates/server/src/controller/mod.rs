@@ -67,7 +67,12 @@ async fn reconcile(app: &App, key: Key) -> bool {
         Ok(()) => true,
         Err(e) => {
             app.metrics().reconcile_errors.with_label_values(&[key.name(), e.reason()]).inc();
-            tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
+            // E15: a store outage is said once per change by the health watch, not per key.
+            if matches!(&e, ReconcileError::Store(s) if s.is_outage()) {
+                tracing::debug!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
+            } else {
+                tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
+            }
             false
         }
     }

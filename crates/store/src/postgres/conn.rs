@@ -22,6 +22,10 @@ pub const POOL_SIZE: usize = 16;
 pub fn map_err(e: tokio_postgres::Error) -> StoreError {
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
+        // E15: 53100 disk_full is a refusal for space, said as such.
+        if code == "53100" {
+            return StoreError::NoSpace(format!("postgres: {}", db.message()));
+        }
         // 53: insufficient resources (disk full, out of memory, too many connections);
         // 57P: the server is shutting down; 08: the connection failed; 25006: read-only.
         if code.starts_with("53") || code.starts_with("57P") || code.starts_with("08") || code == "25006" {

@@ -54,7 +54,8 @@ struct Inner {
 pub fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
-        Some(C::DiskFull | C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
+        Some(C::DiskFull) => StoreError::NoSpace(e.to_string()),
+        Some(C::ReadOnly | C::SystemIoFailure | C::CannotOpen | C::DatabaseBusy | C::DatabaseLocked) => {
             StoreError::Unavailable(e.to_string())
         }
         _ => StoreError::Backend(e.to_string()),
@@ -85,7 +86,7 @@ impl SqliteStore {
         let path = path.as_ref().to_path_buf();
         tokio::task::spawn_blocking(move || {
             crate::private::open_private(&path)
-                .map_err(|e| StoreError::Unavailable(format!("cannot open {} for writing: {e}", path.display())))?;
+                .map_err(|e| crate::health::io_error(&format!("cannot open {} for writing", path.display()), &e))?;
             let mut writer = open_connection(&path, true)?;
             schema::migrate(&mut writer)?;
             Ok(SqliteStore::over(path, writer))

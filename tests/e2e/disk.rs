@@ -1,0 +1,110 @@
+//! E15 as issue #30 found it: a full disk under `serve` (a small tmpfs the test mounts, filled
+//! with a file) is a readiness reason, a metric and an alert, said in the log once, not once per
+//! refused request; `serve` starts on the full disk and serves reads; freeing space clears it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::faults::SmallDisk;
+use crate::harness::*;
+
+/// Fills the filesystem holding `dir` with one file (`fill`), to the last block.
+fn fill(dir: &Path) -> PathBuf {
+    let path = dir.join("fill");
+    let mut f = std::fs::File::create(&path).expect("fill file");
+    for chunk in [1 << 20, 4096, 512] {
+        let zeros = vec![0u8; chunk];
+        while f.write_all(&zeros).and_then(|()| f.flush()).is_ok() {}
+    }
+    path
+}
+
+fn get(url: &str) -> (u16, String) {
+    let r = reqwest::blocking::get(url).expect("get");
+    (r.status().as_u16(), r.text().unwrap_or_default())
+}
+
+fn send(s: &Server, token: &str, subject: &str) -> (u16, String) {
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/api/v1/mail", s.url))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"to": "laptop", "subject": subject, "body": "b"}))
+        .send()
+        .expect("send");
+    (r.status().as_u16(), r.text().unwrap_or_default())
+}
+
+fn no_space(s: &Server) -> f64 {
+    s.metric("pcmail_store_write_errors_total{reason=\"no_space\"}").unwrap_or(-1.0)
+}
+
+#[test]
+fn e15_a_full_disk_is_a_readiness_reason_a_metric_and_a_log_line_and_serve_starts_on_it_serving_reads() {
+    let mut disk = None;
+    let mut s = Server::start_logged_on(Some(examples()), &["--resync", "300ms"], |data| {
+        disk = Some(SmallDisk::mount(data, "16m"));
+    });
+    let (desk, laptop) = (s.token("desk"), s.token("laptop"));
+    let before = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "before the disk filled", "--body", "b"]));
+    assert_eq!(get(&format!("{}/readyz", s.url)).0, 200);
+    assert_eq!(no_space(&s), 0.0, "the counter is there at 0");
+
+    let filler = fill(&s.dir.path().join("data"));
+    let (status, body) = send(&s, &desk, "on a full disk");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("disk is full"), "the refusal names the disk: {body}");
+    // A burst of refused sends: each counted, the log says it once.
+    let log_before = s.log().lines().count();
+    for n in 0..300 {
+        assert_eq!(send(&s, &desk, &format!("refused {n}")).0, 503);
+    }
+    let (ready, why) = get(&format!("{}/readyz", s.url));
+    assert_eq!(ready, 503, "{why}");
+    assert!(why.contains("disk is full (E15)"), "readiness names the disk: {why}");
+    let counted = no_space(&s);
+    assert!(counted >= 301.0, "every refused write counted: {counted}");
+    assert_eq!(s.metric("pcmail_store_unwritable"), Some(1.0));
+    let said: Vec<String> = s.log().lines().skip(log_before).map(String::from).collect();
+    assert!(said.len() <= 10, "301 refused sends, {} log lines:\n{}", said.len(), said.join("\n"));
+    assert!(s.log().contains("the store refuses writes: its disk is full (E15)"), "{}", s.log());
+
+    // Reads still answer, and serve starts again on the full disk and serves them.
+    let read = |s: &Server| {
+        let inbox = ok(s.ctl(&laptop, &["inbox", "-o", "json"]));
+        assert!(inbox.contains(&before), "{inbox}");
+        let status = json(s.ctl(&desk, &["status", &before, "-o", "json"]));
+        assert_eq!(status["mail"]["state"], "new");
+    };
+    read(&s);
+    let (code, _) = s.terminate();
+    assert_eq!(code, Some(0));
+    s.spawn();
+    read(&s);
+    let (ready, why) = eventually(10, "readiness to name the disk after the restart", || {
+        Some(get(&format!("{}/readyz", s.url))).filter(|(status, _)| *status == 503)
+    });
+    assert!(why.contains("disk is full"), "{ready} {why}");
+    eprintln!("E15: {counted} refused writes counted, {} log line(s) for 301 refused sends", said.len());
+
+    // Space returns: readiness clears by itself and sends are taken again.
+    std::fs::remove_file(filler).expect("free the disk");
+    eventually(10, "readiness back", || (get(&format!("{}/readyz", s.url)).0 == 200).then_some(()));
+    let (status, body) = send(&s, &desk, "after space returned");
+    assert!(status < 300, "{status} {body}");
+    assert_eq!(s.metric("pcmail_store_unwritable"), Some(0.0));
+    s.kill9();
+    drop(disk);
+}
+
+#[test]
+fn e15_the_store_unwritable_rule_fires_while_the_disk_is_full_in_promtool() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/prometheus");
+    let out = Command::new("promtool")
+        .args(["test", "rules", "pcmail-rules.test.yaml"])
+        .current_dir(&dir)
+        .output()
+        .expect("promtool must be installed (scripts/test installs prometheus)");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("SUCCESS"), "{}", stdout(&out));
+}
