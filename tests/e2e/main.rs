@@ -7,6 +7,7 @@
 
 mod backup;
 mod botapi;
+mod clock;
 mod boundaries;
 mod console;
 mod deploy;
