@@ -66,7 +66,8 @@ fn e14_a_bit_flipped_anywhere_in_a_backup_fails_restore_and_verify_naming_the_ta
     let backup = dir.path().join("b.db");
     backup_of(&s, &backup);
     let source = format!("sqlite:{}", s.dir.path().join("data/pcmail.db").display());
-    let verify = |file: &Path| offline(&["store", "verify", "--from", &format!("sqlite:{}", file.display()), "--to", &source]);
+    let verify =
+        |file: &Path| offline(&["store", "verify", "--from", &format!("sqlite:{}", file.display()), "--to", &source]);
     let fine = verify(&backup);
     assert_eq!(fine.status.code(), Some(0), "untouched it verifies: {}", stderr(&fine));
 

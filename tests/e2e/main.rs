@@ -7,8 +7,8 @@
 
 mod backup;
 mod botapi;
-mod clock;
 mod boundaries;
+mod clock;
 mod console;
 mod deploy;
 mod edge;

@@ -523,11 +523,8 @@ mod tests {
     fn e13_a_job_lease_runs_out_by_the_monotonic_clock_whatever_the_wall_clock_stamped() {
         let mono = std::time::Duration::from_secs;
         // Claimed by a serve whose clock ran 3 h ahead: a 60 s lease stamped 3 h from now.
-        let ahead = Job {
-            heartbeat_at: Some(at(3 * 3600)),
-            lease_expires_at: Some(at(3 * 3600 + 60)),
-            ..running(Actor::Pool)
-        };
+        let ahead =
+            Job { heartbeat_at: Some(at(3 * 3600)), lease_expires_at: Some(at(3 * 3600 + 60)), ..running(Actor::Pool) };
         let (expired, seen) = expired_by_sight(vec![ahead.clone()], Default::default(), mono(10));
         assert!(expired.is_empty(), "first seen: its whole length is left");
         let (expired, seen) = expired_by_sight(vec![ahead.clone()], seen, mono(69));

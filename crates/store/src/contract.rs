@@ -546,11 +546,7 @@ pub async fn j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_t
 pub async fn j2_j3_a_rescued_lease_can_no_longer_write(store: &impl Store) {
     store.jobs_transaction(JobSelect::Ids(vec![]), |_| (vec![job(1, 0, 0)], ())).await.expect("enqueue");
     // A lease of no length: expired on every clock (E13: SQLite judges it on the monotonic one).
-    let claimed = store
-        .claim_jobs(Claim { lease_until: at(10), ..claim("w1", 1, 10) })
-        .await
-        .expect("claim")
-        .remove(0);
+    let claimed = store.claim_jobs(Claim { lease_until: at(10), ..claim("w1", 1, 10) }).await.expect("claim").remove(0);
     let rescued = store
         .jobs_transaction(JobSelect::ExpiredLeases { now: at(100), limit: 10 }, |expired| {
             let out: Vec<Job> = expired.iter().map(|j| plan_rescue(j, at(100), 0.0)).collect();
