@@ -121,3 +121,61 @@ fn e13_schedule_entries_run_once_across_a_70s_step_back_and_once_late_across_a_5
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(counts(), (2, 1, 1), "a step forward over entries runs each once");
 }
+
+/// A serve at +3 h (on `store`, when given) claims a job for a worker, and is killed with the
+/// worker; back at real time the job is rescued one lease after the restart, not 3 h later.
+fn a_job_claimed_at_plus_3h_is_rescued_after_the_clock_went_back(store: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).expect("dir");
+    std::fs::write(
+        manifests.join("jobs.yaml"),
+        "apiVersion: pcmail/v1\nkind: Function\nmetadata: {name: work}\nspec:\n  command: [/bin/true]\n  mode: heavy\n---\n\
+         apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: default}\nspec:\n  workers: 0\n  queues: [q]\n  maxAttempts: 3\n",
+    )
+    .expect("manifests");
+    let offsets = dir.path().join("offset");
+    step_to(&offsets, 3 * 3600);
+    let env = faked(&offsets);
+    let args = [store, &["--lease", "3s", "--resync", "500ms"]].concat();
+    let mut s = Server::start_env(Some(manifests), &args, &as_refs(&env));
+    eventually(10, "the serve at +3 h to lead", || s.is_leader().then_some(()));
+    let job = ok(s.admin(&["jobs", "enqueue", "--queue", "q", "--function", "work"]));
+    let claim = || {
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            reqwest::Client::new()
+                .post(format!("{}/api/v1/jobs/claim", s.url))
+                .bearer_auth(s.admin_token())
+                .json(&serde_json::json!({"queue": "q", "owner": "gone", "lease": "5s"}))
+                .send()
+                .await
+                .expect("claim")
+                .text()
+                .await
+                .expect("body")
+        })
+    };
+    assert!(claim().contains(&job), "claimed at +3 h");
+    s.kill9();
+    s.set_env(&[]);
+    s.spawn();
+    let state = || {
+        let jobs = crate::harness::json(s.admin(&["jobs", "list", "-o", "json"]));
+        let found = jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == job.as_str()).cloned());
+        found.map(|j| (j["state"].as_str().unwrap_or("").to_string(), j["rescues"].as_u64().unwrap_or(0)))
+    };
+    let rescued = eventually(25, "the job claimed at +3 h to be rescued", || state().filter(|(_, r)| *r == 1));
+    assert_eq!(rescued.0, "queued", "back in the queue for another attempt");
+}
+
+#[test]
+fn e13_a_job_claimed_at_plus_3h_on_sqlite_is_rescued_one_lease_after_the_restart() {
+    a_job_claimed_at_plus_3h_is_rescued_after_the_clock_went_back(&[]);
+}
+
+#[test]
+fn e13_a_job_claimed_at_plus_3h_on_postgresql_is_rescued_one_lease_after_the_restart() {
+    let pg = crate::harness::PgScratch::new();
+    a_job_claimed_at_plus_3h_is_rescued_after_the_clock_went_back(&["--store", &pg.url]);
+}

@@ -84,6 +84,15 @@ pub fn attempt_every(duration: std::time::Duration) -> std::time::Duration {
     duration / 3
 }
 
+/// E13: the store's clock now, from one reading of it (`read`) carried forward by the time the
+/// monotonic clock measured since (`since_read`): job leases are stamped on it, so a step of
+/// this replica's wall clock moves none of them, and a replica whose clock is off stamps what
+/// the others would. At the stores' millisecond.
+pub fn on_store_clock(read: Ts, since_read: std::time::Duration) -> Ts {
+    let now = read + chrono::TimeDelta::from_std(since_read).unwrap_or(chrono::TimeDelta::MAX);
+    chrono::SubsecRound::trunc_subsecs(now, 3)
+}
+
 /// E13: something with a lease (a lease row, a job's lease) as this process last saw it, and
 /// when it first saw it so, as the monotonic time since any fixed origin of the process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +245,13 @@ mod tests {
         // The wall clock steps 70 s back; 16 monotonic seconds later the lease has run out.
         let (seen, _) = as_seen(Some(live), sighting, t(16 - 70), mono(66));
         assert_eq!(seen.map(|l| l.expires_at), Some(t(16 - 70)), "expired, measured on the monotonic clock");
+    }
+
+    #[test]
+    fn e13_the_store_clock_runs_on_from_its_last_reading_on_the_monotonic_clock() {
+        assert_eq!(on_store_clock(t(100), mono(5)), t(105));
+        let ms = std::time::Duration::from_micros(1_500);
+        assert_eq!(on_store_clock(t(100), ms), t(100) + chrono::TimeDelta::milliseconds(1), "kept to the ms");
     }
 
     #[test]
