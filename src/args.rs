@@ -259,11 +259,16 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Bring a backup back into an empty store (a new data dir, or --store URL)
+    /// Bring a backup back into a store (a new data dir, or --store URL); says what it brings
+    /// back and what the store held that it drops
     Restore {
         file: PathBuf,
         #[command(flatten)]
         store: StoreArgs,
+        /// Replace a SQLite store even when that goes back in time (it holds newer mail) or
+        /// replaces its machine tokens; stop its serve first
+        #[arg(long)]
+        force: bool,
     },
     /// Whole stores: move one to another adapter, or compare two
     Store {

@@ -79,7 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             version(client.ok(), output).await
         }
         Command::Backup { file, store } => store::backup(file, store).await,
-        Command::Restore { file, store } => store::restore(file, store).await,
+        Command::Restore { file, store, force } => store::restore(file, store, force).await,
         Command::Store { command } => store::run(command).await,
         Command::Intent { command: IntentCommand::Record { channel, chat, message, from, text } } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home()).ok();

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use pcmail_store::transfer::{self, Moved};
+use pcmail_core::restore::plan_restore;
+use pcmail_store::transfer::{self, FileSum, Moved};
 use pcmail_store::{AnyStore, SqliteStore, Store, StoreError, redact_url};
 
 use crate::args::{StoreArgs, StoreCommand, StorePair};
@@ -51,6 +52,8 @@ async fn write_backup(from: &AnyStore, partial: &Path, held: &std::fs::File) -> 
     if with_suffix(partial, "-wal").exists() {
         bail!("the backup's write-ahead log was not folded into it");
     }
+    // E14: and the checksum of the whole file, written into it once nothing else will be.
+    transfer::seal_file(held).with_context(|| format!("sealing {}", partial.display()))?;
     Ok(transfer::moved(&copied))
 }
 
@@ -79,29 +82,87 @@ fn open_partial(partial: &Path) -> anyhow::Result<std::fs::File> {
     reuse.open(partial).with_context(|| format!("opening the unfinished {}", partial.display()))
 }
 
-/// E14: a backup whose pages or rows changed since it was written is refused, naming what.
-async fn check_backup(backup: &SqliteStore, file: &Path) -> anyhow::Result<()> {
-    backup.integrity().await.with_context(|| format!("checking the backup {}", file.display()))?;
-    let sealed = transfer::verify_sealed(backup).await.with_context(|| format!("checking {}", file.display()))?;
+/// E14: opens a backup to read it, refused when its rows, its pages or its bytes changed since
+/// it was written: the tabs whose checksums differ are named, or "the file" when only the
+/// whole file's does.
+async fn open_backup(file: &Path) -> anyhow::Result<SqliteStore> {
+    let whole = whole_file(file)?;
+    let from = match SqliteStore::open_read_only(file).await {
+        Ok(from) => from,
+        Err(_) if whole == FileSum::Differs => bail!(
+            "the backup {} does not match its checksums in: the file (it was changed after it was written; \
+             nothing was restored)",
+            file.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("reading the backup {}", file.display())),
+    };
+    let sealed = transfer::verify_sealed(&from, whole).await.with_context(|| format!("checking {}", file.display()))?;
+    from.integrity().await.with_context(|| format!("checking the backup {}", file.display()))?;
     if !sealed {
         eprintln!("{} carries no checksums (written before they were kept); its pages check out", file.display());
     }
-    Ok(())
+    Ok(from)
 }
 
-pub async fn restore(file: PathBuf, target: StoreArgs) -> anyhow::Result<i32> {
-    let from =
-        SqliteStore::open_read_only(&file).await.with_context(|| format!("reading the backup {}", file.display()))?;
-    check_backup(&from, &file).await?;
+/// The verdict of a file's whole-file checksum (E14); nothing there is for the opening to say.
+fn whole_file(file: &Path) -> anyhow::Result<FileSum> {
+    if !file.is_file() {
+        return Ok(FileSum::Absent);
+    }
+    transfer::check_file(file).with_context(|| format!("reading {}", file.display()))
+}
+
+pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::Result<i32> {
+    let from = open_backup(&file).await?;
     if target.store.is_none() {
         pcmail_store::private::make_private(&target.data_dir)
             .with_context(|| format!("making the data dir {}", target.data_dir.display()))?;
     }
     let url = target.url();
     let to = pcmail_store::open(&url, &target.data_dir).await.context("opening the target store")?;
-    let moved = copy(&from, &to, &url).await?;
-    report("restored", &moved, &redact_url(&url));
+    // E14: what comes back, what goes, and whether that needs --force.
+    let brings = transfer::survey(&from).await.context("reading the backup")?;
+    let held = transfer::survey(&to).await.context("reading the target store")?;
+    let plan = plan_restore(&brings, &held);
+    let shown = redact_url(&url);
+    eprintln!("the backup brings back: {}", brings.describe());
+    eprintln!("{shown} holds, and the restore drops: {}", held.describe());
+    if !plan.needs_force.is_empty() && !force {
+        for why in &plan.needs_force {
+            eprintln!("refused: {why}");
+        }
+        bail!("restore refused; nothing was changed (--force replaces what {shown} holds)");
+    }
+    let moved = if plan.replaces {
+        drop(to);
+        replace(&from, &url).await?
+    } else {
+        copy(&from, &to, &url).await?
+    };
+    report("restored", &moved, &shown);
     Ok(0)
+}
+
+/// E14: a restore over a SQLite store that holds rows: the backup is copied into a new file
+/// beside it, which then takes the store's name (its write-ahead log going with the old one),
+/// so the store is either all it was or all the backup. Other adapters are emptied by hand.
+async fn replace(from: &SqliteStore, url: &str) -> anyhow::Result<Moved> {
+    let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()).map(PathBuf::from) else {
+        bail!(
+            "{} holds data: a restore replaces a SQLite store only; empty it first and restore again",
+            redact_url(url)
+        );
+    };
+    let fresh = with_suffix(&path, ".restoring");
+    remove_partial(&fresh)?;
+    let into = SqliteStore::open(&fresh).await.with_context(|| format!("creating {}", fresh.display()))?;
+    let moved = copy(from, &into, &format!("sqlite:{}", fresh.display())).await?;
+    into.seal().await.with_context(|| format!("closing {}", fresh.display()))?;
+    for companion in ["-wal", "-shm", "-journal"] {
+        remove_if_there(&with_suffix(&path, companion))?;
+    }
+    std::fs::rename(&fresh, &path).with_context(|| format!("putting the restored store at {}", path.display()))?;
+    Ok(moved)
 }
 
 pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
@@ -125,11 +186,15 @@ pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
 }
 
 async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
-    let from = pcmail_store::open_to_read(&ends.from, &ends.data_dir).await.context("opening --from")?;
-    let to = pcmail_store::open_to_read(&ends.to, &ends.data_dir).await.context("opening --to")?;
+    let from = open_end(&ends.from, &ends.data_dir).await.context("opening --from")?;
+    let to = open_end(&ends.to, &ends.data_dir).await.context("opening --to")?;
     // E14: an end that is a backup must first match the checksums it was written with.
-    for (end, store) in [("--from", &from), ("--to", &to)] {
-        if transfer::verify_sealed(store).await.with_context(|| format!("checking {end}"))? {
+    for (end, url, store) in [("--from", &ends.from, &from), ("--to", &ends.to, &to)] {
+        let whole = match url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+            Some(path) => whole_file(Path::new(path))?,
+            None => FileSum::Absent,
+        };
+        if transfer::verify_sealed(store, whole).await.with_context(|| format!("checking {end}"))? {
             eprintln!("{end} is a backup and matches the checksums it was written with");
         }
     }
@@ -147,6 +212,20 @@ async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
         eprintln!("the stores differ in: {}", differ.join(", "));
     }
     Ok(differ.is_empty())
+}
+
+/// One end of `store verify`, read only; a SQLite file that cannot be opened and whose own
+/// checksum differs is named as a changed backup (E14).
+async fn open_end(url: &str, data_dir: &Path) -> anyhow::Result<AnyStore> {
+    match pcmail_store::open_to_read(url, data_dir).await {
+        Ok(store) => Ok(store),
+        Err(e) => match url.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+            Some(path) if whole_file(Path::new(path))? == FileSum::Differs => bail!(
+                "the backup {path} does not match its checksums in: the file (it was changed after it was written)"
+            ),
+            _ => Err(e.into()),
+        },
+    }
 }
 
 async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str) -> anyhow::Result<Moved> {

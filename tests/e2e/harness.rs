@@ -215,6 +215,12 @@ impl Server {
         });
     }
 
+    /// The variables added to serve's environment from its next start on (E13: a faked clock
+    /// for one run and not the next).
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    }
+
     /// Starts `serve` again on the same data dir (and the same port, if it was fixed).
     pub fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);

@@ -5,8 +5,10 @@
 // A test binary throughout: its helpers state expectations as the tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod backup;
 mod botapi;
 mod boundaries;
+mod clock;
 mod console;
 mod deploy;
 mod disk;

@@ -138,6 +138,29 @@ fn next_day(t: NaiveDateTime) -> Option<NaiveDateTime> {
     t.date().succ_opt()?.and_hms_opt(0, 0, 0)
 }
 
+/// E13: what one cron entry does at wall time `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    /// Run the entry's role now.
+    pub fire: bool,
+    /// The last run to remember (and, when it fired, to store): scheduled times up to it are done.
+    pub last: Ts,
+}
+
+/// E13: whether an entry runs at `now`, given when it last ran (`None`: never, as far as the
+/// store knows — it starts counting from `now`, nothing missed is made up). It runs when a
+/// scheduled time lies after its last run and at or before `now`: once, however many such times
+/// a clock step forward jumped over (late, not skipped). A step back never repeats one: times up
+/// to the last run are done, whatever the clock says now (so a step back of an hour holds the
+/// entry for that hour).
+pub fn plan_due(cron: &Cron, tz: Tz, last: Option<Ts>, now: Ts) -> Due {
+    let Some(last) = last else { return Due { fire: false, last: now } };
+    match cron.next_after(last, tz) {
+        Some(next) if next <= now => Due { fire: true, last: now },
+        _ => Due { fire: false, last },
+    }
+}
+
 /// Parses an IANA time zone name such as `Asia/Tokyo` or `UTC`.
 pub fn parse_tz(name: &str) -> Result<Tz, String> {
     name.parse::<Tz>().map_err(|_| format!("unknown time zone {name:?}; use an IANA name such as Asia/Tokyo or UTC"))
@@ -196,6 +219,61 @@ mod tests {
             let e = bad.parse::<Cron>().expect_err(bad).to_string();
             assert!(e.contains(needle), "{bad}: {e}");
         }
+    }
+
+    /// Drives one entry through wall times (a clock that steps), ticking like the schedule task,
+    /// and answers the times it fired at.
+    fn fired(expr: &str, start: &str, ticks: &[i64]) -> Vec<i64> {
+        let cron: Cron = expr.parse().expect("valid");
+        let (tz, start) = (parse_tz("UTC").expect("tz"), utc(start));
+        let mut last = None;
+        let mut fired = vec![];
+        for &at in ticks {
+            let due = plan_due(&cron, tz, last, start + chrono::TimeDelta::seconds(at));
+            if due.fire {
+                fired.push(at);
+            }
+            last = Some(due.last);
+        }
+        fired
+    }
+
+    /// One tick a second from `from` to `to` (seconds from the start), both included.
+    fn ticks(from: i64, to: i64) -> Vec<i64> {
+        (from..=to).collect()
+    }
+
+    #[test]
+    fn e13_a_step_back_never_repeats_an_entry() {
+        // Entries run at 03:00 (and 03:01), then the clock steps back 70 s and runs on over both.
+        let clock = [ticks(-5, 70), ticks(0, 200)].concat();
+        assert_eq!(fired("0 3 * * *", "2026-11-30T03:00:00Z", &clock), vec![0], "the daily one once");
+        // The minutely one: 03:00 and 03:01 are not run again; 03:02 and 03:03 are, once each.
+        assert_eq!(fired("* * * * *", "2026-11-30T03:00:00Z", &clock), vec![0, 60, 120, 180]);
+    }
+
+    #[test]
+    fn e13_a_step_forward_over_an_entry_runs_it_once_late() {
+        // The clock jumps 5 minutes ahead from 02:58:00 over the daily 03:00, and over five
+        // minutely times: each entry runs once for them, at the first tick after the jump.
+        let clock = [ticks(-130, -120), ticks(180, 200)].concat();
+        assert_eq!(fired("0 3 * * *", "2026-11-30T03:00:00Z", &clock), vec![180]);
+        assert_eq!(fired("* * * * *", "2026-11-30T03:00:00Z", &clock), vec![-120, 180]);
+        // Stepping back over the same time afterwards does not run it again.
+        let back = [clock.clone(), ticks(-10, 10)].concat();
+        assert_eq!(fired("0 3 * * *", "2026-11-30T03:00:00Z", &back), vec![180]);
+    }
+
+    #[test]
+    fn e13_an_entry_never_run_counts_from_now_and_makes_nothing_up() {
+        let cron: Cron = "0 3 * * *".parse().expect("valid");
+        let tz = parse_tz("UTC").expect("tz");
+        let now = utc("2026-11-30T05:00:00Z");
+        assert_eq!(plan_due(&cron, tz, None, now), Due { fire: false, last: now });
+        // Down over its time (last run yesterday): it runs once when the controller is back.
+        let yesterday = utc("2026-11-29T03:00:00Z");
+        assert_eq!(plan_due(&cron, tz, Some(yesterday), now), Due { fire: true, last: now });
+        assert_eq!(plan_due(&cron, tz, Some(now), now), Due { fire: false, last: now });
     }
 
     #[test]

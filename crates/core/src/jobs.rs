@@ -482,10 +482,62 @@ pub fn plan_admin_move(job: &Job, retry: bool, now: Ts) -> Result<Job, String> {
     }
 }
 
+/// E13: what a job's lease is seen by on a store without a clock of its own: its token and the
+/// two stamps a claim or heartbeat writes. Any of them changing is the lease changing.
+pub type LeaseSeen = (Option<String>, Option<Ts>, Option<Ts>);
+
+/// E13 (SQLite): which of the `running` jobs' leases have run out, each judged by how long it
+/// has stood unchanged on the monotonic clock against its length (last heartbeat or claim to
+/// expiry, as its holder wrote them), never by the wall clock that stamped it. Answers them and
+/// the sightings to keep, one per running job (jobs no longer running are forgotten). A job
+/// first seen now has its whole length left, so after a restart a lease stamped hours ahead
+/// runs out one length later, not hours later.
+pub fn expired_by_sight(
+    running: Vec<Job>,
+    mut last: std::collections::HashMap<String, crate::lease::Sighting<LeaseSeen>>,
+    mono: std::time::Duration,
+) -> (Vec<Job>, std::collections::HashMap<String, crate::lease::Sighting<LeaseSeen>>) {
+    let mut kept = std::collections::HashMap::with_capacity(running.len());
+    let mut expired = Vec::new();
+    for job in running.into_iter().filter(|j| j.state == JobState::Running) {
+        let seen = (job.lease_token.clone(), job.heartbeat_at, job.lease_expires_at);
+        let sighting = crate::lease::sight(last.remove(&job.id), seen, mono);
+        let length = match (job.heartbeat_at, job.lease_expires_at) {
+            (Some(beat), Some(until)) => (until - beat).max(chrono::TimeDelta::zero()),
+            _ => chrono::TimeDelta::zero(),
+        };
+        if crate::lease::left(length, sighting.since, mono) <= chrono::TimeDelta::zero() {
+            expired.push(job.clone());
+        }
+        kept.insert(job.id, sighting);
+    }
+    (expired, kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mail::fixtures::at;
+
+    #[test]
+    fn e13_a_job_lease_runs_out_by_the_monotonic_clock_whatever_the_wall_clock_stamped() {
+        let mono = std::time::Duration::from_secs;
+        // Claimed by a serve whose clock ran 3 h ahead: a 60 s lease stamped 3 h from now.
+        let ahead =
+            Job { heartbeat_at: Some(at(3 * 3600)), lease_expires_at: Some(at(3 * 3600 + 60)), ..running(Actor::Pool) };
+        let (expired, seen) = expired_by_sight(vec![ahead.clone()], Default::default(), mono(10));
+        assert!(expired.is_empty(), "first seen: its whole length is left");
+        let (expired, seen) = expired_by_sight(vec![ahead.clone()], seen, mono(69));
+        assert!(expired.is_empty());
+        let (expired, seen) = expired_by_sight(vec![ahead.clone()], seen, mono(70));
+        assert_eq!(expired.len(), 1, "rescued one length after it was first seen, not 3 h later");
+        // A heartbeat (stamped on any clock) is a change: the lease lives on.
+        let beat = Job { heartbeat_at: Some(at(-50)), lease_expires_at: Some(at(10)), ..ahead };
+        let (expired, seen) = expired_by_sight(vec![beat.clone()], seen, mono(71));
+        assert!(expired.is_empty());
+        let (_, seen) = expired_by_sight(vec![], seen, mono(72));
+        assert!(seen.is_empty(), "a job no longer running is forgotten");
+    }
 
     pub fn job() -> Job {
         Job::new("job-1".into(), "default".into(), "f".into(), "{}".into(), at(0))

@@ -4,6 +4,11 @@
 //! The lease is one row (holder, renewed at, expires at) that a replica takes when it is free or
 //! expired and renews while it holds it. `now` is the store's clock, not the replica's, so two
 //! replicas whose clocks disagree still agree on when a lease ran out.
+//!
+//! E13: a store with no clock of its own (SQLite: the process's wall clock, which an NTP step or
+//! a VM restore moves) judges a lease by [`Sighting`]s instead: a lease lasts its length from
+//! the moment this process first saw it as it is, on the monotonic clock, so a wall-clock step
+//! can neither hold a dead holder's lease nor break a live one.
 
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +84,57 @@ pub fn attempt_every(duration: std::time::Duration) -> std::time::Duration {
     duration / 3
 }
 
+/// E13: the store's clock now, from one reading of it (`read`) carried forward by the time the
+/// monotonic clock measured since (`since_read`): job leases are stamped on it, so a step of
+/// this replica's wall clock moves none of them, and a replica whose clock is off stamps what
+/// the others would. At the stores' millisecond.
+pub fn on_store_clock(read: Ts, since_read: std::time::Duration) -> Ts {
+    let now = read + chrono::TimeDelta::from_std(since_read).unwrap_or(chrono::TimeDelta::MAX);
+    chrono::SubsecRound::trunc_subsecs(now, 3)
+}
+
+/// E13: something with a lease (a lease row, a job's lease) as this process last saw it, and
+/// when it first saw it so, as the monotonic time since any fixed origin of the process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sighting<K> {
+    pub seen: K,
+    pub since: std::time::Duration,
+}
+
+/// E13: the sighting to keep after looking at `seen` at monotonic time `mono`: the old one while
+/// nothing changed, a new one from `mono` when anything did.
+pub fn sight<K: PartialEq>(last: Option<Sighting<K>>, seen: K, mono: std::time::Duration) -> Sighting<K> {
+    match last {
+        Some(s) if s.seen == seen && s.since <= mono => s,
+        _ => Sighting { seen, since: mono },
+    }
+}
+
+/// E13: what is left of a lease of `length` that has stood unchanged since `since` (never
+/// negative; a lease with no length — a release — has nothing left).
+pub fn left(length: chrono::TimeDelta, since: std::time::Duration, mono: std::time::Duration) -> chrono::TimeDelta {
+    let elapsed = chrono::TimeDelta::from_std(mono.saturating_sub(since)).unwrap_or(chrono::TimeDelta::MAX);
+    (length - elapsed).max(chrono::TimeDelta::zero())
+}
+
+/// E13 (a store without a clock of its own): the lease as [`plan_acquire`] should judge it at
+/// wall time `now` — its expiry re-timed to `now` plus what is left of its length (renewal to
+/// expiry, as its holder wrote it) since this process first saw it unchanged — and the sighting
+/// to keep. A row stamped hours ahead by a stepped clock lasts its length, no more; a row
+/// stamped behind lasts its length too, so a step forward breaks no live lease.
+pub fn as_seen(
+    current: Option<Lease>,
+    last: Option<Sighting<Lease>>,
+    now: Ts,
+    mono: std::time::Duration,
+) -> (Option<Lease>, Option<Sighting<Lease>>) {
+    let Some(lease) = current else { return (None, None) };
+    let sighting = sight(last, lease.clone(), mono);
+    let length = (lease.expires_at - lease.renewed_at).max(chrono::TimeDelta::zero());
+    let judged = Lease { expires_at: now + left(length, sighting.since, mono), ..lease };
+    (Some(judged), Some(sighting))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +203,64 @@ mod tests {
         assert_eq!(plan_release(Some(&current), "b", t(3)), None);
         assert_eq!(plan_release(Some(&current), "a", t(16)), None);
         assert_eq!(plan_release(None, "a", t(3)), None);
+    }
+
+    fn mono(s: u64) -> std::time::Duration {
+        std::time::Duration::from_secs(s)
+    }
+
+    #[test]
+    fn e13_a_lease_stamped_hours_ahead_lasts_its_length_from_when_it_was_first_seen() {
+        // Written by a holder whose clock ran 3 h ahead, then killed; the clock is back.
+        let ahead = held_by("a", 3 * 3600, 3 * 3600 + 15);
+        let (seen, sighting) = as_seen(Some(ahead.clone()), None, t(0), mono(100));
+        let (write, _) = plan_acquire(seen.as_ref(), CONTROLLER, "b", t(0), D);
+        assert_eq!(write, None, "first seen now: it has its whole length left");
+        let (seen, sighting) = as_seen(Some(ahead.clone()), sighting, t(14), mono(114));
+        assert_eq!(plan_acquire(seen.as_ref(), CONTROLLER, "b", t(14), D).0, None);
+        let (seen, _) = as_seen(Some(ahead), sighting, t(15), mono(115));
+        let (write, who) = plan_acquire(seen.as_ref(), CONTROLLER, "b", t(15), D);
+        assert_eq!(write.map(|l| l.holder), Some("b".to_string()), "taken one length after it was first seen");
+        assert!(matches!(who, Leadership::Leading { .. }));
+    }
+
+    #[test]
+    fn e13_a_wall_step_forward_breaks_no_lease_that_keeps_changing() {
+        let live = held_by("a", 0, 15);
+        let (_, sighting) = as_seen(Some(live.clone()), None, t(0), mono(0));
+        // The wall clock jumps 3 h ahead 5 s later: judged by the monotonic clock, 10 s are left.
+        let (seen, sighting) = as_seen(Some(live), sighting, t(5 + 3 * 3600), mono(5));
+        assert_eq!(seen.as_ref().map(|l| l.expires_at), Some(t(15 + 3 * 3600)));
+        assert_eq!(plan_acquire(seen.as_ref(), CONTROLLER, "b", t(5 + 3 * 3600), D).0, None);
+        // Renewed (stamped on the stepped clock): a change, so a new sighting with its full length.
+        let renewed = held_by("a", 8 + 3 * 3600, 8 + 3 * 3600 + 15);
+        let (_, sighting) = as_seen(Some(renewed.clone()), sighting, t(8 + 3 * 3600), mono(8));
+        assert_eq!(sighting.map(|s| s.since), Some(mono(8)));
+    }
+
+    #[test]
+    fn e13_a_step_back_neither_holds_nor_shortens_a_lease() {
+        let live = held_by("a", 0, 15);
+        let (_, sighting) = as_seen(Some(live.clone()), None, t(0), mono(50));
+        // The wall clock steps 70 s back; 16 monotonic seconds later the lease has run out.
+        let (seen, _) = as_seen(Some(live), sighting, t(16 - 70), mono(66));
+        assert_eq!(seen.map(|l| l.expires_at), Some(t(16 - 70)), "expired, measured on the monotonic clock");
+    }
+
+    #[test]
+    fn e13_the_store_clock_runs_on_from_its_last_reading_on_the_monotonic_clock() {
+        assert_eq!(on_store_clock(t(100), mono(5)), t(105));
+        let ms = std::time::Duration::from_micros(1_500);
+        assert_eq!(on_store_clock(t(100), ms), t(100) + chrono::TimeDelta::milliseconds(1), "kept to the ms");
+    }
+
+    #[test]
+    fn e13_a_released_lease_has_nothing_left() {
+        let released = Lease { expires_at: t(3), renewed_at: t(3), ..held_by("a", 0, 15) };
+        let (seen, _) = as_seen(Some(released), None, t(4), mono(0));
+        let (write, _) = plan_acquire(seen.as_ref(), CONTROLLER, "b", t(4), D);
+        assert_eq!(write.map(|l| l.holder), Some("b".into()));
+        assert_eq!(as_seen(None, None, t(4), mono(0)), (None, None));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod mail;
 pub mod manifest;
 pub mod page;
 pub mod present;
+pub mod restore;
 pub mod retention;
 pub mod retry;
 pub mod roster;

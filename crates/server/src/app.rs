@@ -68,6 +68,8 @@ struct Inner {
     uptime: Mutex<Uptime>,
     /// E15: the store trouble last said in the log.
     said_store: Mutex<Said<String>>,
+    /// E13: the store's clock as last read (by a lease attempt), and when on the monotonic clock.
+    store_clock: Mutex<Option<(pcmail_core::Ts, tokio::time::Instant)>>,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -121,6 +123,7 @@ impl App {
                 said_leading: Mutex::new(false),
                 uptime: Mutex::new(Uptime::started(crate::clock::now())),
                 said_store: Mutex::new(Said::default()),
+                store_clock: Mutex::new(None),
             }),
         })
     }
@@ -271,6 +274,22 @@ impl App {
     pub fn is_leader(&self) -> bool {
         let until = *self.inner.leading_until.lock().unwrap_or_else(PoisonError::into_inner);
         until.is_some_and(|t| tokio::time::Instant::now() < t)
+    }
+
+    /// E13: the time job leases are stamped and judged on — the store's clock (PostgreSQL's
+    /// `clock_timestamp()`) as the last lease attempt read it, carried on by the monotonic clock;
+    /// this process's clock until a first attempt read it.
+    pub fn lease_now(&self) -> pcmail_core::Ts {
+        let read = *self.inner.store_clock.lock().unwrap_or_else(PoisonError::into_inner);
+        match read {
+            Some((read, at)) => pcmail_core::lease::on_store_clock(read, at.elapsed()),
+            None => crate::clock::now(),
+        }
+    }
+
+    /// E13: a reading of the store's clock, taken at `at`.
+    pub fn read_store_clock(&self, read: pcmail_core::Ts, at: tokio::time::Instant) {
+        *self.inner.store_clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((read, at));
     }
 
     /// Records the outcome of a lease attempt; answers whether leadership changed.

@@ -22,10 +22,16 @@ pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> 
     let started = Instant::now();
     let (me, duration) = (app.replica().to_string(), app.lease_duration());
     let delta = chrono::TimeDelta::from_std(duration).unwrap_or(chrono::TimeDelta::MAX);
-    let leadership = app
+    let (leadership, store_now) = app
         .store()
-        .lease_transaction(CONTROLLER, move |current, now| plan_acquire(current.as_ref(), CONTROLLER, &me, now, delta))
+        .lease_transaction(CONTROLLER, move |current, now| {
+            let (write, leadership) = plan_acquire(current.as_ref(), CONTROLLER, &me, now, delta);
+            (write, (leadership, now))
+        })
         .await?;
+    // E13: job leases are stamped on the store's clock as read here; carried on from the answer,
+    // it runs behind by at most the round trip, so no lease is judged expired early.
+    app.read_store_clock(store_now, Instant::now());
     let until = match &leadership {
         Leadership::Leading { .. } => Some(started + duration),
         Leadership::Following { .. } => None,

@@ -62,6 +62,8 @@ impl Runtime {
 pub struct CronEntry {
     pub tz: Tz,
     pub cron: Cron,
+    /// The expression as written: with the role and zone, what names the entry's last run (E13).
+    pub cron_text: String,
     pub key: Key,
 }
 
@@ -178,7 +180,7 @@ fn schedule(rt: &mut Runtime, s: &ScheduleSpec, status: &mut Status, now: Ts) {
         // Crons are validated at apply; a stored one that no longer parses is reported.
         match e.cron.parse() {
             Ok(cron) => {
-                rt.crons.push(CronEntry { tz, cron, key: key_for(e.role) });
+                rt.crons.push(CronEntry { tz, cron, cron_text: e.cron.clone(), key: key_for(e.role) });
                 roles.push(role);
             }
             Err(err) => invalid.push(format!("{role}: {err}")),

@@ -549,7 +549,8 @@ pub async fn j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_t
 
 pub async fn j2_j3_a_rescued_lease_can_no_longer_write(store: &impl Store) {
     store.jobs_transaction(JobSelect::Ids(vec![]), |_| (vec![job(1, 0, 0)], ())).await.expect("enqueue");
-    let claimed = store.claim_jobs(claim("w1", 1, 10)).await.expect("claim").remove(0);
+    // A lease of no length: expired on every clock (E13: SQLite judges it on the monotonic one).
+    let claimed = store.claim_jobs(Claim { lease_until: at(10), ..claim("w1", 1, 10) }).await.expect("claim").remove(0);
     let rescued = store
         .jobs_transaction(JobSelect::ExpiredLeases { now: at(100), limit: 10 }, |expired| {
             let out: Vec<Job> = expired.iter().map(|j| plan_rescue(j, at(100), 0.0)).collect();
@@ -1005,19 +1006,19 @@ pub async fn o2_a_backup_holds_every_tab_as_it_was(store: &(impl Store + Clone))
 /// E14: a backup sealed with the checksums its copy counted checks out as it was written, and
 /// a row changed afterwards is named by its tab; a store never sealed carries none.
 pub async fn e14_a_sealed_backup_checks_out_and_a_changed_row_names_its_tab(store: &(impl Store + Clone)) {
-    use crate::transfer::{BACKUP_DIGEST_KEY, copy, seal_digest, verify_sealed};
+    use crate::transfer::{BACKUP_DIGEST_KEY, FileSum, copy, seal_digest, verify_sealed};
     fill_every_tab(store).await;
     let (_dir, backup) = sqlite_scratch().await;
     let copied = copy(store, &backup).await.expect("backup");
     assert_eq!(copied, crate::transfer::digest(store).await.expect("digest"), "the copy counts what it wrote");
     backup.kv_set(BACKUP_DIGEST_KEY, &seal_digest(&copied)).await.expect("seal");
-    assert!(verify_sealed(&backup).await.expect("checks out"));
-    assert!(!verify_sealed(store).await.expect("no seal"));
+    assert!(verify_sealed(&backup, FileSum::Absent).await.expect("checks out"));
+    assert!(!verify_sealed(store, FileSum::Absent).await.expect("no seal"));
     insert(&backup, vec![mail(9, "pc2")]).await;
-    let err = verify_sealed(&backup).await.expect_err("a changed row").to_string();
+    let err = verify_sealed(&backup, FileSum::Absent).await.expect_err("a changed row").to_string();
     assert!(err.contains("checksums in: mail") && !err.contains("ledger"), "{err}");
     backup.kv_set(BACKUP_DIGEST_KEY, "{\"tabs\": [], \"whole\": \"0\"}").await.expect("forge");
-    let err = verify_sealed(&backup).await.expect_err("a forged record").to_string();
+    let err = verify_sealed(&backup, FileSum::Absent).await.expect_err("a forged record").to_string();
     assert!(err.contains("its checksum record"), "{err}");
 }
 

@@ -352,7 +352,9 @@ pub enum JobSelect {
     /// J6/E12: every job, live or finished, holding any of these unique keys (finished ones
     /// hold a key for the `uniqueFor` of whoever asks again; retention bounds how many).
     Unique(Vec<String>),
-    /// J3: running jobs whose lease expired at or before `now`.
+    /// J3: running jobs whose lease expired at or before `now` (E13: on the store's clock —
+    /// SQLite, whose only clock is the wall clock that steps, judges each lease instead by how
+    /// long it stood unchanged on the monotonic clock, and leaves `now` aside).
     ExpiredLeases {
         now: Ts,
         limit: usize,
@@ -591,7 +593,10 @@ pub trait Store: Send + Sync + 'static {
     fn mark_notified(&self, sent: Vec<Alert>, at: Ts) -> impl Future<Output = Result<()>> + Send;
 
     /// C1: loads the lease `name`, hands it to `plan` with the store's clock (one clock for every
-    /// replica), and writes the lease it returns, in one transaction.
+    /// replica), and writes the lease it returns, in one transaction. E13: PostgreSQL's clock is
+    /// the database's; SQLite hands over the lease re-timed by `lease::as_seen` (how long it
+    /// stood unchanged on this process's monotonic clock), so a wall-clock step neither holds
+    /// nor breaks it.
     fn lease_transaction<R, F>(&self, name: &str, plan: F) -> impl Future<Output = Result<R>> + Send
     where
         F: FnOnce(Option<Lease>, Ts) -> (Option<Lease>, R) + Send + 'static,

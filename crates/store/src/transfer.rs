@@ -203,18 +203,142 @@ pub fn check_sealed(sealed: &str, now: &[TabDigest]) -> std::result::Result<(), 
 }
 
 /// E14: checks a store against the checksums it was sealed with, if it was; answers whether
-/// it carried any. A tab that differs is named in the error.
-pub async fn verify_sealed(store: &(impl Store + Clone)) -> Result<bool> {
-    let Some(sealed) = store.kv_get(BACKUP_DIGEST_KEY).await? else { return Ok(false) };
-    let now = digest(store).await?;
-    check_sealed(&sealed, &now).map_err(|tabs| {
-        StoreError::Corrupt(format!(
-            "the backup does not match its checksums in: {} (it was changed after it was written; \
-             nothing was restored)",
-            tabs.join(", ")
-        ))
-    })?;
+/// it carried any. A tab that differs is named in the error; `file` is the verdict of the
+/// backup file's own checksum ([`check_file`]), and "the file" is named when only it differs.
+pub async fn verify_sealed(store: &(impl Store + Clone), file: FileSum) -> Result<bool> {
+    let Some(sealed) = store.kv_get(BACKUP_DIGEST_KEY).await? else {
+        return match file {
+            FileSum::Differs => Err(damaged(&["the file".to_string()])),
+            _ => Ok(false),
+        };
+    };
+    let now = match digest(store).await {
+        Ok(now) => now,
+        // Rows that cannot even be read are a damaged file, when its checksum says so.
+        Err(_) if file == FileSum::Differs => return Err(damaged(&["the file".to_string()])),
+        Err(e) => return Err(e),
+    };
+    check_sealed(&sealed, &now).map_err(|tabs| damaged(&tabs))?;
+    if file == FileSum::Differs {
+        return Err(damaged(&["the file".to_string()]));
+    }
     Ok(true)
+}
+
+fn damaged(what: &[String]) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the backup does not match its checksums in: {} (it was changed after it was written; \
+         nothing was restored)",
+        what.join(", ")
+    ))
+}
+
+/// E14: where a sealed backup keeps the checksum of the whole file: the SQLite header's
+/// application id (4 bytes at offset 68, which SQLite stores and never reads), so the backup
+/// stays a plain SQLite file that any tool opens. It catches what no row checksum sees: the
+/// header, the page structure, an index, free space.
+const FILE_SUM_AT: std::ops::Range<usize> = 68..72;
+
+/// What a backup file's own checksum says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileSum {
+    Matches,
+    Differs,
+    /// Written before backups carried one, or not a backup.
+    Absent,
+}
+
+/// E14: the checksum of a whole backup file: the first 4 bytes of the SHA-256 of every byte,
+/// the 4 bytes that hold it counted as zero; never 0, which means "none".
+pub fn file_sum(mut read: impl std::io::Read) -> std::io::Result<u32> {
+    let mut h = Sha256::new();
+    let mut at = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = read.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &mut buf[..n];
+        for i in FILE_SUM_AT {
+            if (at..at + n).contains(&i) {
+                chunk[i - at] = 0;
+            }
+        }
+        h.update(&*chunk);
+        at += n;
+    }
+    let d = h.finalize();
+    Ok(u32::from_be_bytes([d[0], d[1], d[2], d[3]]).max(1))
+}
+
+/// E14: writes the whole-file checksum into a closed backup file, and makes it durable.
+pub fn seal_file(mut file: &std::fs::File) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    file.seek(SeekFrom::Start(0))?;
+    let sum = file_sum(file)?;
+    file.seek(SeekFrom::Start(FILE_SUM_AT.start as u64))?;
+    file.write_all(&sum.to_be_bytes())?;
+    file.sync_all()
+}
+
+/// E14: a backup file against the checksum it carries. A file that is no SQLite file carries
+/// none — its header has neither SQLite's magic string nor the payload fractions (64, 32, 32)
+/// every SQLite file has, so one damaged byte in either still reads as a damaged backup.
+pub fn check_file(path: &std::path::Path) -> std::io::Result<FileSum> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let mut header = [0u8; 100];
+    if file.read_exact(&mut header).is_err() {
+        return Ok(FileSum::Absent);
+    }
+    let sqlite = header.starts_with(b"SQLite format 3\0") || header[21..24] == [64, 32, 32];
+    let held = u32::from_be_bytes([header[68], header[69], header[70], header[71]]);
+    if !sqlite || held == 0 {
+        return Ok(FileSum::Absent);
+    }
+    file.seek(SeekFrom::Start(0))?;
+    Ok(if file_sum(file)? == held { FileSum::Matches } else { FileSum::Differs })
+}
+
+/// E14: a store as a restore weighs it (`pcmail_core::restore`): rows per tab, the last mail's
+/// seq and time, each machine's token hash — read from one snapshot, as a copy reads it.
+pub async fn survey(store: &(impl Store + Clone)) -> Result<pcmail_core::restore::Holdings> {
+    let mut held = pcmail_core::restore::Holdings {
+        rows: TABS.iter().map(|(t, _)| (t.to_string(), 0)).collect(),
+        ..Default::default()
+    };
+    let at = |tab: &str, column: &str| columns(tab).iter().position(|c| *c == column);
+    let (seq, created) = (at("mail", "seq"), at("mail", "created_at"));
+    let (machine, hash) = (at("tokens", "machine"), at("tokens", "hash"));
+    each_batch(store, async |batch: Batch| {
+        if let Some((_, n)) = held.rows.iter_mut().find(|(t, _)| t == batch.tab) {
+            *n += batch.rows.len() as u64;
+        }
+        for row in &batch.rows {
+            let cell = |i: Option<usize>| i.and_then(|i| row.get(i));
+            match batch.tab {
+                "mail" => {
+                    if let Some(Cell::Int(s)) = cell(seq) {
+                        held.last_seq = held.last_seq.max(*s);
+                    }
+                    if let Some(Cell::Int(ms)) = cell(created) {
+                        let t = chrono::DateTime::from_timestamp_millis(*ms);
+                        held.newest_mail = held.newest_mail.max(t);
+                    }
+                }
+                "tokens" => {
+                    if let (Some(Cell::Text(m)), Some(Cell::Text(h))) = (cell(machine), cell(hash)) {
+                        held.tokens.insert(m.clone(), h.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(held)
 }
 
 /// One tab as `store verify` compares it.
@@ -265,6 +389,20 @@ pub fn differences(a: &[TabDigest], b: &[TabDigest]) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e14_the_file_sum_changes_with_any_bit_but_not_with_where_it_is_kept() {
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let sum = file_sum(&bytes[..]).expect("sum");
+        let mut kept = bytes.clone();
+        kept[68..72].copy_from_slice(&sum.to_be_bytes());
+        assert_eq!(file_sum(&kept[..]).expect("sum"), sum, "the bytes that hold it count as zero");
+        for at in [0, 67, 72, 1000, 65_535, 65_536, 199_999] {
+            let mut flipped = kept.clone();
+            flipped[at] ^= 0x10;
+            assert_ne!(file_sum(&flipped[..]).expect("sum"), sum, "a bit flipped at {at}");
+        }
+    }
 
     #[test]
     fn o3_every_tab_moved_has_its_columns_and_the_counts_stay_behind() {

@@ -493,7 +493,7 @@ async fn job_action(
         "cancel" => false,
         _ => return Err(failure(&ctx, StatusCode::NOT_FOUND, &format!("no job action {action:?}"))),
     };
-    if let Err(e) = crate::jobs::admin_move(&app, &id, retry, crate::clock::now()).await {
+    if let Err(e) = crate::jobs::admin_move(&app, &id, retry, app.lease_now()).await {
         let status = match e.failure() {
             Failure::NotFound => StatusCode::NOT_FOUND,
             Failure::Unavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -87,7 +87,8 @@ async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
         Key::MailSweep => mail_sweep::run(app, now).await.map(|_| ())?,
         Key::Notify => notifier::run(app, now).await?,
         Key::Specs => crate::specs::sync(app, now).await?,
-        Key::JobReaper => crate::ledger::settle::rescue_expired(app, now).await.map(|_| ())?,
+        // E13: job leases are judged on the store's clock.
+        Key::JobReaper => crate::ledger::settle::rescue_expired(app, app.lease_now()).await.map(|_| ())?,
         Key::Prune => prune::run(app, now).await.map(|_| ())?,
         Key::ExecuteChecked | Key::AutoExecute => {
             let (trigger, role) = match key {

@@ -172,7 +172,7 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
                     break;
                 }
                 let lease = spec.lease_duration;
-                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, crate::clock::now()).await {
+                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, app.lease_now()).await {
                     Ok(jobs) => {
                         for job in jobs {
                             got += 1;
@@ -208,7 +208,7 @@ async fn record_ends(app: App, mut reports: mpsc::UnboundedReceiver<Ended>) {
     let mut batch = Vec::new();
     while reports.recv_many(&mut batch, 1000).await > 0 {
         let sent: Vec<String> = batch.iter().map(|(id, _, _)| id.clone()).collect();
-        match settle::report_many(&app, std::mem::take(&mut batch), Actor::Pool, crate::clock::now()).await {
+        match settle::report_many(&app, std::mem::take(&mut batch), Actor::Pool, app.lease_now()).await {
             Ok(outcomes) => {
                 for (id, outcome) in sent.iter().zip(outcomes) {
                     if let Err(e) = outcome {
@@ -232,7 +232,7 @@ async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, e
             loop {
                 tokio::time::sleep(every).await;
                 let beat = Report::Heartbeat { lease };
-                if let Err(e) = settle::report(&app, &id, &token, Actor::Pool, beat, crate::clock::now()).await {
+                if let Err(e) = settle::report(&app, &id, &token, Actor::Pool, beat, app.lease_now()).await {
                     tracing::warn!(job = %id, error = %e, "heartbeat refused: the lease is gone");
                     return;
                 }

@@ -1,59 +1,65 @@
 //! Schedule crons (L14): each entry fires in its Schedule's time zone and enqueues the key of
-//! its role.
+//! its role. E13: once per scheduled time across clock steps (`cron::plan_due`): the leader
+//! looks every second at the wall clock — a tokio timer runs on the monotonic clock and would
+//! sleep through a step — and stores each entry's last run before queuing it, so neither a step
+//! back nor a new leader runs a time twice.
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use pcmail_core::Ts;
+use pcmail_core::cron::plan_due;
+use pcmail_store::Store;
 
 use crate::app::App;
-use crate::key::Key;
 use crate::runtime::CronEntry;
 
-/// The next time any entry fires after `after`, and the keys that fire then.
-pub fn next_fire(entries: &[CronEntry], after: Ts) -> Option<(Ts, Vec<Key>)> {
-    let fires: Vec<(Ts, Key)> = entries.iter().filter_map(|e| Some((e.cron.next_after(after, e.tz)?, e.key))).collect();
-    let first = fires.iter().map(|(t, _)| *t).min()?;
-    let mut keys: Vec<Key> = fires.into_iter().filter(|(t, _)| *t == first).map(|(_, k)| k).collect();
-    keys.sort();
-    keys.dedup();
-    Some((first, keys))
+/// How often the leader looks at the clock: a step over an entry's time runs it this late.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The `kv` key of an entry's last run: its role, zone and expression, so an entry keeps its
+/// record across spec changes that leave it as it is.
+pub fn last_run_key(entry: &CronEntry) -> String {
+    format!("schedule/last-run/{}/{}/{}", entry.key.name(), entry.tz.name(), entry.cron_text)
 }
 
 pub async fn run(app: App) {
-    let mut specs = app.watch_specs();
+    // Each entry's last run as this leader knows it; read from the store when first needed
+    // after leadership is (re)gained, since another replica may have run entries meanwhile.
+    let mut last: HashMap<String, Option<Ts>> = HashMap::new();
+    let mut shutdown = app.watch_shutdown();
     loop {
-        specs.mark_unchanged();
-        let now = crate::clock::now();
-        let next = next_fire(&app.runtime().crons, now);
-        let sleep = match &next {
-            Some((at, _)) => (*at - now).to_std().unwrap_or_default(),
-            None => std::time::Duration::from_secs(3600),
-        };
         tokio::select! {
-            _ = tokio::time::sleep(sleep) => {
-                for key in next.map(|(_, keys)| keys).unwrap_or_default() {
-                    app.queue().add(key);
-                }
-            }
-            _ = specs.changed() => {}
+            _ = tokio::time::sleep(TICK) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(expr: &str, tz: &str, key: Key) -> CronEntry {
-        CronEntry { tz: tz.parse().expect("tz"), cron: expr.parse().expect("cron"), key }
-    }
-
-    #[test]
-    fn l14_next_fire_takes_the_earliest_entry_across_time_zones() {
-        let after: Ts = "2026-11-30T02:03:00Z".parse().expect("time");
-        let entries = [entry("0 12 * * *", "Asia/Tokyo", Key::MailSweep), entry("*/5 * * * *", "UTC", Key::Specs)];
-        assert_eq!(next_fire(&entries, after), Some(("2026-11-30T02:05:00Z".parse().expect("t"), vec![Key::Specs])));
-        let noon_tokyo: Ts = "2026-11-30T02:59:30Z".parse().expect("time");
-        let both = next_fire(&entries, noon_tokyo).expect("fires");
-        assert_eq!(both.1, vec![Key::MailSweep, Key::Specs]);
-        assert_eq!(next_fire(&[], after), None);
+        if !app.is_leader() {
+            last.clear();
+            continue;
+        }
+        for entry in &app.runtime().crons {
+            let key = last_run_key(entry);
+            let known = match last.get(&key) {
+                Some(known) => *known,
+                None => match app.store().kv_get(&key).await {
+                    Ok(stored) => stored.and_then(|s| s.parse::<Ts>().ok()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, entry = %key, "cannot read a schedule's last run; trying again");
+                        continue;
+                    }
+                },
+            };
+            let due = plan_due(&entry.cron, entry.tz, known, crate::clock::now());
+            if due.fire {
+                // Stored before it is queued: a crash in between skips this run, never repeats it.
+                if let Err(e) = app.store().kv_set(&key, &due.last.to_rfc3339()).await {
+                    tracing::warn!(error = %e, entry = %key, "cannot record a schedule's run; it runs when it can");
+                    last.insert(key, known);
+                    continue;
+                }
+                app.queue().add(entry.key);
+            }
+            last.insert(key, Some(due.last));
+        }
     }
 }

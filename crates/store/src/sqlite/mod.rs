@@ -26,8 +26,8 @@ use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, Store, StoreError,
 };
-use pcmail_core::jobs::Job;
-use pcmail_core::lease::Lease;
+use pcmail_core::jobs::{Job, LeaseSeen, expired_by_sight};
+use pcmail_core::lease::{Lease, Sighting, as_seen};
 use pcmail_core::ledger::Row as LedgerRow;
 use rows::collect;
 
@@ -49,6 +49,22 @@ struct Inner {
     /// [`READER_POOL`] permits: one per read running.
     reading: Arc<tokio::sync::Semaphore>,
     writer: Mutex<Connection>,
+    /// E13: leases as this process last saw them change, judged on the monotonic clock.
+    seen: Mutex<Seen>,
+}
+
+/// E13: SQLite has no clock but the process's wall clock, which steps; a lease (the leader's,
+/// a job's) is judged instead by how long it has stood unchanged as this process saw it.
+#[derive(Default)]
+struct Seen {
+    leases: std::collections::HashMap<String, Sighting<Lease>>,
+    jobs: std::collections::HashMap<String, Sighting<LeaseSeen>>,
+}
+
+/// The monotonic clock, as time since the first look of this process.
+fn monotonic() -> std::time::Duration {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
 pub fn map_err(e: rusqlite::Error) -> StoreError {
@@ -130,7 +146,13 @@ impl SqliteStore {
     fn over(path: PathBuf, writer: Connection) -> SqliteStore {
         let reading = Arc::new(tokio::sync::Semaphore::new(READER_POOL));
         SqliteStore {
-            inner: Arc::new(Inner { path, readers: Mutex::new(Vec::new()), reading, writer: Mutex::new(writer) }),
+            inner: Arc::new(Inner {
+                path,
+                readers: Mutex::new(Vec::new()),
+                reading,
+                writer: Mutex::new(writer),
+                seen: Mutex::default(),
+            }),
         }
     }
 
@@ -780,9 +802,30 @@ impl Store for SqliteStore {
         F: FnOnce(Vec<Job>) -> (Vec<Job>, R) + Send + 'static,
         R: Send + 'static,
     {
+        let inner = self.inner.clone();
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
-            let loaded = select_jobs(&tx, &select)?;
+            let loaded = match &select {
+                // E13: every running job is looked at, and those whose lease stood unchanged for
+                // its length on the monotonic clock are the expired ones (`now` is not asked).
+                JobSelect::ExpiredLeases { limit, .. } => {
+                    let running = collect(
+                        &mut tx
+                            .prepare_cached(&format!(
+                                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' ORDER BY lease_expires_at"
+                            ))
+                            .map_err(map_err)?,
+                        [],
+                        codec::job,
+                    )?;
+                    let mut seen = inner.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                    let (mut expired, kept) = expired_by_sight(running, std::mem::take(&mut seen.jobs), monotonic());
+                    seen.jobs = kept;
+                    expired.truncate(*limit);
+                    expired
+                }
+                select => select_jobs(&tx, select)?,
+            };
             let before: std::collections::HashMap<String, Job> =
                 loaded.iter().map(|j| (j.id.clone(), j.clone())).collect();
             let (writes, out) = plan(loaded);
@@ -978,11 +1021,22 @@ impl Store for SqliteStore {
         R: Send + 'static,
     {
         let name = name.to_string();
+        let inner = self.inner.clone();
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE name = ?1");
             let current = collect(&mut tx.prepare_cached(&sql).map_err(map_err)?, [&name], codec::lease)?.pop();
-            let (write, out) = plan(current, crate::store_clock());
+            let now = crate::store_clock();
+            // E13: the lease as the monotonic clock judges it, whatever the wall clock stamped.
+            let current = {
+                let mut seen = inner.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                let (judged, sighting) = as_seen(current, seen.leases.remove(&name), now, monotonic());
+                if let Some(sighting) = sighting {
+                    seen.leases.insert(name.clone(), sighting);
+                }
+                judged
+            };
+            let (write, out) = plan(current, now);
             if let Some(lease) = write {
                 tx.prepare_cached(&codec::upsert_sql(
                     "leases",

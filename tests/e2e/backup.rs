@@ -1,0 +1,158 @@
+//! E14 end to end: a backup's checksums (each tab's and the whole file's) catch a bit flipped
+//! anywhere, and `restore` says what it brings back and drops, refusing without `--force` to go
+//! back in time or to replace machine tokens.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::harness::{BIN, Server, ok, stderr};
+
+/// `pcmail-ctl` with no server or token: the store verbs need neither.
+fn offline(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env_remove("PCMAIL_STORE").output().expect("pcmail-ctl")
+}
+
+fn backup_of(s: &Server, file: &Path) {
+    let data = s.dir.path().join("data").display().to_string();
+    ok(offline(&["backup", &file.display().to_string(), "--data-dir", &data]));
+}
+
+fn restore(file: &Path, data: &Path, force: bool) -> Output {
+    let (file, data) = (file.display().to_string(), data.display().to_string());
+    let mut args = vec!["restore", file.as_str(), "--data-dir", data.as_str()];
+    if force {
+        args.push("--force");
+    }
+    offline(&args)
+}
+
+/// A text value of `tab` as the backup holds it (the longest one of the first row, so it is
+/// found nowhere else by chance).
+fn a_value_of(backup: &Path, tab: &str) -> String {
+    let db = rusqlite::Connection::open_with_flags(backup, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("ro");
+    let mut stmt = db.prepare(&format!("SELECT * FROM {tab} LIMIT 1")).expect("select");
+    let n = stmt.column_count();
+    let row: Vec<String> = stmt
+        .query_row([], |r| Ok((0..n).filter_map(|i| r.get::<_, String>(i).ok()).collect()))
+        .unwrap_or_else(|e| panic!("{tab} has a row: {e}"));
+    row.into_iter().max_by_key(String::len).filter(|v| v.len() >= 8).unwrap_or_else(|| panic!("{tab}: no text"))
+}
+
+/// A copy of `backup` with one bit flipped in every place its bytes hold `needle` (a row and
+/// any index over it), or at `at`.
+fn flipped(backup: &Path, dir: &Path, name: &str, needle: Option<&str>, at: Option<usize>) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(backup).expect("read");
+    let mut places: Vec<usize> = at.into_iter().collect();
+    if let Some(needle) = needle {
+        let n = needle.as_bytes();
+        places.extend(bytes.windows(n.len()).enumerate().filter(|(_, w)| *w == n).map(|(i, _)| i + n.len() / 2));
+    }
+    assert!(!places.is_empty(), "{name}: {needle:?} is in the file");
+    for i in places {
+        bytes[i] ^= 0x04;
+    }
+    let out = dir.join(format!("{name}.db"));
+    std::fs::write(&out, bytes).expect("write");
+    out
+}
+
+#[test]
+fn e14_a_bit_flipped_anywhere_in_a_backup_fails_restore_and_verify_naming_the_tab_or_the_file() {
+    let s = Server::start();
+    let desk = s.token("desk");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "pay", "--body", "wire 100 EUR to ZEBRA-0042"]));
+    ok(s.ctl(&desk, &["poll"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = dir.path().join("b.db");
+    backup_of(&s, &backup);
+    let source = format!("sqlite:{}", s.dir.path().join("data/pcmail.db").display());
+    let verify =
+        |file: &Path| offline(&["store", "verify", "--from", &format!("sqlite:{}", file.display()), "--to", &source]);
+    let fine = verify(&backup);
+    assert_eq!(fine.status.code(), Some(0), "untouched it verifies: {}", stderr(&fine));
+
+    let mut cases: Vec<(String, std::path::PathBuf)> = ["mail", "tokens", "specs", "events", "leases"]
+        .into_iter()
+        .map(|tab| {
+            let value = a_value_of(&backup, tab);
+            (format!("checksums in: {tab}"), flipped(&backup, dir.path(), tab, Some(&value), None))
+        })
+        .collect();
+    // The header (SQLite's magic string) and the whole-file checksum itself: only the file says.
+    for (name, at) in [("header", 3), ("file-sum", 69)] {
+        cases.push(("checksums in: the file".into(), flipped(&backup, dir.path(), name, None, Some(at))));
+    }
+    for (needle, file) in cases {
+        let target = dir.path().join(format!("restored-{}", file.file_stem().and_then(|n| n.to_str()).unwrap_or("")));
+        let out = restore(&file, &target, false);
+        assert!(!out.status.success() && stderr(&out).contains(&needle), "restore {file:?}: {}", stderr(&out));
+        assert!(!target.join("pcmail.db").exists(), "{file:?}: checked before anything is written");
+        let out = verify(&file);
+        assert!(
+            out.status.code().is_some_and(|c| c >= 2) && stderr(&out).contains(&needle),
+            "verify {file:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+fn mails_in(data: &Path) -> i64 {
+    let db = rusqlite::Connection::open(data.join("pcmail.db")).expect("db");
+    db.query_row("SELECT count(*) FROM mail", [], |r| r.get(0)).expect("count")
+}
+
+#[test]
+fn e14_restore_of_an_older_backup_refuses_without_force_lists_what_it_drops_and_force_does_it() {
+    let mut s = Server::start();
+    let desk = s.token("desk");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--body", "before the backup"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = dir.path().join("older.db");
+    backup_of(&s, &backup);
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--body", "after the backup"]));
+    s.terminate();
+    let data = s.dir.path().join("data");
+
+    let out = restore(&backup, &data, false);
+    let said = stderr(&out);
+    assert!(!out.status.success(), "going back in time needs --force: {said}");
+    assert!(said.contains("the backup brings back:") && said.contains("mail 1"), "{said}");
+    assert!(said.contains("holds, and the restore drops:") && said.contains("mail 2"), "{said}");
+    assert!(said.contains("newest mail") && said.contains("tokens of desk"), "{said}");
+    assert!(said.contains("refused: the target holds newer mail than the backup (seq 2 against 1)"), "{said}");
+    assert_eq!(mails_in(&data), 2, "nothing was changed");
+
+    let out = restore(&backup, &data, true);
+    assert!(out.status.success(), "--force does it: {}", stderr(&out));
+    assert_eq!(mails_in(&data), 1, "the store is the backup's");
+    assert!(!data.join("pcmail.db.restoring").exists());
+    s.spawn();
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--body", "the old token still works"]));
+}
+
+#[test]
+fn e14_another_servers_backup_refuses_without_force_to_replace_machine_tokens() {
+    let theirs = Server::start();
+    let their_desk = theirs.token("desk");
+    ok(theirs.ctl(&their_desk, &["send", "--to", "laptop", "--body", "elsewhere"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = dir.path().join("theirs.db");
+    backup_of(&theirs, &backup);
+    drop(theirs);
+
+    let mut ours = Server::start();
+    let our_desk = ours.token("desk");
+    ours.terminate();
+    let data = ours.dir.path().join("data");
+    let out = restore(&backup, &data, false);
+    let said = stderr(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("refused: the backup's machine tokens differ from the target's (desk)"), "{said}");
+    assert!(!said.contains("newer mail"), "no mail goes back in time: {said}");
+
+    ok(restore(&backup, &data, true));
+    ours.spawn();
+    let refused = ours.ctl(&our_desk, &["inbox"]);
+    assert!(!refused.status.success(), "this server's old token was replaced");
+    ok(ours.ctl(&their_desk, &["inbox"]));
+}
