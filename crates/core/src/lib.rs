@@ -16,6 +16,7 @@ pub mod conns;
 pub mod cron;
 pub mod duration;
 pub mod exec;
+pub mod holding;
 pub mod ids;
 pub mod intent;
 pub mod jobs;
