@@ -21,6 +21,7 @@ mod mail;
 mod mcp;
 mod monitoring;
 mod operations;
+mod outage;
 mod pcside;
 mod process;
 mod replicas;

@@ -58,6 +58,8 @@ struct Inner {
     /// Other processes write to the store (PostgreSQL): follow their announcements.
     shared_store: bool,
     leading_until: Mutex<Option<tokio::time::Instant>>,
+    /// The pools' task (E17): `serve` waits for it to hand back or record every job it holds.
+    pools: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -107,6 +109,7 @@ impl App {
                 shared_store,
                 lease: config.lease.max(Duration::from_millis(300)),
                 leading_until: Mutex::new(None),
+                pools: Mutex::new(None),
             }),
         })
     }
@@ -153,6 +156,14 @@ impl App {
     /// other replicas travel over a connection that can drop, so polling is the fallback.
     pub fn recheck_every(&self) -> Duration {
         if self.inner.shared_store { Duration::from_secs(2) } else { Duration::from_secs(3600) }
+    }
+
+    pub fn set_pools_task(&self, task: tokio::task::JoinHandle<()>) {
+        *self.inner.pools.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+    }
+
+    pub fn take_pools_task(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.inner.pools.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     pub fn begin_shutdown(&self) {

@@ -34,7 +34,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     // Before the first sync, so a sole replica writes statuses from its first moment.
     leader::attempt(&app).await?;
     specs::sync(&app, crate::clock::now()).await?;
-    tokio::spawn(controller::pools::run(app.clone()));
+    app.set_pools_task(tokio::spawn(controller::pools::run(app.clone(), config.shutdown_grace)));
     // Objects an older build stored that today's rules refuse: said once at start, and
     // on their status; everything else serves.
     for problem in &app.runtime().fenced {
@@ -106,6 +106,13 @@ pub async fn serve(
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "{name} task failed");
+        }
+    }
+    // E17: the pools hand back what they hold — jobs claimed ahead at once, running ones
+    // after the grace — and record every end before serve exits.
+    if let Some(pools) = app.take_pools_task() {
+        if let Err(e) = pools.await {
+            tracing::error!(error = %e, "pools task failed");
         }
     }
     // E16: no Function outlives serve — those of pools still running are killed with every
