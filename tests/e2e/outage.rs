@@ -112,7 +112,8 @@ fn manifests(dir: &Path, runs: &Path, pool: &str) -> PathBuf {
             runs.display()
         )
     };
-    let pool = format!("apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: p}}\nspec: {{queues: [q], {pool}}}\n");
+    let pool =
+        format!("apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {{name: p}}\nspec: {{queues: [q], {pool}}}\n");
     let docs = [function("long", 35), function("slow", 3), function("quick", 0), function("stuck", 120), pool];
     std::fs::write(m.join("pool.yaml"), docs.concat()).expect("manifests");
     m

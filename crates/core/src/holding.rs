@@ -196,11 +196,8 @@ mod tests {
 
     #[test]
     fn e11_ends_whose_lease_ended_are_dropped_the_rest_kept() {
-        let waiting = vec![
-            ("a", OwnLease { until: s(10) }),
-            ("b", OwnLease { until: s(30) }),
-            ("c", OwnLease { until: s(20) }),
-        ];
+        let waiting =
+            vec![("a", OwnLease { until: s(10) }), ("b", OwnLease { until: s(30) }), ("c", OwnLease { until: s(20) })];
         let (kept, dropped) = still_held(waiting, s(20));
         assert_eq!(kept, [("b", OwnLease { until: s(30) })]);
         assert_eq!(dropped, ["a", "c"]);

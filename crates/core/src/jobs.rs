@@ -694,11 +694,16 @@ mod tests {
     #[test]
     fn e17_a_rescued_lease_whose_run_never_began_keeps_its_attempt() {
         let once = Job { max_attempts: 1, ..job() };
-        let ahead = plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        let ahead =
+            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
         assert_eq!(ahead.lease_owner.as_deref(), Some("pool:p (claimed ahead)"));
         assert!(!began(&ahead) && check_lease(&ahead, "tok", Actor::Pool).is_ok());
         let rescued = plan_rescue(&ahead, at(100), 0.5);
-        assert_eq!((rescued.state, rescued.attempts, rescued.rescues), (JobState::Queued, 0, 1), "a crash spends nothing");
+        assert_eq!(
+            (rescued.state, rescued.attempts, rescued.rescues),
+            (JobState::Queued, 0, 1),
+            "a crash spends nothing"
+        );
         assert_eq!((rescued.run_after, rescued.lease_token.as_deref()), (at(100), None));
         assert!(rescued.last_error.as_deref().is_some_and(|e| e.contains("before its run began")), "{rescued:?}");
         // Once started, a rescue spends the attempt: maxAttempts 1 is dead.
@@ -707,7 +712,13 @@ mod tests {
         assert!(began(&started));
         assert_eq!(plan_rescue(&started, at(100), 0.5).state, JobState::Dead);
         // A machine's claim is its run: it began.
-        assert!(began(&plan_claim(&once, &lease_owner(Actor::Machine("pc"), "w (claimed ahead)"), "t", Dur::from_secs(9), at(1))));
+        assert!(began(&plan_claim(
+            &once,
+            &lease_owner(Actor::Machine("pc"), "w (claimed ahead)"),
+            "t",
+            Dur::from_secs(9),
+            at(1)
+        )));
         let start = plan_report(&ahead, "old", Actor::Pool, Report::Start, &[], at(5), 0.5);
         assert!(matches!(start, Err(ReportRefusal::Lease(LeaseError::WrongToken(_)))), "J2 fences the start");
     }
@@ -715,7 +726,8 @@ mod tests {
     #[test]
     fn e17_a_run_cut_by_a_shutdown_is_handed_back_with_its_attempt() {
         let once = Job { max_attempts: 1, ..job() };
-        let claimed = plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        let claimed =
+            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
         let running = plan_report(&claimed, "tok", Actor::Pool, Report::Start, &[], at(2), 0.5).expect("start");
         let back = plan_report(&running, "tok", Actor::Pool, Report::Release, &[], at(9), 0.5).expect("release");
         assert_eq!((back.state, back.attempts, back.lease_token.as_deref()), (JobState::Queued, 0, None));

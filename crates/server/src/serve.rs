@@ -110,10 +110,10 @@ pub async fn serve(
     }
     // E17: the pools hand back what they hold — jobs claimed ahead at once, running ones
     // after the grace — and record every end before serve exits.
-    if let Some(pools) = app.take_pools_task() {
-        if let Err(e) = pools.await {
-            tracing::error!(error = %e, "pools task failed");
-        }
+    if let Some(pools) = app.take_pools_task()
+        && let Err(e) = pools.await
+    {
+        tracing::error!(error = %e, "pools task failed");
     }
     // E16: no Function outlives serve — those of pools still running are killed with every
     // process they started (a SIGKILL of serve leaves that to PR_SET_PDEATHSIG, which reaches

@@ -318,10 +318,8 @@ async fn record_ends(shared: Arc<Shared>, mut reports: mpsc::UnboundedReceiver<E
     let mut waiting: Vec<Ended> = Vec::new();
     let mut failures = 0;
     loop {
-        if waiting.is_empty() {
-            if reports.recv_many(&mut waiting, 1000).await == 0 {
-                return;
-            }
+        if waiting.is_empty() && reports.recv_many(&mut waiting, 1000).await == 0 {
+            return;
         }
         while let Ok(more) = reports.try_recv() {
             waiting.push(more);
