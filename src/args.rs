@@ -545,6 +545,10 @@ pub struct ServeArgs {
     /// How long a client may take to take an answer (T15); then the connection is closed
     #[arg(long, default_value = "30s")]
     pub write_timeout: Dur,
+    /// On SIGTERM, how long running pool jobs get to finish (E17); those still running after
+    /// it, and jobs claimed ahead, go back to the queue without spending an attempt
+    #[arg(long, default_value = "30s")]
+    pub shutdown_grace: Dur,
 }
 
 #[derive(Debug, Subcommand)]

@@ -24,6 +24,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         idle_timeout: args.idle_timeout.to_std(),
         body_timeout: args.body_timeout.to_std(),
         write_timeout: args.write_timeout.to_std(),
+        shutdown_grace: args.shutdown_grace.to_std(),
     };
     pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)

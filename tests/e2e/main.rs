@@ -25,6 +25,7 @@ mod mcp;
 mod monitoring;
 mod noise;
 mod operations;
+mod outage;
 mod pcside;
 mod process;
 mod replicas;

@@ -78,7 +78,7 @@ fn setup() -> (Server, tempfile::TempDir) {
         "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: p}\nspec: {workers: 2, queues: [q], maxAttempts: 1, leaseDuration: 30s}\n".into(),
     ];
     std::fs::write(m.join("functions.yaml"), manifests.concat()).expect("manifests");
-    (Server::start_opts(Some(m), "127.0.0.1:0", &["--resync", "300ms"]), dir)
+    (Server::start_opts(Some(m), "127.0.0.1:0", &["--resync", "300ms", "--shutdown-grace", "1s"]), dir)
 }
 
 fn enqueue(s: &Server, function: &str) -> String {

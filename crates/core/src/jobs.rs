@@ -145,6 +145,23 @@ pub fn lease_owner(actor: Actor<'_>, worker: &str) -> String {
     }
 }
 
+/// E17: a pool claims jobs ahead of its free slots (P9) under `pool:<pool> (claimed ahead)`;
+/// the lease-checked write that starts a run ([`Report::Start`]) drops the mark. A rescued
+/// lease whose owner still carries it never ran, so its attempt is given back. The mark is
+/// written by the claim itself, so a crash right after the claim still leaves it.
+pub const CLAIMED_AHEAD: &str = " (claimed ahead)";
+
+/// E17: the worker name a pool claims under.
+pub fn pool_claim_worker(pool: &str) -> String {
+    format!("{pool}{CLAIMED_AHEAD}")
+}
+
+/// E17: whether a job's run began: a pool's job once its start was written, any other
+/// holder's from its claim (an external worker claims what it runs).
+pub fn began(job: &Job) -> bool {
+    !job.lease_owner.as_deref().is_some_and(|o| holder(o) == Some(Actor::Pool) && o.ends_with(CLAIMED_AHEAD))
+}
+
 /// Who holds a lease, read back from `leaseOwner`; None for an owner this build did not write.
 pub fn holder(lease_owner: &str) -> Option<Actor<'_>> {
     if lease_owner.starts_with("pool:") {
@@ -296,9 +313,16 @@ pub fn plan_failure(job: &Job, error: &str, now: Ts, jitter: f64) -> Job {
 
 /// J3: an expired lease counts as a failed attempt (so a poison job cannot loop forever) and
 /// is counted as a rescue.
+///
+/// E17: a job whose run never began (claimed ahead by a pool that crashed before giving it a
+/// slot) keeps its attempt: it goes back to the queue as if never claimed, due now.
 pub fn plan_rescue(job: &Job, now: Ts, jitter: f64) -> Job {
     let owner = job.lease_owner.clone().unwrap_or_default();
     let expired = job.lease_expires_at.map_or_else(|| "an unknown time".into(), |t| t.to_rfc3339());
+    if !began(job) {
+        let why = format!("lease of {owner} expired at {expired} before its run began; the attempt is not spent");
+        return Job { rescues: job.rescues + 1, last_error: Some(why), run_after: now, ..plan_release(job) };
+    }
     let failed = plan_failure(job, &format!("lease of {owner} expired at {expired}"), now, jitter);
     Job { rescues: job.rescues + 1, ..failed }
 }
@@ -412,8 +436,11 @@ pub enum Report {
     Fail {
         error: String,
     },
-    /// A pool hands back a claim it did not start (J5: it shrank or stops).
+    /// A pool hands back a claim it did not start (J5: it shrank or stops), or a run cut by
+    /// `serve`'s shutdown (E17): either way without spending the attempt.
     Release,
+    /// E17: a pool's run of a job claimed ahead begins: from now on a rescue spends its attempt.
+    Start,
 }
 
 /// A job's result is kept to this many characters.
@@ -460,6 +487,11 @@ pub fn plan_report(
         },
         Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
         Report::Release => plan_release(job),
+        Report::Start => Job {
+            lease_owner: job.lease_owner.as_deref().map(|o| o.strip_suffix(CLAIMED_AHEAD).unwrap_or(o).to_string()),
+            heartbeat_at: Some(now),
+            ..job.clone()
+        },
     })
 }
 
@@ -709,6 +741,50 @@ mod tests {
         let expected = format!("lease of pool:p expired at {}", at(61).to_rfc3339());
         assert_eq!(rescued.last_error.as_deref(), Some(expected.as_str()));
         assert_eq!(rescued.rescues, 1);
+    }
+
+    #[test]
+    fn e17_a_rescued_lease_whose_run_never_began_keeps_its_attempt() {
+        let once = Job { max_attempts: 1, ..job() };
+        let ahead =
+            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        assert_eq!(ahead.lease_owner.as_deref(), Some("pool:p (claimed ahead)"));
+        assert!(!began(&ahead) && check_lease(&ahead, "tok", Actor::Pool).is_ok());
+        let rescued = plan_rescue(&ahead, at(100), 0.5);
+        assert_eq!(
+            (rescued.state, rescued.attempts, rescued.rescues),
+            (JobState::Queued, 0, 1),
+            "a crash spends nothing"
+        );
+        assert_eq!((rescued.run_after, rescued.lease_token.as_deref()), (at(100), None));
+        assert!(rescued.last_error.as_deref().is_some_and(|e| e.contains("before its run began")), "{rescued:?}");
+        // Once started, a rescue spends the attempt: maxAttempts 1 is dead.
+        let started = plan_report(&ahead, "tok", Actor::Pool, Report::Start, &[], at(5), 0.5).expect("start");
+        assert_eq!((started.lease_owner.as_deref(), started.heartbeat_at), (Some("pool:p"), Some(at(5))));
+        assert!(began(&started));
+        assert_eq!(plan_rescue(&started, at(100), 0.5).state, JobState::Dead);
+        // A machine's claim is its run: it began.
+        assert!(began(&plan_claim(
+            &once,
+            &lease_owner(Actor::Machine("pc"), "w (claimed ahead)"),
+            "t",
+            Dur::from_secs(9),
+            at(1)
+        )));
+        let start = plan_report(&ahead, "old", Actor::Pool, Report::Start, &[], at(5), 0.5);
+        assert!(matches!(start, Err(ReportRefusal::Lease(LeaseError::WrongToken(_)))), "J2 fences the start");
+    }
+
+    #[test]
+    fn e17_a_run_cut_by_a_shutdown_is_handed_back_with_its_attempt() {
+        let once = Job { max_attempts: 1, ..job() };
+        let claimed =
+            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        let running = plan_report(&claimed, "tok", Actor::Pool, Report::Start, &[], at(2), 0.5).expect("start");
+        let back = plan_report(&running, "tok", Actor::Pool, Report::Release, &[], at(9), 0.5).expect("release");
+        assert_eq!((back.state, back.attempts, back.lease_token.as_deref()), (JobState::Queued, 0, None));
+        let again = plan_claim(&back, "pool:p", "tok2", Dur::from_secs(60), at(20));
+        assert_eq!((again.attempts, again.max_attempts), (1, 1), "the next start may still run it");
     }
 
     #[test]

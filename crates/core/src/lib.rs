@@ -17,6 +17,7 @@ pub mod cron;
 pub mod duration;
 pub mod exec;
 pub mod health;
+pub mod holding;
 pub mod ids;
 pub mod intent;
 pub mod jobs;

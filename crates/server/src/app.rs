@@ -70,6 +70,8 @@ struct Inner {
     said_store: Mutex<Said<String>>,
     /// E13: the store's clock as last read (by a lease attempt), and when on the monotonic clock.
     store_clock: Mutex<Option<(pcmail_core::Ts, tokio::time::Instant)>>,
+    /// The pools' task (E17): `serve` waits for it to hand back or record every job it holds.
+    pools: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Token buckets by key (`pool/NAME`, `function/NAME`), rebuilt when their rate changes.
     limiters: Mutex<std::collections::HashMap<String, (RateLimit, Arc<DefaultDirectRateLimiter>)>>,
 }
@@ -124,6 +126,7 @@ impl App {
                 uptime: Mutex::new(Uptime::started(crate::clock::now())),
                 said_store: Mutex::new(Said::default()),
                 store_clock: Mutex::new(None),
+                pools: Mutex::new(None),
             }),
         })
     }
@@ -181,6 +184,14 @@ impl App {
     /// other replicas travel over a connection that can drop, so polling is the fallback.
     pub fn recheck_every(&self) -> Duration {
         if self.inner.shared_store { Duration::from_secs(2) } else { Duration::from_secs(3600) }
+    }
+
+    pub fn set_pools_task(&self, task: tokio::task::JoinHandle<()>) {
+        *self.inner.pools.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+    }
+
+    pub fn take_pools_task(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.inner.pools.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     pub fn begin_shutdown(&self) {

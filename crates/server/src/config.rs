@@ -30,6 +30,9 @@ pub struct ServeConfig {
     /// second), and how long a client may take to take an answer.
     pub body_timeout: std::time::Duration,
     pub write_timeout: std::time::Duration,
+    /// E17: how long running pool jobs get to finish on SIGTERM before they are killed and
+    /// handed back without spending an attempt.
+    pub shutdown_grace: std::time::Duration,
 }
 
 impl ServeConfig {
@@ -50,6 +53,7 @@ impl ServeConfig {
             idle_timeout: std::time::Duration::from_secs(60),
             body_timeout: std::time::Duration::from_secs(30),
             write_timeout: std::time::Duration::from_secs(30),
+            shutdown_grace: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -9,7 +9,7 @@ use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
     Actor, ClaimRefusal, Job, JobState, KeyTerms, LeaseError, Report, ReportRefusal, claim_terms, declared,
-    lease_owner, may_see, plan_admin_move, plan_enqueue, plan_report, plan_rescue,
+    lease_owner, may_see, plan_admin_move, plan_enqueue, plan_report, plan_rescue, pool_claim_worker,
 };
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
@@ -123,11 +123,40 @@ pub async fn claim(
         bounds::duration("lease", lease, bounds::MIN_LEASE, max_lease)
             .map_err(|e| ServiceError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
     }
+    let prefix = random_hex(8)?;
+    Ok(claim_in_store(app, queue, limit, lease_owner(actor, worker), prefix, lease, now).await?)
+}
+
+/// J1/E17 for the server's own pools: claims under `pool:<pool> (claimed ahead)`, so that a
+/// crash before a job gets its slot spends no attempt. A store that does not answer comes back
+/// as it is, unlogged: the pool waits it out and says so once (E11).
+pub async fn pool_claim(
+    app: &App,
+    pool: &str,
+    queue: &str,
+    limit: usize,
+    lease: Dur,
+    now: Ts,
+) -> Result<Vec<Job>, StoreError> {
+    let prefix = random_hex(8).map_err(|e| StoreError::Backend(format!("claim: {}", e.message())))?;
+    let owner = lease_owner(Actor::Pool, &pool_claim_worker(pool));
+    claim_in_store(app, queue, limit, owner, prefix, lease, now).await
+}
+
+async fn claim_in_store(
+    app: &App,
+    queue: &str,
+    limit: usize,
+    owner: String,
+    prefix: String,
+    lease: Dur,
+    now: Ts,
+) -> Result<Vec<Job>, StoreError> {
     let claim = Claim {
         queue: queue.to_string(),
         limit: limit.clamp(1, bounds::MAX_CLAIM as usize),
-        owner: lease_owner(actor, worker),
-        token_prefix: format!("{}-", random_hex(8)?),
+        owner,
+        token_prefix: format!("{prefix}-"),
         now,
         lease_until: now + lease.to_chrono(),
     };
@@ -160,6 +189,17 @@ pub async fn report_many(
     actor: Actor<'_>,
     now: Ts,
 ) -> Result<Vec<Result<Job, ServiceError>>, ServiceError> {
+    Ok(record_many(app, reports, actor, now).await?)
+}
+
+/// [`report_many`] with the store's failure as it is, unlogged: the pools retry their own
+/// reports through an outage and say so once (E11).
+pub async fn record_many(
+    app: &App,
+    reports: Vec<(String, String, Report)>,
+    actor: Actor<'_>,
+    now: Ts,
+) -> Result<Vec<Result<Job, ServiceError>>, StoreError> {
     let jitter = jitter();
     let rt = app.runtime();
     let reporter = match actor {

@@ -37,7 +37,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     // tries again, the resync writes the statuses once there is room).
     tolerate_full_disk(leader::attempt(&app).await.map(drop), "the leader lease")?;
     tolerate_full_disk(specs::sync(&app, crate::clock::now()).await, "the objects' statuses")?;
-    tokio::spawn(controller::pools::run(app.clone()));
+    app.set_pools_task(tokio::spawn(controller::pools::run(app.clone(), config.shutdown_grace)));
     // Objects an older build stored that today's rules refuse: said once at start, and
     // on their status; everything else serves.
     for problem in &app.runtime().fenced {
@@ -115,6 +115,13 @@ pub async fn serve(
         if let Err(e) = task.await {
             tracing::error!(error = %e, "{name} task failed");
         }
+    }
+    // E17: the pools hand back what they hold — jobs claimed ahead at once, running ones
+    // after the grace — and record every end before serve exits.
+    if let Some(pools) = app.take_pools_task()
+        && let Err(e) = pools.await
+    {
+        tracing::error!(error = %e, "pools task failed");
     }
     // E16: no Function outlives serve — those of pools still running are killed with every
     // process they started (a SIGKILL of serve leaves that to PR_SET_PDEATHSIG, which reaches

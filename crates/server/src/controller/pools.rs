@@ -7,12 +7,13 @@
 //! and runs.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use pcmail_core::duration::Dur;
-use pcmail_core::jobs::{Actor, Job, Report, check_lease};
-use pcmail_store::Store;
+use pcmail_core::holding::{self, Attempt, Next, Outage, OutageNews, OwnLease, RunEnd};
+use pcmail_core::jobs::{Actor, Job, Report, began, check_lease};
+use pcmail_store::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -35,7 +36,7 @@ struct Pools {
 impl Pools {
     /// Starts a runner for every pool that has none and stops those of deleted pools; answers
     /// how many workers (slots) each pool runs now.
-    fn converge(&self, app: &App) -> BTreeMap<String, u32> {
+    fn converge(&self, app: &App, grace: Duration) -> BTreeMap<String, u32> {
         let rt = app.runtime();
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.retain(|name, runner| {
@@ -50,7 +51,7 @@ impl Pools {
         for (name, spec) in &rt.pools {
             let runner = running.entry(name.clone()).or_insert_with(|| {
                 let (stop, stopped) = watch::channel(false);
-                Runner { stop, task: tokio::spawn(run_pool(app.clone(), name.clone(), stopped)) }
+                Runner { stop, task: tokio::spawn(run_pool(app.clone(), name.clone(), stopped, grace)) }
             });
             // A runner with no free slot waits for nothing else: more slots must wake it.
             runner.stop.send_replace(false);
@@ -62,13 +63,24 @@ impl Pools {
 }
 
 /// J5: keeps every pool's workers at its spec, from start-up and after every spec change.
-pub async fn run(app: App) {
+/// E17: on shutdown every runner gets `grace` for its running jobs, hands back the rest and
+/// records what ended; this returns once all of them have.
+pub async fn run(app: App, grace: Duration) {
     let pools = Pools::default();
     let mut specs = app.watch_specs();
+    let mut shutdown = app.watch_shutdown();
     loop {
-        app.set_ready_workers(pools.converge(&app));
-        if specs.changed().await.is_err() {
-            return;
+        app.set_ready_workers(pools.converge(&app, grace));
+        tokio::select! {
+            changed = specs.changed() => if changed.is_err() { break },
+            _ = shutdown.wait_for(|stopping| *stopping) => break,
+        }
+    }
+    let runners = std::mem::take(&mut *pools.running.lock().unwrap_or_else(PoisonError::into_inner));
+    for (name, runner) in runners {
+        runner.stop.send_replace(true);
+        if let Err(e) = runner.task.await {
+            tracing::error!(pool = %name, error = %e, "pool runner failed");
         }
     }
 }
@@ -77,8 +89,8 @@ pub async fn run(app: App) {
 const IDLE_MIN: Duration = Duration::from_millis(200);
 const IDLE_MAX: Duration = Duration::from_secs(2);
 
-/// A job's end (or its claim handed back), waiting to be recorded.
-type Ended = (String, String, Report);
+/// A job's start, end or claim handed back, waiting to be recorded while its lease lives.
+type Ended = (String, String, Report, OwnLease);
 
 /// The pool's slots: at most `limit` Functions run at once. A claimed job waits here for a
 /// slot, its lease kept alive by heartbeats; when the pool shrinks to none or stops, waiting
@@ -139,11 +151,74 @@ impl Drop for Slot<'_> {
     }
 }
 
-async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
+/// What a pool's runner, its jobs and its recorder share: the pool's monotonic clock (E11) and
+/// how the store has been answering (an outage is logged once). The way to the recorder is
+/// held only by the runner and its jobs, so the recorder ends once they all did.
+struct Shared {
+    app: App,
+    pool: String,
+    origin: Instant,
+    outage: Mutex<Outage>,
+}
+
+impl Shared {
+    /// The pool's monotonic clock: a wall-clock step neither stretches nor cuts a lease.
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Notes whether the store answered; the first failure and the first answer after it
+    /// are logged, never each retry.
+    fn store_answered(&self, answered: Result<(), &StoreError>) {
+        let news = self.outage.lock().unwrap_or_else(PoisonError::into_inner).note(answered.is_ok(), self.now());
+        match (news, answered) {
+            (Some(OutageNews::Began), Err(e)) => tracing::warn!(
+                pool = %self.pool, error = %e,
+                "the store is unavailable: claims wait, heartbeats, starts and results are retried until each job's lease ends (E11)"
+            ),
+            (Some(OutageNews::Ended(after)), _) => {
+                tracing::warn!(pool = %self.pool, after = ?after, "the store answers again")
+            }
+            _ => {}
+        }
+    }
+
+    /// One try of a lease-checked write of one job.
+    async fn write(&self, id: &str, token: &str, report: Report) -> Attempt {
+        let reports = vec![(id.to_string(), token.to_string(), report)];
+        match settle::record_many(&self.app, reports, Actor::Pool, self.app.lease_now()).await {
+            Err(e) => {
+                self.store_answered(Err(&e));
+                Attempt::StoreFailed
+            }
+            Ok(mut outcomes) => {
+                self.store_answered(Ok(()));
+                match outcomes.pop() {
+                    Some(Ok(_)) => Attempt::Recorded,
+                    Some(Err(e)) => {
+                        tracing::warn!(pool = %self.pool, job = %id, error = %e, "the lease is gone");
+                        Attempt::Refused
+                    }
+                    None => Attempt::Refused,
+                }
+            }
+        }
+    }
+}
+
+async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>, grace: Duration) {
     let mut shutdown = app.watch_shutdown();
     let (ended, reports) = mpsc::unbounded_channel::<Ended>();
-    let recorder = tokio::spawn(record_ends(app.clone(), reports));
-    let slots = std::sync::Arc::new(Slots::default());
+    let shared = Arc::new(Shared {
+        app: app.clone(),
+        pool: pool.clone(),
+        origin: Instant::now(),
+        outage: Mutex::new(Outage::default()),
+    });
+    let recorder = tokio::spawn(record_ends(shared.clone(), reports));
+    let slots = Arc::new(Slots::default());
+    // E17: set once the shutdown grace is over: runs still going are killed and handed back.
+    let (abandon, abandoned) = watch::channel(false);
     let mut claimed: JoinSet<()> = JoinSet::new();
     let mut idle = IDLE_MIN;
     loop {
@@ -163,6 +238,7 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
             None => (in_flight <= limit && in_flight < 2 * limit, (2 * limit).saturating_sub(in_flight)),
         };
         let mut got = 0;
+        let mut store_down = false;
         if refill {
             if let Some(rate) = spec.rate_limit {
                 app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
@@ -172,20 +248,30 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
                     break;
                 }
                 let lease = spec.lease_duration;
-                match jobs::claim(&app, queue, want - got, (Actor::Pool, &pool), lease, app.lease_now()).await {
+                let asked = shared.now();
+                match jobs::pool_claim(&app, &pool, queue, want - got, lease, app.lease_now()).await {
                     Ok(jobs) => {
+                        shared.store_answered(Ok(()));
                         for job in jobs {
                             got += 1;
-                            claimed.spawn(run_job(app.clone(), job, lease, slots.clone(), ended.clone()));
+                            let held = OwnLease::extended(asked, lease);
+                            let (shared, slots, abandoned) = (shared.clone(), slots.clone(), abandoned.clone());
+                            claimed.spawn(run_job(shared, ended.clone(), job, (lease, held), slots, abandoned));
                         }
                     }
-                    Err(e) => tracing::warn!(pool = %pool, error = %e, "claim failed"),
+                    Err(e) => {
+                        shared.store_answered(Err(&e));
+                        store_down = true;
+                    }
                 }
             }
         }
         if got > 0 {
             idle = IDLE_MIN;
             continue;
+        }
+        if store_down {
+            idle = IDLE_MAX;
         }
         tokio::select! {
             Some(_) = claimed.join_next(), if !claimed.is_empty() => {}
@@ -195,82 +281,222 @@ async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>) {
             _ = shutdown.changed() => {}
         }
     }
-    // Drain: running jobs finish, waiting ones are handed back.
+    // Drain: jobs waiting for a slot are handed back; running ones finish — on shutdown within
+    // the grace, after which they are killed and handed back (E17).
     slots.close();
-    while claimed.join_next().await.is_some() {}
+    let stopping = *shutdown.borrow();
+    let mut deadline = stopping.then(|| tokio::time::Instant::now() + grace);
+    loop {
+        let grace_over = async {
+            match deadline {
+                Some(at) if !*abandon.borrow() => tokio::time::sleep_until(at).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            joined = claimed.join_next() => if joined.is_none() { break },
+            _ = shutdown.changed(), if deadline.is_none() => {
+                if *shutdown.borrow() {
+                    deadline = Some(tokio::time::Instant::now() + grace);
+                }
+            }
+            _ = grace_over => {
+                tracing::warn!(pool = %pool, jobs = claimed.len(), ?grace, "shutdown grace over: handing running jobs back");
+                abandon.send_replace(true);
+            }
+        }
+    }
     drop(ended);
     let _ = recorder.await;
 }
 
-/// Records ended jobs: the first that arrives, with every other already waiting, in one
-/// transaction.
-async fn record_ends(app: App, mut reports: mpsc::UnboundedReceiver<Ended>) {
-    let mut batch = Vec::new();
-    while reports.recv_many(&mut batch, 1000).await > 0 {
-        let sent: Vec<String> = batch.iter().map(|(id, _, _)| id.clone()).collect();
-        match settle::report_many(&app, std::mem::take(&mut batch), Actor::Pool, app.lease_now()).await {
+/// Records what jobs report: the first that arrives, with every other already waiting, in
+/// one transaction. E11: while the store is away the batch is tried again, with what arrives
+/// meanwhile, for as long as each lease lives; an end is dropped only once its lease ended.
+async fn record_ends(shared: Arc<Shared>, mut reports: mpsc::UnboundedReceiver<Ended>) {
+    let app = shared.app.clone();
+    let mut waiting: Vec<Ended> = Vec::new();
+    let mut failures = 0;
+    loop {
+        if waiting.is_empty() && reports.recv_many(&mut waiting, 1000).await == 0 {
+            return;
+        }
+        while let Ok(more) = reports.try_recv() {
+            waiting.push(more);
+        }
+        let batch: Vec<(String, String, Report)> =
+            waiting.iter().map(|(id, token, report, _)| (id.clone(), token.clone(), report.clone())).collect();
+        match settle::record_many(&app, batch, Actor::Pool, app.lease_now()).await {
             Ok(outcomes) => {
-                for (id, outcome) in sent.iter().zip(outcomes) {
+                shared.store_answered(Ok(()));
+                failures = 0;
+                for ((id, _, _, _), outcome) in waiting.drain(..).zip(outcomes) {
                     if let Err(e) = outcome {
-                        tracing::warn!(job = %id, error = %e, "result not recorded (the lease was rescued)");
+                        tracing::warn!(job = %id, error = %e, "not recorded: the lease was taken (J2)");
                     }
                 }
             }
-            Err(e) => tracing::warn!(jobs = sent.len(), error = %e, "results not recorded; the leases will be rescued"),
+            Err(e) => {
+                shared.store_answered(Err(&e));
+                failures += 1;
+                let now = shared.now();
+                let held = waiting.drain(..).map(|(id, token, report, lease)| ((id, token, report), lease)).collect();
+                let (kept, dropped) = holding::still_held(held, now);
+                for (id, _, report) in dropped {
+                    tracing::warn!(
+                        job = %id, report = ?std::mem::discriminant(&report),
+                        "not recorded: the store stayed away until the lease ended; the job is the reaper's (J3)"
+                    );
+                }
+                let wait = kept
+                    .iter()
+                    .filter_map(|(_, lease)| match holding::after(Attempt::StoreFailed, failures, *lease, now) {
+                        Next::RetryIn(d) => Some(d),
+                        _ => None,
+                    })
+                    .min();
+                waiting = kept.into_iter().map(|((id, token, report), lease)| (id, token, report, lease)).collect();
+                if let Some(wait) = wait {
+                    tokio::time::sleep(wait).await;
+                }
+            }
         }
     }
 }
 
-/// Runs one claimed job when a slot is free, heartbeating from the claim on, and hands its end
-/// to `ended` (J2 fences both); a job that gets no slot is handed back.
-async fn run_job(app: App, job: Job, lease: Dur, slots: std::sync::Arc<Slots>, ended: mpsc::UnboundedSender<Ended>) {
-    let token = job.lease_token.clone().unwrap_or_default();
-    let beat = {
-        let (app, id, token) = (app.clone(), job.id.clone(), token.clone());
-        tokio::spawn(async move {
-            let every = (lease.to_std() / 3).max(Duration::from_millis(100));
-            loop {
-                tokio::time::sleep(every).await;
-                let beat = Report::Heartbeat { lease };
-                if let Err(e) = settle::report(&app, &id, &token, Actor::Pool, beat, app.lease_now()).await {
-                    tracing::warn!(job = %id, error = %e, "heartbeat refused: the lease is gone");
-                    return;
-                }
+/// E11: keeps a job's lease from its claim on: a heartbeat every third of the lease, retried
+/// through a store outage while the lease lives. Returns once the lease is gone (refused, or
+/// ended while the store was away); `held` is the lease as last extended.
+async fn hold(shared: Arc<Shared>, id: String, token: String, lease: Dur, held: Arc<Mutex<OwnLease>>) {
+    let every = (lease.to_std() / 3).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(every).await;
+        let mut failures = 0;
+        loop {
+            let asked = shared.now();
+            let attempt = shared.write(&id, &token, Report::Heartbeat { lease }).await;
+            if attempt == Attempt::StoreFailed {
+                failures += 1;
             }
-        })
-    };
-    let Some(slot) = slots.take().await else {
-        beat.abort();
-        let _ = ended.send((job.id, token, Report::Release));
-        return;
-    };
-    // A job claimed ahead may have been cancelled or rescued while it waited for its slot:
-    // it starts only while the claim is still its own (J2), never next to its next run.
-    match app.store().get_job(&job.id).await {
-        Ok(Some(now)) if check_lease(&now, &token, Actor::Pool).is_ok() => {}
-        outcome => {
-            beat.abort();
-            let why = outcome.map_or_else(|e| e.to_string(), |j| format!("{:?}", j.map(|j| j.state)));
-            tracing::warn!(job = %job.id, state = %why, "not started: the claim is no longer this pool's");
-            return;
+            let next = {
+                let mut own = held.lock().unwrap_or_else(PoisonError::into_inner);
+                if attempt == Attempt::Recorded {
+                    *own = own.max(OwnLease::extended(asked, lease));
+                }
+                holding::after(attempt, failures, *own, shared.now())
+            };
+            match next {
+                Next::Done => break,
+                Next::RetryIn(wait) => tokio::time::sleep(wait).await,
+                Next::LeaseEnded => return,
+            }
         }
     }
-    let rt = app.runtime();
-    let outcome = match rt.functions.iter().find(|(n, _)| *n == job.function) {
-        Some((name, function)) => {
-            if let Some(rate) = function.rate_limit {
-                app.limiter(&format!("function/{name}"), rate).until_ready().await;
-            }
-            let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
-            exec::run(name, function, &vars, job.payload.clone()).await.map_err(|e| e.to_string())
+}
+
+/// A claimed job: it waits for a slot, its lease kept by [`hold`] from the claim on, is checked
+/// to be still this pool's, marked started (E17) and run; whatever ends it makes the report
+/// [`holding::report_for`] says. A lost lease kills the run: a job never runs next to its
+/// next run (E11).
+async fn run_job(
+    shared: Arc<Shared>,
+    ended: mpsc::UnboundedSender<Ended>,
+    job: Job,
+    (lease, claimed): (Dur, OwnLease),
+    slots: Arc<Slots>,
+    mut abandoned: watch::Receiver<bool>,
+) {
+    let token = job.lease_token.clone().unwrap_or_default();
+    let held = Arc::new(Mutex::new(claimed));
+    let (lost_tx, mut lost) = watch::channel(false);
+    let beat = {
+        let (shared, id, token, held) = (shared.clone(), job.id.clone(), token.clone(), held.clone());
+        tokio::spawn(async move {
+            hold(shared, id, token, lease, held).await;
+            lost_tx.send_replace(true);
+        })
+    };
+    let end = 'run: {
+        let slot = tokio::select! {
+            slot = slots.take() => slot,
+            _ = lost.wait_for(|l| *l) => break 'run RunEnd::LeaseLost,
+        };
+        let Some(_slot) = slot else { break 'run RunEnd::NoSlot };
+        if !still_ours(&shared, &job, &token, &held, &mut lost).await {
+            break 'run RunEnd::LeaseLost;
         }
-        None => Err(format!("function {:?} is not defined", job.function)),
+        if !began(&job) {
+            // Recorded with the next batch, not waited for: a crash within that commit gives
+            // the attempt back though the run began.
+            let lease_now = *held.lock().unwrap_or_else(PoisonError::into_inner);
+            let _ = ended.send((job.id.clone(), token.clone(), Report::Start, lease_now));
+        }
+        let run = async {
+            let rt = shared.app.runtime();
+            match rt.functions.iter().find(|(n, _)| *n == job.function) {
+                Some((name, function)) => {
+                    if let Some(rate) = function.rate_limit {
+                        shared.app.limiter(&format!("function/{name}"), rate).until_ready().await;
+                    }
+                    let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
+                    exec::run(name, function, &vars, job.payload.clone()).await.map_err(|e| e.to_string())
+                }
+                None => Err(format!("function {:?} is not defined", job.function)),
+            }
+        };
+        // Dropping the run kills the Function's whole session (E16).
+        tokio::select! {
+            outcome = run => RunEnd::Finished(outcome),
+            _ = lost.wait_for(|l| *l) => {
+                tracing::warn!(job = %job.id, "run killed: its lease ended");
+                RunEnd::LeaseLost
+            }
+            _ = abandoned.wait_for(|a| *a) => RunEnd::CutByShutdown,
+        }
     };
     beat.abort();
-    drop(slot);
-    let report = match outcome {
-        Ok(stdout) => Report::Complete { result: stdout.trim().to_string() },
-        Err(error) => Report::Fail { error },
-    };
-    let _ = ended.send((job.id, token, report));
+    let lease_now = *held.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(report) = holding::report_for(end) {
+        let _ = ended.send((job.id, token, report, lease_now));
+    }
+}
+
+/// A job claimed ahead may have been cancelled or rescued while it waited for its slot: it
+/// starts only while the claim is still its own (J2), never next to its next run. The read is
+/// retried through an outage while the lease lives.
+async fn still_ours(
+    shared: &Shared,
+    job: &Job,
+    token: &str,
+    held: &Mutex<OwnLease>,
+    lost: &mut watch::Receiver<bool>,
+) -> bool {
+    let mut failures = 0;
+    loop {
+        match shared.app.store().get_job(&job.id).await {
+            Ok(found) => {
+                shared.store_answered(Ok(()));
+                return match found {
+                    Some(now) if check_lease(&now, token, Actor::Pool).is_ok() => true,
+                    other => {
+                        let state = other.map(|j| j.state.to_string()).unwrap_or_else(|| "gone".into());
+                        tracing::warn!(job = %job.id, %state, "not started: the claim is no longer this pool's");
+                        false
+                    }
+                };
+            }
+            Err(e) => {
+                shared.store_answered(Err(&e));
+                failures += 1;
+                let own = *held.lock().unwrap_or_else(PoisonError::into_inner);
+                match holding::after(Attempt::StoreFailed, failures, own, shared.now()) {
+                    Next::RetryIn(wait) => tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = lost.wait_for(|l| *l) => return false,
+                    },
+                    _ => return false,
+                }
+            }
+        }
+    }
 }

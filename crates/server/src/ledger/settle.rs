@@ -25,14 +25,15 @@ pub async fn report(
     Ok(job)
 }
 
-/// [`jobs::report_many`], then the rows of the jobs that ended.
-pub async fn report_many(
+/// [`jobs::record_many`] (the store's failure unlogged, for the pools' retries, E11), then the
+/// rows of the jobs that ended.
+pub async fn record_many(
     app: &App,
     reports: Vec<(String, String, Report)>,
     actor: Actor<'_>,
     now: Ts,
-) -> Result<Vec<Result<Job, ServiceError>>, ServiceError> {
-    let outcomes = jobs::report_many(app, reports, actor, now).await?;
+) -> Result<Vec<Result<Job, ServiceError>>, StoreError> {
+    let outcomes = jobs::record_many(app, reports, actor, now).await?;
     for job in outcomes.iter().flatten() {
         job_ended(app, job, now).await?;
     }

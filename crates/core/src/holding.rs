@@ -1,0 +1,229 @@
+//! E11/E17: what a pool worker of `serve` does with a lease it holds. Its heartbeats, its
+//! run's start and its end are retried through a store outage for as long as the lease lives —
+//! judged by the lease's own expiry as the worker last extended it — and given up only once it
+//! ended; what ends a run when `serve` stops is handed back without spending an attempt.
+//!
+//! Time here is the worker's monotonic clock, as a `Duration` since an origin the shell picks:
+//! a wall-clock step can neither stretch nor cut a lease the worker believes it holds.
+
+use std::time::Duration;
+
+use crate::duration::Dur;
+use crate::jobs::Report;
+
+/// A lease as its holder last extended it: it lives until `until` on the worker's monotonic
+/// clock. `until` is counted from the moment the worker *asked* (a claim, a heartbeat), so it
+/// is never later than the expiry the store wrote: the worker gives up no later than the
+/// reaper may rescue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnLease {
+    pub until: Duration,
+}
+
+impl OwnLease {
+    /// The lease a claim or heartbeat asked for at `asked_at`, for `lease`.
+    pub fn extended(asked_at: Duration, lease: Dur) -> OwnLease {
+        OwnLease { until: asked_at + lease.to_std() }
+    }
+
+    /// Whether the lease is still ours at `now`.
+    pub fn lives(&self, now: Duration) -> bool {
+        now < self.until
+    }
+
+    /// The later of two views (a heartbeat that extended it while an end waited).
+    pub fn max(self, other: OwnLease) -> OwnLease {
+        if other.until > self.until { other } else { self }
+    }
+}
+
+/// How one try of a lease-checked write went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// Written.
+    Recorded,
+    /// The store answered and refused it (J2: the lease was taken, the job is not running):
+    /// repeating cannot change that.
+    Refused,
+    /// The store did not answer (down, restarting, unreachable): the write may succeed later.
+    StoreFailed,
+}
+
+/// What to do after a try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing more: written.
+    Done,
+    /// Try again after this long (never past the lease's end).
+    RetryIn(Duration),
+    /// The lease is gone — refused by the store, or past its end while the store was away:
+    /// the worker stops its run and writes nothing more; the reaper ends the job (J3).
+    LeaseEnded,
+}
+
+/// The first wait after a failed try; it doubles to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_millis(250);
+pub const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// E11: after the `failures`-th failure in a row (1 for the first), retry while the lease
+/// lives — at 250 ms doubling to 5 s, the last try at the lease's very end — and give up only
+/// once it ended or the store refused.
+pub fn after(attempt: Attempt, failures: u32, lease: OwnLease, now: Duration) -> Next {
+    match attempt {
+        Attempt::Recorded => Next::Done,
+        Attempt::Refused => Next::LeaseEnded,
+        Attempt::StoreFailed if !lease.lives(now) => Next::LeaseEnded,
+        Attempt::StoreFailed => {
+            let backoff = RETRY_FIRST.saturating_mul(1 << failures.saturating_sub(1).min(8)).min(RETRY_MAX);
+            Next::RetryIn(backoff.min(lease.until - now))
+        }
+    }
+}
+
+/// E11: of the ends waiting to be written while the store is away, those whose lease still
+/// lives are kept; the others are dropped (their jobs are the reaper's now).
+pub fn still_held<T>(waiting: Vec<(T, OwnLease)>, now: Duration) -> (Vec<(T, OwnLease)>, Vec<T>) {
+    let (kept, ended): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(_, l)| l.lives(now));
+    (kept, ended.into_iter().map(|(t, _)| t).collect())
+}
+
+/// How a pool's run of a job came to an end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The Function ended: its stdout, or why it failed.
+    Finished(Result<String, String>),
+    /// Claimed ahead, it never got a slot: the pool shrank to none or `serve` stops.
+    NoSlot,
+    /// Still running when `serve`'s shutdown grace ran out: its processes were killed.
+    CutByShutdown,
+    /// Its lease ended under it (taken, or run out while the store was away): it was killed.
+    LeaseLost,
+}
+
+/// E17/J5: the report a run's end makes. What never started or was cut by a shutdown is
+/// handed back unspent (a plain restart never costs an attempt); a lost lease writes nothing.
+pub fn report_for(end: RunEnd) -> Option<Report> {
+    match end {
+        RunEnd::Finished(Ok(stdout)) => Some(Report::Complete { result: stdout.trim().to_string() }),
+        RunEnd::Finished(Err(error)) => Some(Report::Fail { error }),
+        RunEnd::NoSlot | RunEnd::CutByShutdown => Some(Report::Release),
+        RunEnd::LeaseLost => None,
+    }
+}
+
+/// Whether a store outage is news: said once when it begins and once when it ends, never per
+/// retry. Answers the line to log, if any, and the new state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outage {
+    pub down_since: Option<Duration>,
+}
+
+/// What an [`Outage`] says on a try's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageNews {
+    Began,
+    /// The store answered again after this long.
+    Ended(Duration),
+}
+
+impl Outage {
+    pub fn note(&mut self, store_answered: bool, now: Duration) -> Option<OutageNews> {
+        match (self.down_since, store_answered) {
+            (None, false) => {
+                self.down_since = Some(now);
+                Some(OutageNews::Began)
+            }
+            (Some(since), true) => {
+                self.down_since = None;
+                Some(OutageNews::Ended(now.saturating_sub(since)))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn e11_a_report_is_retried_through_an_outage_while_the_lease_lives() {
+        let lease = OwnLease::extended(s(100), Dur::from_secs(60));
+        assert_eq!(lease.until, s(160));
+        let waits: Vec<Next> = (1..=6).map(|n| after(Attempt::StoreFailed, n, lease, s(110))).collect();
+        let ms = |m| Next::RetryIn(Duration::from_millis(m));
+        assert_eq!(waits, [ms(250), ms(500), ms(1000), ms(2000), ms(4000), ms(5000)], "doubling to 5 s");
+        assert_eq!(after(Attempt::StoreFailed, 40, lease, s(110)), ms(5000), "no overflow");
+        // The last try lands at the lease's very end, not after it.
+        assert_eq!(after(Attempt::StoreFailed, 9, lease, s(158)), Next::RetryIn(s(2)));
+        assert_eq!(after(Attempt::Recorded, 9, lease, s(158)), Next::Done);
+    }
+
+    #[test]
+    fn e11_a_report_is_given_up_only_once_the_lease_ended_or_the_store_refused_it() {
+        let lease = OwnLease::extended(s(100), Dur::from_secs(60));
+        assert_eq!(after(Attempt::StoreFailed, 1, lease, s(160)), Next::LeaseEnded, "ended at its expiry");
+        assert_eq!(after(Attempt::StoreFailed, 1, lease, s(999)), Next::LeaseEnded);
+        assert_eq!(after(Attempt::Refused, 1, lease, s(101)), Next::LeaseEnded, "J2: taken while it lived");
+        assert!(lease.lives(s(159)) && !lease.lives(s(160)));
+        let later = OwnLease::extended(s(120), Dur::from_secs(60));
+        assert_eq!(lease.max(later), later);
+        assert_eq!(later.max(lease), later);
+    }
+
+    #[test]
+    fn e11_a_6s_outage_inside_a_60s_lease_loses_no_heartbeat_and_a_30s_one_loses_no_result() {
+        // Heartbeats every 20 s: an outage starts at most 20 s after the last one, so 40 s of
+        // the lease are left — more than either outage.
+        let lease = OwnLease::extended(s(0), Dur::from_secs(60));
+        for (start, length) in [(s(20), s(6)), (s(20), s(30))] {
+            let mut now = start;
+            let mut failures = 0;
+            while now < start + length {
+                failures += 1;
+                match after(Attempt::StoreFailed, failures, lease, now) {
+                    Next::RetryIn(d) => now += d,
+                    other => panic!("gave up at {now:?} in a {length:?} outage: {other:?}"),
+                }
+            }
+            assert!(lease.lives(now), "the try after the outage is still within the lease");
+        }
+    }
+
+    #[test]
+    fn e11_ends_whose_lease_ended_are_dropped_the_rest_kept() {
+        let waiting =
+            vec![("a", OwnLease { until: s(10) }), ("b", OwnLease { until: s(30) }), ("c", OwnLease { until: s(20) })];
+        let (kept, dropped) = still_held(waiting, s(20));
+        assert_eq!(kept, [("b", OwnLease { until: s(30) })]);
+        assert_eq!(dropped, ["a", "c"]);
+    }
+
+    #[test]
+    fn e17_what_never_started_or_was_cut_by_a_shutdown_is_handed_back_unspent() {
+        assert_eq!(report_for(RunEnd::NoSlot), Some(Report::Release));
+        assert_eq!(report_for(RunEnd::CutByShutdown), Some(Report::Release));
+        assert_eq!(report_for(RunEnd::LeaseLost), None, "a lost lease writes nothing");
+        assert_eq!(
+            report_for(RunEnd::Finished(Ok(" done\n".into()))),
+            Some(Report::Complete { result: "done".into() })
+        );
+        assert_eq!(report_for(RunEnd::Finished(Err("boom".into()))), Some(Report::Fail { error: "boom".into() }));
+    }
+
+    #[test]
+    fn e11_an_outage_is_news_once_when_it_begins_and_once_when_it_ends() {
+        let mut outage = Outage::default();
+        assert_eq!(outage.note(true, s(1)), None);
+        assert_eq!(outage.note(false, s(2)), Some(OutageNews::Began));
+        for t in 3..9 {
+            assert_eq!(outage.note(false, s(t)), None, "not per retry");
+        }
+        assert_eq!(outage.note(true, s(8)), Some(OutageNews::Ended(s(6))));
+        assert_eq!(outage.note(true, s(9)), None);
+    }
+}
