@@ -7,7 +7,7 @@
 //! is the hooks' to show: H2 orders and caps a backlog, where a push per mail would flood a
 //! session.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Ts;
 use crate::mail::Mail;
@@ -99,6 +99,29 @@ pub fn push(m: &Mail) -> Push {
     Push { content, meta }
 }
 
+/// K4: the mails Claude Code has already shown its model as pushed `<channel>` events, found in
+/// `text` — a turn's prompt (a push while idle starts the turn as its prompt) or the session's
+/// transcript (a push during a tool call is attached to the turn's next request). Claude Code
+/// tells the MCP server nothing about whether the session listens, so what the model was given
+/// is the only evidence: a hook leaves these out, and a push Claude Code dropped is still shown.
+/// The transcript is JSON lines, so the tag's quotes may be escaped (`id=\"…\"`).
+pub fn pushed_ids(text: &str) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("<channel ") {
+        let tag = &rest[at..];
+        let end = tag.find('>').unwrap_or(tag.len());
+        let attrs = tag[..end].replace('\\', "");
+        if let Some(id) =
+            attrs.split_once(" id=\"").and_then(|(_, v)| v.split('"').next()).filter(|id| id.starts_with("mail--"))
+        {
+            ids.insert(id.to_string());
+        }
+        rest = &tag[end..];
+    }
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +205,18 @@ mod tests {
             "{}",
             &p.content[p.content.len() - 80..]
         );
+    }
+
+    #[test]
+    fn k4_pushed_mail_is_found_in_a_prompt_and_in_a_transcripts_escaped_json() {
+        let prompt = "<channel source=\"plugin:pcmail:pcmail\" from=\"desk\" id=\"mail--a6ecc242\" kind=\"note\">\nhi\n</channel>";
+        assert_eq!(pushed_ids(prompt).into_iter().collect::<Vec<_>>(), ["mail--a6ecc242"]);
+        let line = r#"{"content":"<channel source=\"plugin:pcmail:pcmail\" id=\"mail--00000001\" urgent=\"true\">x</channel> <channel source=\"plugin:pcmail:pcmail\" chat_id=\"-1\" id=\"7\">t</channel> [note] mail--00000002 from desk"}"#;
+        assert_eq!(
+            pushed_ids(line).into_iter().collect::<Vec<_>>(),
+            ["mail--00000001"],
+            "only a channel tag's mail id: not an intent's, not a hook's listing"
+        );
+        assert!(pushed_ids("<channel").is_empty() && pushed_ids("<channel id=\"mail--1").len() == 1);
     }
 }
