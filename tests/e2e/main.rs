@@ -7,11 +7,13 @@
 
 mod botapi;
 mod boundaries;
+mod claude;
 mod console;
 mod deploy;
 mod edge;
 mod endurance;
 mod faults;
+mod habitat;
 mod harness;
 mod house;
 mod jobs;
