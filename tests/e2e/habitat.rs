@@ -194,3 +194,70 @@ fn k4_a_pushed_mail_reaches_the_model_once_per_turn_with_pcmail_channels_1() {
 fn k4_a_pushed_mail_reaches_the_model_once_per_turn_with_pcmail_channels_true() {
     pushed_mail_reaches_the_model_once(Some("true"));
 }
+
+#[test]
+fn i8_telegram_messages_before_and_during_a_session_reach_the_model_and_a_reply_closes_exactly_its_intent() {
+    use crate::botapi::BotApi;
+    use crate::telegram::{agent, bot_pc, server, state_of};
+    habitat(|| {
+        let api = BotApi::start();
+        let (s, _dir) = server("");
+        let (_desk, home) = bot_pc(&s, "desk", &api);
+        // Before the session: the PC's agent records the message, then stops (the session's
+        // MCP server polls the bot from then on).
+        let early = api.message(-1001, "kim", "are you there?");
+        let mut poller = agent(&home);
+        eventually(20, "the early message recorded", || {
+            (!state_of(&home, &format!("telegram--1001-{early}")).is_empty()).then_some(())
+        });
+        let _ = poller.kill();
+        let _ = poller.wait();
+
+        let model = Model::start();
+        let h = Habitat::new(&home, true);
+        let mut session = h.session(&model, true, &[]);
+        session.say("hello");
+        session.await_turn();
+        let first = shown(&model.requests()[0]);
+        assert!(
+            first.contains(&format!("chat_id=-1001 reply_to={early}")) && first.contains("are you there?"),
+            "I5: the session starts with the pending message: {first}"
+        );
+
+        // During the session, idle: the message is pushed and starts a turn, which answers it
+        // and reacts to the early one.
+        let asked = model.requests().len();
+        let during = 2;
+        model.script(vec![
+            tool(
+                &format!("{TOOL_PREFIX}telegram_reply"),
+                json!({"chat_id": "-1001", "reply_to": during, "text": "on it"}),
+            ),
+            tool(
+                &format!("{TOOL_PREFIX}telegram_react"),
+                json!({"chat_id": "-1001", "message_id": early, "emoji": "👀"}),
+            ),
+            text("answered"),
+        ]);
+        assert_eq!(api.message(-1001, "kim", "deploy the fix"), during);
+        session.await_turn();
+        let requests = model.requests();
+        assert!(requests.len() >= asked + 3, "reply, react, text: {}", requests.len() - asked);
+        let pushed = shown(&requests[asked]);
+        assert!(
+            pushed.contains(&format!("chat_id=\"-1001\" message_id=\"{during}\"")) && pushed.contains("deploy the fix"),
+            "I8: pushed with where to answer it: {pushed}"
+        );
+        let tag = pushed.split("<channel ").nth(1).and_then(|t| t.split('>').next()).unwrap_or_default();
+        assert_eq!(tag.matches("source=").count(), 1, "one source attribute (Claude Code's): {tag}");
+        assert!(tag.contains("channel=\"telegram\""), "{tag}");
+        assert_eq!(state_of(&home, &format!("telegram--1001-{during}")), "done", "the reply closed its intent");
+        assert_ne!(state_of(&home, &format!("telegram--1001-{early}")), "done", "a react does not close");
+        let sent = api.sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0]["reply_parameters"]["message_id"].as_i64(), Some(during));
+        assert_eq!(api.reactions().len(), 1);
+        session.finish();
+        h.assert_hooks_clean();
+    });
+}

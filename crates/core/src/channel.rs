@@ -77,7 +77,8 @@ pub fn push_intent(m: &Mail) -> Push {
         ("chat_id", chat.to_string()),
         ("message_id", message.to_string()),
         ("user", user),
-        ("source", m.channel.clone()),
+        // Not `source`: Claude Code writes its own `source` first (`plugin:pcmail:pcmail`).
+        ("channel", m.channel.clone()),
     ]);
     Push { content, meta }
 }
@@ -191,7 +192,7 @@ mod tests {
         let p = push_intent(&m);
         assert_eq!(p.content, "本番を止めて");
         let meta: Vec<(&str, &str)> = p.meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        assert_eq!(meta, [("chat_id", "-100123"), ("message_id", "2604"), ("source", "telegram"), ("user", "@kim")]);
+        assert_eq!(meta, [("channel", "telegram"), ("chat_id", "-100123"), ("message_id", "2604"), ("user", "@kim")]);
     }
 
     #[test]
