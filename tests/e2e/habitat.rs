@@ -41,6 +41,7 @@ fn k2_hook_mail_reaches_the_first_and_the_next_request_and_the_stop_hook_holds_o
         session.await_turn();
         let first = &model.requests()[0];
         assert_eq!(times(first, &before), 1, "H2 at session start, once: {}", shown(first));
+        assert!(shown(first).contains(&format!("{TOOL_PREFIX}read")), "K5: the listing names the plugin's tools");
 
         // Between the turns: a work request and an urgent decision; the session's own poller
         // (the plugin's MCP server) fetches them.
