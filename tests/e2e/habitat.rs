@@ -197,9 +197,10 @@ fn k4_a_pushed_mail_reaches_the_model_once_per_turn_with_pcmail_channels_true() 
 }
 
 #[test]
-fn i8_telegram_messages_before_and_during_a_session_reach_the_model_and_a_reply_closes_exactly_its_intent() {
+fn i8_k8_telegram_messages_before_and_during_a_session_reach_the_model_a_reply_closes_exactly_its_intent_an_edit_is_an_event()
+ {
     use crate::botapi::BotApi;
-    use crate::telegram::{agent, bot_pc, server, state_of};
+    use crate::telegram::{agent, bot_pc, intents, server, state_of};
     habitat(|| {
         let api = BotApi::start();
         let (s, _dir) = server("");
@@ -258,6 +259,27 @@ fn i8_telegram_messages_before_and_during_a_session_reach_the_model_and_a_reply_
         assert_eq!(sent.len(), 1, "{sent:?}");
         assert_eq!(sent[0]["reply_parameters"]["message_id"].as_i64(), Some(during));
         assert_eq!(api.reactions().len(), 1);
+
+        // K8: the early message edited — an event on its intent, pushed, never a second intent.
+        let asked = model.requests().len();
+        api.edit(-1001, early, "are you there? it is urgent");
+        session.await_turn();
+        let edited = shown(&model.requests()[asked]);
+        assert!(
+            edited.contains("edited=\"true\"")
+                && edited.contains("are you there? it is urgent")
+                && edited.contains(&format!("message_id=\"{early}\"")),
+            "K8: the edit pushed as an event on its intent: {edited}"
+        );
+        let keys: Vec<String> = intents(&home).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys.len(), 2, "K8: never a second intent: {keys:?}");
+        let db = rusqlite::Connection::open(home.join("cache.db")).expect("cache");
+        let body: String = db
+            .query_row("SELECT body FROM inbox WHERE external_key = ?1", [format!("telegram--1001-{early}")], |r| {
+                r.get(0)
+            })
+            .expect("the intent");
+        assert!(body.starts_with("are you there? it is urgent") && body.ends_with("are you there?"), "history: {body}");
         session.finish();
         h.assert_hooks_clean();
     });

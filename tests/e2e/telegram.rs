@@ -105,7 +105,7 @@ pub(crate) fn agent(home: &Path) -> Child {
 }
 
 /// (key, state) of every intent in a PC's cache, as stored.
-fn intents(home: &Path) -> Vec<(String, String)> {
+pub(crate) fn intents(home: &Path) -> Vec<(String, String)> {
     let Ok(db) = rusqlite::Connection::open(home.join("cache.db")) else { return vec![] };
     let Ok(mut stmt) = db.prepare("SELECT external_key, state FROM inbox WHERE kind = 'intent' ORDER BY external_key")
     else {

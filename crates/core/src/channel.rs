@@ -83,6 +83,14 @@ pub fn push_intent(m: &Mail) -> Push {
     Push { content, meta }
 }
 
+/// K8: an intent whose message was edited, pushed again as an event on it: its text (the new
+/// one first, the earlier below) and `edited="true"`.
+pub fn push_edit(m: &Mail) -> Push {
+    let mut p = push_intent(m);
+    p.meta.insert("edited", "true".into());
+    p
+}
+
 pub fn push(m: &Mail) -> Push {
     let text = if m.subject.is_empty() { m.body.clone() } else { format!("{}\n\n{}", m.subject, m.body) };
     let content = if text.chars().count() > MAX_CONTENT {
