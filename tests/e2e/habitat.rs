@@ -51,8 +51,12 @@ fn k2_hook_mail_reaches_the_first_and_the_next_request_and_the_stop_hook_holds_o
             &desk,
             &["send", "--to", "laptop", "--kind", "decision", "--urgent", "--subject", "ship?", "--body", "yes/no"],
         ));
-        eventually(20, "the session's poller fetched both", || {
-            [&between, &urgent].iter().all(|id| state(&s, &desk, id)["state"] == "delivered").then_some(())
+        eventually(20, "the session's poller fetched both into the PC's cache", || {
+            let db = rusqlite::Connection::open(home.join("cache.db")).ok()?;
+            let n: i64 = db
+                .query_row("SELECT count(*) FROM inbox WHERE id IN (?1, ?2)", [&between, &urgent], |r| r.get(0))
+                .ok()?;
+            (n == 2).then_some(())
         });
         let asked = model.requests().len();
         session.say("anything new?");
@@ -153,7 +157,7 @@ fn pushed_mail_reaches_the_model_once(channels_env: Option<&'static str>) {
         assert_eq!(times(turn, &idle), 1, "{label}: K4, once: {}", shown(turn));
 
         // During a tool call: attached to the request that carries the tool's result.
-        model.script(vec![tool("Bash", json!({"command": "sleep 4", "description": "wait"})), text("done")]);
+        model.script(vec![tool("Bash", json!({"command": "sleep 6", "description": "wait"})), text("done")]);
         let asked = model.requests().len();
         session.say("wait a little");
         model.await_requests(asked + 1);
