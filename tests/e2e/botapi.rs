@@ -95,6 +95,23 @@ impl BotApi {
         id
     }
 
+    /// Someone edits their message `id` in `chat` to `text` (K8): an `edited_message` update.
+    pub fn edit(&self, chat: i64, id: i64, text: &str) {
+        self.with(|s| {
+            s.next_update += 1;
+            s.updates.push(json!({
+                "update_id": 1000 + s.next_update,
+                "edited_message": {
+                    "message_id": id, "date": 1_764_547_200, "edit_date": 1_764_547_260,
+                    "chat": {"id": chat, "type": if chat < 0 { "supergroup" } else { "private" }},
+                    "from": {"id": 42, "is_bot": false, "first_name": "kim", "username": "kim"},
+                    "text": text,
+                }
+            }));
+        });
+        self.shared.arrived.notify_waiters();
+    }
+
     /// The next calls of `method` answer these instead (a poller's `getUpdates` running
     /// meanwhile never takes a `sendMessage`'s scripted answer).
     pub fn script(&self, method: &str, answers: Vec<(u16, Value)>) {

@@ -8,6 +8,7 @@
 mod backup;
 mod botapi;
 mod boundaries;
+mod claude;
 mod clock;
 mod console;
 mod deploy;
@@ -15,6 +16,7 @@ mod disk;
 mod edge;
 mod endurance;
 mod faults;
+mod habitat;
 mod harness;
 mod house;
 mod jobs;

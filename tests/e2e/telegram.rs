@@ -49,7 +49,7 @@ fn t13_replies_and_reactions_go_only_to_allowed_chats_about_recorded_messages() 
     assert_eq!(api.sent()[0]["reply_parameters"]["message_id"].as_i64(), Some(11));
 }
 
-fn server(allowed: &str) -> (Server, tempfile::TempDir) {
+pub(crate) fn server(allowed: &str) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = dir.path().join("m");
     std::fs::create_dir(&m).expect("dir");
@@ -65,7 +65,7 @@ fn server(allowed: &str) -> (Server, tempfile::TempDir) {
 }
 
 /// A PC logged in as `machine` that owns the stand-in's bot; answers its token and home.
-fn bot_pc(s: &Server, machine: &str, api: &BotApi) -> (String, PathBuf) {
+pub(crate) fn bot_pc(s: &Server, machine: &str, api: &BotApi) -> (String, PathBuf) {
     let token = s.token(machine);
     ok(s.ctl(&token, &["login", "--server", &s.url, "--token", &token]));
     let home = s.home_of(&token);
@@ -90,7 +90,7 @@ fn pc(home: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// `pcmail-ctl agent` on that PC, its log in `home/agent.log`.
-fn agent(home: &Path) -> Child {
+pub(crate) fn agent(home: &Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(home.join("agent.log")).expect("log");
     Command::new(BIN)
         .args(["agent", "--wait", "2s"])
@@ -105,7 +105,7 @@ fn agent(home: &Path) -> Child {
 }
 
 /// (key, state) of every intent in a PC's cache, as stored.
-fn intents(home: &Path) -> Vec<(String, String)> {
+pub(crate) fn intents(home: &Path) -> Vec<(String, String)> {
     let Ok(db) = rusqlite::Connection::open(home.join("cache.db")) else { return vec![] };
     let Ok(mut stmt) = db.prepare("SELECT external_key, state FROM inbox WHERE kind = 'intent' ORDER BY external_key")
     else {
@@ -123,7 +123,7 @@ fn on_server(s: &Server, desk: &str) -> Vec<Value> {
     inbox.as_array().into_iter().flatten().filter(|m| m["kind"] == "intent").cloned().collect()
 }
 
-fn state_of(home: &Path, key: &str) -> String {
+pub(crate) fn state_of(home: &Path, key: &str) -> String {
     intents(home).into_iter().find(|(k, _)| k == key).map(|(_, s)| s).unwrap_or_default()
 }
 

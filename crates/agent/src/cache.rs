@@ -425,6 +425,20 @@ impl Cache {
         })
     }
 
+    /// K8: an edit of the message recorded under `key`: its text history kept on the one
+    /// intent. Answers the intent as it now is, `None` when no intent has that key (the caller
+    /// records the edit as the intent), and the intent unchanged when the text is the same.
+    pub fn edit_intent(&mut self, key: &str, text: &str) -> Result<Option<Mail>> {
+        self.write(|tx| {
+            let Some(mut m) = select_in(tx, "external_key = ?1", [key])?.into_iter().next() else { return Ok(None) };
+            if let Some(body) = pcmail_core::intent::edited_body(&m.body, text) {
+                tx.execute("UPDATE inbox SET body = ?2 WHERE id = ?1", params![m.id, body])?;
+                m.body = body;
+            }
+            Ok(Some(m))
+        })
+    }
+
     /// A push into a session that listens (`mcp --channels`): presented there, so its hooks only
     /// count it (H3), but not stepped: the mail stays unread until the agent reads or closes it,
     /// and the unread SLA (M9) keeps watching a push the agent skimmed past.

@@ -61,6 +61,30 @@ struct HookInput {
     tool_input: Option<Value>,
     #[serde(default)]
     stop_hook_active: bool,
+    /// UserPromptSubmit's prompt: a push while idle starts its turn as this prompt (K4).
+    #[serde(default)]
+    prompt: Option<String>,
+    /// The session's transcript, where a push during a tool call was recorded (K4).
+    #[serde(default)]
+    transcript_path: Option<std::path::PathBuf>,
+}
+
+/// How much of a transcript's end a hook reads for pushes (K4): a push older than that is
+/// shown once more — a repeat, never a loss — and a hook stays fast on a long session.
+const TRANSCRIPT_TAIL: u64 = 4 << 20;
+
+/// The end of the file at `path`, as text; nothing if it cannot be read (a hook never fails
+/// for want of evidence: the mail is then shown, as without a push).
+fn tail(path: &Path, max: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if f.seek(SeekFrom::Start(len.saturating_sub(max))).is_err() {
+        return String::new();
+    }
+    let mut bytes = Vec::new();
+    let _ = f.take(max).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,8 +128,25 @@ pub fn handle(event: HookEvent, stdin: &[u8], home: &Path, now: Ts) -> Result<Ho
                 let intents = cache.open_intents()?;
                 parts.push(listing(&intents.iter().collect::<Vec<_>>(), &policy, now));
             }
+            // K4: what the model was already given as a push is presented, only counted here.
+            let mut evidence = input.prompt.clone().unwrap_or_default();
+            if let Some(path) = &input.transcript_path {
+                evidence.push_str(&tail(path, TRANSCRIPT_TAIL));
+            }
+            let mut pushed = Vec::new();
+            for id in pcmail_core::channel::pushed_ids(&evidence) {
+                if cache.get(&id)?.is_some_and(|m| m.presented_session.as_deref() != Some(session.as_str())) {
+                    pushed.push(id);
+                }
+            }
+            if !pushed.is_empty()
+                && let Err(e) = cache.mark_pushed(&pushed, &session, now)
+            {
+                eprintln!("pcmail hook: pushed mail not recorded as presented this time: {e}");
+            }
             // P5: the few mails that can be shown, and counts of the rest.
-            let heads = cache.group_heads(&session, now, LIMITS)?;
+            let mut heads = cache.group_heads(&session, now, LIMITS)?;
+            heads.retain(|m| !pushed.contains(&m.id));
             let p = present_heads(&heads, cache.tally(now)?, now, LIMITS);
             // Show the mail even if the poller holds the write lock past HOOK_BUSY: the marks
             // are then made by the next hook, which presents the same mail again.
@@ -257,6 +298,28 @@ mod tests {
         assert_eq!(same, "+1 more (0 expired not shown): pcmail-ctl inbox");
         let other = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s2"}), at(3)));
         assert!(other.contains("mail--00000001"), "another session was not told: {other}");
+    }
+
+    #[test]
+    fn k4_mail_the_model_was_given_as_a_push_is_only_counted_whether_or_not_the_push_was_marked() {
+        let dir = home();
+        let mut c = Cache::open(dir.path(), HOOK_BUSY).expect("c");
+        c.merge_polled("me", vec![mail(1, MailKind::Note), mail(2, MailKind::Note), mail(3, MailKind::Note)], 3, at(1))
+            .expect("m");
+        let tag = |id: &str| format!("<channel source=\"plugin:pcmail:pcmail\" from=\"desk\" id=\"{id}\">x</channel>");
+        // A push while idle is the turn's prompt; one during a tool call is in the transcript.
+        let transcript = dir.path().join("session.jsonl");
+        std::fs::write(&transcript, format!("{}\n", json!({"content": tag("mail--00000002")}))).expect("transcript");
+        let input = json!({"session_id": "s1", "prompt": tag("mail--00000001"), "transcript_path": transcript});
+        let shown = text(&run(dir.path(), HookEvent::UserPromptSubmit, input, at(3)));
+        assert!(shown.contains("mail--00000003"), "{shown}");
+        assert!(!shown.contains("mail--00000001") && !shown.contains("mail--00000002"), "K4: {shown}");
+        assert_eq!(state(dir.path(), "mail--00000001"), MailState::Delivered, "a push is not a read");
+        let again = text(&run(dir.path(), HookEvent::UserPromptSubmit, json!({"session_id": "s1"}), at(4)));
+        assert_eq!(again, "+3 more (0 expired not shown): pcmail-ctl inbox", "presented in s1 now");
+        let missing = json!({"session_id": "s2", "transcript_path": dir.path().join("gone.jsonl")});
+        let other = text(&run(dir.path(), HookEvent::UserPromptSubmit, missing, at(4)));
+        assert!(other.contains("mail--00000003") && other.contains("mail--00000002"), "no evidence in s2: {other}");
     }
 
     #[test]

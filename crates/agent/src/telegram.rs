@@ -242,6 +242,23 @@ pub async fn poll_once(home: &Path, bot: &Bot, client: Option<&Client>) -> Resul
                     recorded += 1;
                 }
             }
+            // K8: an event on its intent; the intent itself if the original was never recorded.
+            Intake::Edit(msg) => {
+                let now = crate::now();
+                let mail = intent_mail(&msg, &me, now, Dur::from_hours(72));
+                let key = mail.external_key.clone().unwrap_or_default();
+                let before = cache.get(&mail.id)?.map(|m| m.body);
+                match cache.edit_intent(&key, &msg.text)? {
+                    Some(m) if before.as_deref() != Some(m.body.as_str()) => recorded += 1,
+                    Some(_) => {}
+                    None => {
+                        let message = serde_json::to_value(&msg).unwrap_or_default();
+                        if cache.record_intent(&mail, &message, now)? {
+                            recorded += 1;
+                        }
+                    }
+                }
+            }
             Intake::Dropped { chat } => {
                 tracing::info!(chat, "Telegram message from a chat outside allowedChats dropped");
                 dropped += 1;

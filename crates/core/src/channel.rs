@@ -7,7 +7,7 @@
 //! is the hooks' to show: H2 orders and caps a backlog, where a push per mail would flood a
 //! session.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Ts;
 use crate::mail::Mail;
@@ -77,9 +77,18 @@ pub fn push_intent(m: &Mail) -> Push {
         ("chat_id", chat.to_string()),
         ("message_id", message.to_string()),
         ("user", user),
-        ("source", m.channel.clone()),
+        // Not `source`: Claude Code writes its own `source` first (`plugin:pcmail:pcmail`).
+        ("channel", m.channel.clone()),
     ]);
     Push { content, meta }
+}
+
+/// K8: an intent whose message was edited, pushed again as an event on it: its text (the new
+/// one first, the earlier below) and `edited="true"`.
+pub fn push_edit(m: &Mail) -> Push {
+    let mut p = push_intent(m);
+    p.meta.insert("edited", "true".into());
+    p
 }
 
 pub fn push(m: &Mail) -> Push {
@@ -97,6 +106,29 @@ pub fn push(m: &Mail) -> Push {
         ("urgent", m.urgent.to_string()),
     ]);
     Push { content, meta }
+}
+
+/// K4: the mails Claude Code has already shown its model as pushed `<channel>` events, found in
+/// `text` — a turn's prompt (a push while idle starts the turn as its prompt) or the session's
+/// transcript (a push during a tool call is attached to the turn's next request). Claude Code
+/// tells the MCP server nothing about whether the session listens, so what the model was given
+/// is the only evidence: a hook leaves these out, and a push Claude Code dropped is still shown.
+/// The transcript is JSON lines, so the tag's quotes may be escaped (`id=\"…\"`).
+pub fn pushed_ids(text: &str) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("<channel ") {
+        let tag = &rest[at..];
+        let end = tag.find('>').unwrap_or(tag.len());
+        let attrs = tag[..end].replace('\\', "");
+        if let Some(id) =
+            attrs.split_once(" id=\"").and_then(|(_, v)| v.split('"').next()).filter(|id| id.starts_with("mail--"))
+        {
+            ids.insert(id.to_string());
+        }
+        rest = &tag[end..];
+    }
+    ids
 }
 
 #[cfg(test)]
@@ -168,7 +200,7 @@ mod tests {
         let p = push_intent(&m);
         assert_eq!(p.content, "本番を止めて");
         let meta: Vec<(&str, &str)> = p.meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        assert_eq!(meta, [("chat_id", "-100123"), ("message_id", "2604"), ("source", "telegram"), ("user", "@kim")]);
+        assert_eq!(meta, [("channel", "telegram"), ("chat_id", "-100123"), ("message_id", "2604"), ("user", "@kim")]);
     }
 
     #[test]
@@ -182,5 +214,18 @@ mod tests {
             "{}",
             &p.content[p.content.len() - 80..]
         );
+    }
+
+    #[test]
+    fn k4_pushed_mail_is_found_in_a_prompt_and_in_a_transcripts_escaped_json() {
+        let prompt = "<channel source=\"plugin:pcmail:pcmail\" from=\"desk\" id=\"mail--a6ecc242\" kind=\"note\">\nhi\n</channel>";
+        assert_eq!(pushed_ids(prompt).into_iter().collect::<Vec<_>>(), ["mail--a6ecc242"]);
+        let line = r#"{"content":"<channel source=\"plugin:pcmail:pcmail\" id=\"mail--00000001\" urgent=\"true\">x</channel> <channel source=\"plugin:pcmail:pcmail\" chat_id=\"-1\" id=\"7\">t</channel> [note] mail--00000002 from desk"}"#;
+        assert_eq!(
+            pushed_ids(line).into_iter().collect::<Vec<_>>(),
+            ["mail--00000001"],
+            "only a channel tag's mail id: not an intent's, not a hook's listing"
+        );
+        assert!(pushed_ids("<channel").is_empty() && pushed_ids("<channel id=\"mail--1").len() == 1);
     }
 }

@@ -88,6 +88,16 @@ pub fn intent_mail(msg: &InboundMessage, to: &str, now: Ts, ttl: crate::duration
     }
 }
 
+/// K8: how an intent's text marks what it said before an edit.
+pub const EDITED: &str = "\n\n— edited; before: ";
+
+/// K8: an intent's text after its message was edited to `text`: the new text first, every
+/// earlier one kept below it, newest first. `None` when the text is what it already says.
+pub fn edited_body(body: &str, text: &str) -> Option<String> {
+    let current = body.split(EDITED).next().unwrap_or(body);
+    (current != text).then(|| format!("{text}{EDITED}{body}"))
+}
+
 /// T4: who may record intents: the IntentPolicy's `recorders`, the Roster owner when it names
 /// none, and the admin.
 pub fn may_record(who: &crate::mail::Principal, policy: &IntentPolicySpec, owner: &str) -> bool {
@@ -337,5 +347,15 @@ mod tests {
         let m = intent_mail(&msg("-100123", "2604"), "desk", at(0), crate::duration::Dur::from_hours(72));
         let text = listing(&[&m], &policy(), at(600));
         assert!(text.contains("chat_id=-100123 reply_to=2604 from telegram:kim (10 min ago): 本番を止めて"), "{text}");
+    }
+
+    #[test]
+    fn k8_an_edit_keeps_the_text_history_newest_first_and_a_repeat_changes_nothing() {
+        let once = edited_body("stop prod", "stop staging").expect("edited");
+        assert_eq!(once, format!("stop staging{EDITED}stop prod"));
+        let twice = edited_body(&once, "stop nothing").expect("edited again");
+        assert_eq!(twice, format!("stop nothing{EDITED}stop staging{EDITED}stop prod"));
+        assert_eq!(edited_body(&twice, "stop nothing"), None, "the same text again is no edit");
+        assert_eq!(edited_body("x", "x"), None);
     }
 }

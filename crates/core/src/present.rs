@@ -103,7 +103,9 @@ fn newest_first(a: &&Mail, b: &&Mail) -> std::cmp::Ordering {
     b.created_at.cmp(&a.created_at).then(b.seq.cmp(&a.seq))
 }
 
-const HEADER: &str = "pcmail — mail for this PC (read: pcmail-ctl read ID · reply: pcmail-ctl reply ID --body …):";
+/// K5: the session's own tools first (the plugin's MCP server), the CLI for a session without it.
+const HEADER: &str = "pcmail — mail for this PC (read: the mcp__plugin_pcmail_pcmail__read tool · reply: \
+mcp__plugin_pcmail_pcmail__reply; without the plugin: pcmail-ctl read ID, pcmail-ctl reply ID --body …):";
 
 /// Builds the block for `session` from every mail in the local inbox.
 pub fn present(inbox: &[Mail], session: &str, now: Ts, limits: Limits) -> Presentation {

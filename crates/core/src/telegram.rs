@@ -81,25 +81,33 @@ pub enum Intake {
     Record(InboundMessage),
     /// A message from a chat `allowedChats` leaves out: not recorded, counted (I9).
     Dropped { chat: i64 },
-    /// Not a new message (an edit, a reaction, a member change): nothing to answer.
+    /// K8: an edit of a message — an event on its intent (its text history kept), never a
+    /// second intent; recorded as the intent itself if its original never was.
+    Edit(InboundMessage),
+    /// Not a message (a reaction, a member change): nothing to answer.
     Skip,
 }
 
-/// I7/I9: what `update` becomes. An edit is not a new message to answer: its original was
-/// recorded when it arrived.
+/// I7/I9/K8: what `update` becomes. An edit is not a new message to answer: it is an event on
+/// the intent its original was recorded as.
 pub fn intake(update: &Update, policy: &IntentPolicySpec) -> Intake {
-    let Some(m) = &update.message else { return Intake::Skip };
+    let (m, edit) = match (&update.message, &update.edited_message) {
+        (Some(m), _) => (m, false),
+        (None, Some(m)) => (m, true),
+        (None, None) => return Intake::Skip,
+    };
     if !policy.allowed_chats.is_empty() && !policy.allowed_chats.contains(&m.chat.id) {
         return Intake::Dropped { chat: m.chat.id };
     }
     let text = m.text.clone().or_else(|| m.caption.clone()).unwrap_or_else(|| "[a message without text]".into());
-    Intake::Record(InboundMessage {
+    let msg = InboundMessage {
         channel: CHANNEL.into(),
         chat: m.chat.id.to_string(),
         message: m.message_id.to_string(),
         from: m.from.as_ref().map_or_else(|| format!("chat {}", m.chat.id), sender),
         text: crate::text::sanitize(&text),
-    })
+    };
+    if edit { Intake::Edit(msg) } else { Intake::Record(msg) }
 }
 
 /// A sender as people read them: `@username`, else the name, else the id.
@@ -260,8 +268,15 @@ mod tests {
         };
         assert!(matches!(intake(&from(1), &policy), Intake::Record(_)));
         assert_eq!(intake(&from(2), &policy), Intake::Dropped { chat: 2 });
-        let edit = update(r#"{"update_id": 2, "edited_message": {"message_id": 1, "chat": {"id": 1}, "text": "y"}}"#);
-        assert_eq!(intake(&edit, &policy), Intake::Skip);
+        let edit = |chat: i64| {
+            update(&format!(
+                r#"{{"update_id": 2, "edited_message": {{"message_id": 1, "chat": {{"id": {chat}}}, "text": "y"}}}}"#
+            ))
+        };
+        let Intake::Edit(e) = intake(&edit(1), &policy) else { panic!("K8: an edit is an Edit") };
+        assert_eq!((e.chat.as_str(), e.message.as_str(), e.text.as_str()), ("1", "1", "y"));
+        assert_eq!(intake(&edit(2), &policy), Intake::Dropped { chat: 2 }, "an edit outside allowedChats too");
+        assert_eq!(intake(&update(r#"{"update_id": 3}"#), &policy), Intake::Skip);
     }
 
     #[test]

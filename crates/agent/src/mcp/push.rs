@@ -43,8 +43,9 @@ struct Follower {
     from: Option<channel::Start>,
     started: pcmail_core::Ts,
     /// Intents open when following began (the session-start hook lists them, I5) and every
-    /// intent pushed since: each new one is pushed once (I8).
-    intents_seen: Option<std::collections::HashSet<String>>,
+    /// intent pushed since, with the text last seen: each new one is pushed once (I8), and
+    /// again as an edit each time its text changes (K8).
+    intents_seen: Option<std::collections::HashMap<String, String>>,
 }
 
 /// Pushes until the session goes away: every [`TICK`], and at once when `fetched` is told of a
@@ -88,16 +89,18 @@ impl Follower {
         let Some(from) = self.from else {
             let cursor = cache.state("cursor")?.and_then(|c| c.parse().ok());
             self.from = Some(channel::start(cursor, self.started));
-            self.intents_seen = Some(cache.open_intents()?.into_iter().map(|m| m.id).collect());
+            self.intents_seen = Some(cache.open_intents()?.into_iter().map(|m| (m.id, m.body)).collect());
             return Ok(());
         };
         // I8: each intent recorded since, once, with where to answer it.
         let seen = self.intents_seen.get_or_insert_with(Default::default);
         for m in cache.open_intents()? {
-            if !seen.contains(&m.id) {
-                notify(peer, channel::push_intent(&m)).await?;
-                seen.insert(m.id);
+            match seen.get(&m.id) {
+                None => notify(peer, channel::push_intent(&m)).await?,
+                Some(body) if *body != m.body => notify(peer, channel::push_edit(&m)).await?,
+                Some(_) => continue,
             }
+            seen.insert(m.id, m.body);
         }
         let now = crate::now();
         let fresh = cache.unpresented_after(from.after_seq)?;
