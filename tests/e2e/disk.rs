@@ -81,6 +81,9 @@ fn e15_a_full_disk_is_a_readiness_reason_a_metric_and_a_log_line_and_serve_start
     assert_eq!(code, Some(0));
     s.spawn();
     read(&s);
+    // A restarted server learns of the full disk from its first refused write (E13: a lease it
+    // still sees held needs none at start).
+    assert_eq!(send(&s, &desk, "refused after the restart").0, 503);
     let (ready, why) = eventually(10, "readiness to name the disk after the restart", || {
         Some(get(&format!("{}/readyz", s.url))).filter(|(status, _)| *status == 503)
     });

@@ -237,7 +237,9 @@ fn c4_metrics_expose_every_family_of_design_section_9() {
     let s = Server::start_opts(Some(examples()), "127.0.0.1:0", &["--resync", "300ms"]);
     ok(s.ctl(&s.token("laptop"), &["poll"]));
     let body = eventually(10, "the sweep to see the poll", || {
-        get(&format!("{}/metrics", s.url)).map(|r| r.1).filter(|b| b.contains("machine=\"laptop\""))
+        get(&format!("{}/metrics", s.url))
+            .map(|r| r.1)
+            .filter(|b| b.contains("pcmail_machine_last_poll_timestamp_seconds{machine=\"laptop\"}"))
     });
     assert!(body.contains("pcmail_mail_transitions_total{from=\"none\",to=\"new\"} 0"), "counters start at 0");
     for family in [
