@@ -176,24 +176,14 @@ pub async fn report(
     report: Report,
     now: Ts,
 ) -> Result<Job, ServiceError> {
-    let mut outcomes = report_many(app, vec![(id.to_string(), token.to_string(), report)], actor, now).await?;
+    let mut outcomes = record_many(app, vec![(id.to_string(), token.to_string(), report)], actor, now).await?;
     outcomes.pop().unwrap_or_else(|| Err(ServiceError::internal("a report of one job answered nothing")))
 }
 
-/// [`report`] for many jobs of one actor in one transaction (the pools' grouped completions):
-/// each report is checked and answered on its own, in order. Called through
-/// [`crate::ledger::settle`], which settles the rows of jobs that ended.
-pub async fn report_many(
-    app: &App,
-    reports: Vec<(String, String, Report)>,
-    actor: Actor<'_>,
-    now: Ts,
-) -> Result<Vec<Result<Job, ServiceError>>, ServiceError> {
-    Ok(record_many(app, reports, actor, now).await?)
-}
-
-/// [`report_many`] with the store's failure as it is, unlogged: the pools retry their own
-/// reports through an outage and say so once (E11).
+/// Reports of many jobs of one actor in one transaction, each checked and answered on its own,
+/// in order; the store's failure as it is, unlogged: the pools retry their own reports through
+/// an outage and say so once (E11). Called through [`crate::ledger::settle`], which settles the
+/// rows of jobs that ended.
 pub async fn record_many(
     app: &App,
     reports: Vec<(String, String, Report)>,
