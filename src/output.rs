@@ -20,16 +20,35 @@ pub fn structured<T: Serialize>(output: Output, value: &T) -> anyhow::Result<boo
     }
 }
 
-/// U6: prints a listing — `-o json|yaml` as `{name: [...], "more": N}`, a table otherwise — and
-/// ends stderr with how many more match, when some do: nothing is left out silently.
+/// V4: the names of the list envelopes' kinds, one per list verb (README lists them).
+pub mod kinds {
+    pub const MAIL: &str = "MailList";
+    pub const ALERT: &str = "AlertList";
+    pub const JOB: &str = "JobList";
+    pub const LEDGER_ROW: &str = "LedgerRowList";
+
+    /// `get KIND`: `RosterList`, `MailPolicyList`, … after the spec kind's own name.
+    pub fn of_spec(kind: pcmail_core::manifest::Kind) -> String {
+        format!("{}List", kind.as_str())
+    }
+}
+
+/// V4: every list verb's structured output is this one envelope, whatever it lists — scripts
+/// read `items` and `more` the same way for mail, jobs, ledger rows, alerts and spec objects.
+pub fn envelope<T: Serialize>(kind: &str, items: &[T], more: u64) -> serde_json::Value {
+    serde_json::json!({ "kind": kind, "items": items, "more": more })
+}
+
+/// U6/V4: prints a listing — `-o json|yaml` as the envelope, a table otherwise — and ends
+/// stderr with how many more match, when some do: nothing is left out silently.
 pub fn listing<T: Serialize>(
-    name: &str,
+    kind: &str,
     items: &[T],
     more: u64,
     output: Output,
     table: impl FnOnce(&[T]),
 ) -> anyhow::Result<()> {
-    if !structured(output, &serde_json::json!({ name: items, "more": more }))? {
+    if !structured(output, &envelope(kind, items, more))? {
         table(items);
     }
     if more > 0 {
@@ -90,6 +109,16 @@ pub fn cut(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v4_every_listing_is_one_envelope_of_kind_items_and_more() {
+        let v = envelope(kinds::JOB, &["a", "b"], 3);
+        assert_eq!(v, serde_json::json!({"kind": "JobList", "items": ["a", "b"], "more": 3}));
+        let keys: Vec<&String> = v.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+        assert_eq!(keys, ["items", "kind", "more"], "nothing beside the three keys");
+        assert_eq!(kinds::of_spec(pcmail_core::manifest::Kind::Roster), "RosterList");
+        assert_eq!(envelope::<u8>(kinds::MAIL, &[], 0)["items"], serde_json::json!([]));
+    }
 
     #[test]
     fn cut_counts_display_columns_and_never_splits_a_character() {

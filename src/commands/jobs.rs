@@ -57,7 +57,7 @@ pub async fn run(client: &Client, command: JobsCommand) -> anyhow::Result<i32> {
                 },
             )
             .await?;
-            output::listing("jobs", &jobs, more, output, |jobs| {
+            output::listing(output::kinds::JOB, &jobs, more, output, |jobs| {
                 let rows: Vec<Vec<String>> = jobs
                     .iter()
                     .map(|j| {

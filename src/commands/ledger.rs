@@ -12,9 +12,10 @@ use crate::args::{LedgerCommand, Output};
 use crate::exit::Exit;
 use crate::output::{self, cut};
 
-fn print_rows(rows: &[Row], out: Output) -> anyhow::Result<()> {
-    if !output::structured(out, &rows)? {
-        rows_table(rows);
+/// One row (set-row, run): `-o json|yaml` is the row itself (V4), a one-line table otherwise.
+fn print_row(row: &Row, out: Output) -> anyhow::Result<()> {
+    if !output::structured(out, row)? {
+        rows_table(std::slice::from_ref(row));
     }
     Ok(())
 }
@@ -52,7 +53,7 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
                 },
             )
             .await?;
-            output::listing("rows", &rows, more, output, rows_table)?;
+            output::listing(output::kinds::LEDGER_ROW, &rows, more, output, rows_table)?;
         }
         LedgerCommand::View => {
             let v: LedgerView = client.get("/api/v1/ledger/view", &[]).await?;
@@ -62,12 +63,12 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             let body = RowEdit { project, state, instruction, run: run.then_some(true), due, assignee };
             // L16: what the store holds after the write, read back.
             let row: Row = client.post(&format!("/api/v1/ledger/rows/{id}"), &body).await?;
-            print_rows(&[row], output)?;
+            print_row(&row, output)?;
         }
         LedgerCommand::Run { id, no_wait, output } => {
             let body = RunRequest { project, wait: !no_wait };
             let row: Row = client.post(&format!("/api/v1/ledger/rows/{id}/run"), &body).await?;
-            print_rows(std::slice::from_ref(&row), output)?;
+            print_row(&row, output)?;
             // A run that was waited for and failed went back to todo (or to a person) with its
             // failure counted: the command fails too, so a script notices.
             if !no_wait && matches!(row.state, RowState::Todo | RowState::NeedsHuman) && row.failures > 0 {
@@ -108,7 +109,7 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
         }
         LedgerCommand::ExecuteChecked => {
             let rows: Vec<Row> = client.post("/api/v1/ledger/execute-checked", &json!({})).await?;
-            print_rows(&rows, Output::Table)?;
+            rows_table(&rows);
         }
     }
     Ok(0)

@@ -107,7 +107,7 @@ pub async fn inbox(
         },
     )
     .await?;
-    output::listing("mail", &mails, more, out, |mails| {
+    output::listing(output::kinds::MAIL, &mails, more, out, |mails| {
         if mails.is_empty() {
             let open = if paging.all || state.is_some() { "" } else { "open " };
             eprintln!("no {open}{mailbox} mail");
@@ -232,7 +232,7 @@ pub async fn alerts(
         async move { client.get_page::<Alert>("/api/v1/alerts", &query).await }
     })
     .await?;
-    output::listing("alerts", &alerts, more, out, |alerts| {
+    output::listing(output::kinds::ALERT, &alerts, more, out, |alerts| {
         let rows: Vec<Vec<String>> = alerts
             .iter()
             .map(|a| {

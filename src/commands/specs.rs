@@ -68,15 +68,16 @@ pub async fn get(client: &Client, kind_name: &str, name: Option<&str>, out: Outp
     }
     let all: Vec<Value> = client.get("/api/v1/specs", &[]).await?;
     let objects: Vec<Value> = all.into_iter().filter(|o| o["kind"] == k.as_str()).collect();
-    if !output::structured(out, &objects)? {
+    // V4: every object of the kind is listed, so `more` is always 0.
+    output::listing(&output::kinds::of_spec(k), &objects, 0, out, |objects| {
         if objects.is_empty() {
             eprintln!("no {} objects", k.lower());
         } else {
-            print_table(&objects);
+            print_table(objects);
         }
-        if matches!(out, Output::Wide) && k == Kind::Roster {
-            print_machines(client, &objects).await?;
-        }
+    })?;
+    if matches!(out, Output::Wide) && k == Kind::Roster {
+        print_machines(client, &objects).await?;
     }
     Ok(0)
 }

@@ -204,7 +204,7 @@ fn t11_a_machine_writes_only_the_ledger_rows_of_its_own_sources() {
     let why = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(why.contains("T11") && why.contains("push:builder or ci"), "{why}");
     let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
-    let row = rows["rows"].as_array().and_then(|r| r.first()).cloned().expect("the admin's row");
+    let row = rows["items"].as_array().and_then(|r| r.first()).cloned().expect("the admin's row");
     assert_eq!((row["content"].as_str(), row["function"].as_str()), (Some("the admin's text"), Some("")), "{row}");
     // Its own source, named or not, and the one the Ledger grants it.
     let out = s.ctl(&builder, &["ledger", "push", "--task", "ビルド確認"]);
@@ -216,7 +216,7 @@ fn t11_a_machine_writes_only_the_ledger_rows_of_its_own_sources() {
     assert!(stdout(&refused).contains("T11"), "{}", stdout(&refused));
     let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
     let sources: Vec<&str> =
-        rows["rows"].as_array().expect("rows").iter().filter_map(|r| r["source"].as_str()).collect();
+        rows["items"].as_array().expect("rows").iter().filter_map(|r| r["source"].as_str()).collect();
     assert_eq!(sources, ["admin-file", "push:builder", "ci"]);
     // Every row change names its actor: a refresh of the builder's own row is in its history.
     let own = json!([{"source": "ci", "task": "nightly", "content": "green", "refresh": true}]);
@@ -549,7 +549,7 @@ fn t15_job_pages_and_search_answers_are_bounded_in_bytes_and_nothing_is_lost() {
     assert!((1..=5).contains(&shown), "a page of about 256 KiB: {shown}");
     assert_eq!(page["more"].as_u64(), Some(40 - shown as u64), "the rest is counted");
     let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
-    let mut ids: Vec<&str> = all["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_str()).collect();
+    let mut ids: Vec<&str> = all["items"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 40, "--all reaches every job once");

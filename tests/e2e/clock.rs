@@ -162,7 +162,7 @@ fn a_job_claimed_at_plus_3h_is_rescued_after_the_clock_went_back(store: &[&str])
     s.spawn();
     let state = || {
         let jobs = crate::harness::json(s.admin(&["jobs", "list", "-o", "json"]));
-        let found = jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == job.as_str()).cloned());
+        let found = jobs["items"].as_array().and_then(|a| a.iter().find(|j| j["id"] == job.as_str()).cloned());
         found.map(|j| (j["state"].as_str().unwrap_or("").to_string(), j["rescues"].as_u64().unwrap_or(0)))
     };
     let rescued = eventually(25, "the job claimed at +3 h to be rescued", || state().filter(|(_, r)| *r == 1));

@@ -306,7 +306,7 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     let lines: String =
         (0..120).map(|n| format!("{{\"queue\": \"parked\", \"function\": \"render\", \"payload\": {n}}}\n")).collect();
     ok(s.ctl_stdin(&s.admin_token(), &["jobs", "enqueue", "-f", "-"], Some(lines.as_bytes())));
-    let newest: Vec<String> = json(s.admin(&["jobs", "list", "--limit", "1000", "-o", "json"]))["jobs"]
+    let newest: Vec<String> = json(s.admin(&["jobs", "list", "--limit", "1000", "-o", "json"]))["items"]
         .as_array()
         .into_iter()
         .flatten()
@@ -345,13 +345,13 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     .expect("totals");
     let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
     let jobs_in =
-        |state: &str| all["jobs"].as_array().into_iter().flatten().filter(|j| j["state"] == state).count() as u64;
+        |state: &str| all["items"].as_array().into_iter().flatten().filter(|j| j["state"] == state).count() as u64;
     for state in ["queued", "dead", "running", "succeeded"] {
         assert_eq!(totals.get(&format!("jobs:{state}")), Some(&jobs_in(state)), "jobs {state}: {totals:?}");
     }
     assert_eq!(totals.get("jobs:queued"), Some(&120));
     let rows = json(s.admin(&["ledger", "list", "-o", "json"]));
-    let todo = rows["rows"].as_array().into_iter().flatten().filter(|r| r["state"] == "todo").count() as u64;
+    let todo = rows["items"].as_array().into_iter().flatten().filter(|r| r["state"] == "todo").count() as u64;
     assert_eq!(totals.get("ledger:todo"), Some(&todo), "{totals:?}");
     assert_eq!(totals.get("mail:new").copied(), s.metric("pcmail_mail{state=\"new\"}").map(|n| n as u64), "{totals:?}");
     assert_eq!(totals.get("mail:new"), Some(&2));
@@ -411,7 +411,7 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     assert_eq!(forged.status().as_u16(), 403);
     let state_of = |id: &str| {
         let list = json(s.admin(&["jobs", "list", "--queue", "other", "-o", "json"]));
-        let job = list["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned());
+        let job = list["items"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned());
         job.map(|j| j["state"].as_str().unwrap_or_default().to_string()).unwrap_or_default()
     };
     assert_eq!(state_of(&dead[1]), "dead", "the forged retry changed nothing");

@@ -209,7 +209,7 @@ fn t15_50_readers_that_never_read_500_big_mails_hold_little_and_are_closed_at_th
     }
     // The CLI's --limit fills itself from the short pages.
     let listed = json(s.ctl(&laptop, &["inbox", "--limit", "500", "-o", "json"]));
-    assert_eq!(listed["mail"].as_array().map(Vec::len), Some(MAILS), "inbox --limit 500 lists 500");
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(MAILS), "inbox --limit 500 lists 500");
     assert_eq!(listed["more"], 0);
 
     let before = rss(&s);

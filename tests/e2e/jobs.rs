@@ -50,7 +50,7 @@ fn post(s: &Server, path: &str, body: serde_json::Value) -> (u16, serde_json::Va
 
 fn job(s: &Server, id: &str) -> serde_json::Value {
     let jobs = json(s.admin(&["jobs", "list", "-o", "json"]));
-    jobs["jobs"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
+    jobs["items"].as_array().and_then(|a| a.iter().find(|j| j["id"] == id).cloned()).unwrap_or_default()
 }
 
 #[test]
@@ -556,12 +556,12 @@ fn u3_jobs_list_of_400_shows_100_and_says_300_more_and_all_lists_400() {
     assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the newest 100");
     assert_eq!(stderr(&out).lines().last(), Some("300 more (use --limit or --all)"), "U6: stderr ends with the hint");
     let listed = json(s.admin(&["jobs", "list", "-o", "json"]));
-    assert_eq!((listed["jobs"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(100), Some(300)));
+    assert_eq!((listed["items"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(100), Some(300)));
     let limited = json(s.admin(&["jobs", "list", "--limit", "150", "-o", "json"]));
-    assert_eq!((limited["jobs"].as_array().map(Vec::len), limited["more"].as_u64()), (Some(150), Some(250)));
+    assert_eq!((limited["items"].as_array().map(Vec::len), limited["more"].as_u64()), (Some(150), Some(250)));
     let all = json(s.admin(&["jobs", "list", "--all", "-o", "json"]));
     let ids: std::collections::BTreeSet<&str> =
-        all["jobs"].as_array().into_iter().flatten().filter_map(|j| j["id"].as_str()).collect();
+        all["items"].as_array().into_iter().flatten().filter_map(|j| j["id"].as_str()).collect();
     assert_eq!((ids.len(), all["more"].as_u64()), (400, Some(0)), "every job once");
     let out = s.admin(&["jobs", "list", "--all"]);
     assert_eq!(stdout(&out).lines().count(), 1 + 400);

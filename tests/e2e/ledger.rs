@@ -66,7 +66,7 @@ pub fn push(s: &Server, source: &str, task: &str, function: &str) -> serde_json:
 }
 
 fn rows(s: &Server) -> Vec<serde_json::Value> {
-    json(s.admin(&["ledger", "list", "--all", "-o", "json"]))["rows"].as_array().cloned().unwrap_or_default()
+    json(s.admin(&["ledger", "list", "--all", "-o", "json"]))["items"].as_array().cloned().unwrap_or_default()
 }
 
 pub fn row(s: &Server, id: &str) -> serde_json::Value {
@@ -90,8 +90,8 @@ fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_the
     assert_eq!(code(&out), 1, "a failed run fails the command: {}", stderr(&out));
     assert!(stderr(&out).contains("T-0002: the run failed: failed (1/3)"), "{}", stderr(&out));
     let failed: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("the row is printed all the same");
-    assert_eq!((failed[0]["state"].as_str(), failed[0]["failures"].as_u64()), (Some("todo"), Some(1)), "{failed}");
-    assert!(failed[0]["result"].as_str().is_some_and(|r| r.contains("failed (1/3)") && r.contains("boom")));
+    assert_eq!((failed["state"].as_str(), failed["failures"].as_u64()), (Some("todo"), Some(1)), "{failed}");
+    assert!(failed["result"].as_str().is_some_and(|r| r.contains("failed (1/3)") && r.contains("boom")));
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(
         text.contains("=== T-0002 instruction=[最優先: 箇条書きにする]") && text.contains("highest priority"),
@@ -99,7 +99,7 @@ fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_the
     );
 
     let next = json(s.admin(&["ledger", "run", "T-0003", "-o", "json"]));
-    assert_eq!(next[0]["state"], "review");
+    assert_eq!(next["state"], "review");
     let text = std::fs::read_to_string(&log).expect("log");
     let t3 = text.split("=== T-0003").nth(1).expect("T-0003 ran");
     assert!(t3.starts_with(" instruction=[]") && !t3.contains("箇条書き"), "the instruction leaked: {t3}");
@@ -108,16 +108,16 @@ fn l7_l10_l12_l13_runs_write_results_count_failures_and_keep_instructions_to_the
         let out = s.admin(&["ledger", "run", "T-0002", "-o", "json"]);
         assert_eq!(code(&out), 1);
         let r: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("row");
-        assert_eq!(r[0]["failures"].as_u64(), Some(n));
+        assert_eq!(r["failures"].as_u64(), Some(n));
     }
     assert_eq!(row(&s, "T-0002")["state"], "needs-human", "L10: the third failure hands it to a person");
     let out = s.admin(&["ledger", "run", "T-0002"]);
     assert_eq!(code(&out), 1, "a needs-human row does not run");
 
     let done = json(s.admin(&["ledger", "run", "T-0001", "-o", "json"]));
-    assert_eq!(done[0]["result"], "done T-0001\nhttps://example.invalid/x");
-    let executed = done[0]["executedAt"].as_str().expect("executedAt");
-    assert!(!executed.is_empty() && done[0]["runRequested"] == false);
+    assert_eq!(done["result"], "done T-0001\nhttps://example.invalid/x");
+    let executed = done["executedAt"].as_str().expect("executedAt");
+    assert!(!executed.is_empty() && done["runRequested"] == false);
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn l11_sigkill_during_a_run_counts_one_timeout_failure_and_never_runs_twice() {
     let Setup { mut s, log, _dir } = setup("2s");
     push(&s, "manual", "a slow draft", "draft");
     let claimed = json(s.admin(&["ledger", "run", "T-0001", "--no-wait", "-o", "json"]));
-    assert_eq!(claimed[0]["state"], "running");
+    assert_eq!(claimed["state"], "running");
     eventually(10, "the function to start", || (runs_of(&log, "T-0001") == 1).then_some(()));
     s.kill9();
     s.spawn();
@@ -212,9 +212,9 @@ fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() 
     let Setup { s, _dir, .. } = setup("30m");
     push(&s, "manual", "render the big PDF", "render");
     let handed = json(s.admin(&["ledger", "run", "T-0001", "-o", "json"]));
-    let result = handed[0]["result"].as_str().unwrap_or_default().to_string();
+    let result = handed["result"].as_str().unwrap_or_default().to_string();
     assert!(result.contains("runs as job job-") && result.contains("on queue heavy"), "{handed}");
-    assert_eq!(handed[0]["state"], "todo", "the ledger itself never runs it");
+    assert_eq!(handed["state"], "todo", "the ledger itself never runs it");
     eventually(20, "the job to run and write the row", || {
         let r = row(&s, "T-0001");
         (r["state"] == "review").then_some(r)
@@ -222,8 +222,8 @@ fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() 
     let r = row(&s, "T-0001");
     assert!(r["result"].as_str().is_some_and(|t| t.starts_with("done ")), "{r}");
     let jobs = json(s.admin(&["jobs", "list", "--queue", "heavy", "-o", "json"]));
-    assert_eq!(jobs["jobs"][0]["ledgerRef"], "office/T-0001");
-    assert_eq!(jobs["jobs"][0]["state"], "succeeded");
+    assert_eq!(jobs["items"][0]["ledgerRef"], "office/T-0001");
+    assert_eq!(jobs["items"][0]["state"], "succeeded");
 }
 
 #[test]
@@ -321,9 +321,9 @@ fn u3_u6_ledger_rows_page_by_cursor_filter_by_state_and_function_and_the_cli_say
     assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the first 100 rows");
     assert_eq!(stderr(&out).lines().last(), Some("20 more (use --limit or --all)"), "U6: {}", stderr(&out));
     let listed = json(s.admin(&["ledger", "list", "--limit", "30", "--function", "mail", "-o", "json"]));
-    assert_eq!((listed["rows"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
+    assert_eq!((listed["items"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
     let all = json(s.admin(&["ledger", "list", "--all", "-o", "json"]));
-    assert_eq!((all["rows"].as_array().map(Vec::len), all["more"].as_u64()), (Some(120), Some(0)));
+    assert_eq!((all["items"].as_array().map(Vec::len), all["more"].as_u64()), (Some(120), Some(0)));
 }
 
 /// U5: one search over mail and ledger rows, Japanese and English, parts of words included; a

@@ -106,7 +106,7 @@ fn m3_partial_address_exits_4_lists_candidates_and_sends_nothing() {
     assert_eq!(stdout(&out), "");
     let laptop = s.token("laptop");
     let inbox = json(s.ctl(&laptop, &["inbox", "--all", "-o", "json"]));
-    assert_eq!(inbox["mail"].as_array().map(Vec::len), Some(0), "nothing was sent");
+    assert_eq!(inbox["items"].as_array().map(Vec::len), Some(0), "nothing was sent");
     // Exact hostname and alias resolve to the canonical label.
     let id = ok(s.ctl(&desk, &["send", "--to", "LAPTOP-KIM", "--subject", "s", "--body", "b"]));
     assert_eq!(json(s.ctl(&desk, &["status", &id, "-o", "json"]))["mail"]["to"], "laptop");
@@ -150,7 +150,7 @@ fn m6_m7_reply_sets_parent_done_and_same_body_gets_same_id_new_body_new_id() {
     let status = json(s.ctl(&desk, &["status", &parent, "-o", "json"]));
     assert_eq!(status["mail"]["state"], "done");
     assert_eq!(status["mail"]["result"], "received");
-    let answers = json(s.ctl(&desk, &["inbox", "-o", "json"]))["mail"].clone();
+    let answers = json(s.ctl(&desk, &["inbox", "-o", "json"]))["items"].clone();
     assert_eq!(answers.as_array().map(Vec::len), Some(2));
     assert_eq!(answers[0]["hop"], 1);
     assert_eq!(answers[0]["kind"], "answer");
@@ -293,10 +293,10 @@ fn u3_u6_mail_pages_by_cursor_within_its_mailbox_and_inbox_says_how_many_more() 
     assert_eq!(stdout(&out).lines().count(), 1 + 100, "a header and the newest 100");
     assert_eq!(stderr(&out).lines().last(), Some("20 more (use --limit or --all)"), "U6: {}", stderr(&out));
     let listed = json(s.ctl(&laptop, &["inbox", "--limit", "30", "--machine", "builder", "-o", "json"]));
-    assert_eq!((listed["mail"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
+    assert_eq!((listed["items"].as_array().map(Vec::len), listed["more"].as_u64()), (Some(30), Some(30)));
     let all = json(s.ctl(&laptop, &["inbox", "--all", "-o", "json"]));
     let ids: std::collections::BTreeSet<&str> =
-        all["mail"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+        all["items"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!((ids.len(), all["more"].as_u64()), (120, Some(0)), "every mail once");
 }
 
@@ -324,17 +324,17 @@ fn u3_u6_alerts_filter_by_machine_and_state_and_page_by_cursor() {
         all.extend_from_slice(args);
         json(s.admin(&all))
     };
-    eventually(20, "three undelivered alerts", || (firing(&[])["alerts"].as_array()?.len() == 3).then_some(()));
+    eventually(20, "three undelivered alerts", || (firing(&[])["items"].as_array()?.len() == 3).then_some(()));
     let builder = firing(&["--machine", "builder"]);
-    let subjects = builder["alerts"].as_array().into_iter().flatten().filter(|a| a["labels"]["to"] == "builder");
+    let subjects = builder["items"].as_array().into_iter().flatten().filter(|a| a["labels"]["to"] == "builder");
     assert_eq!(subjects.count(), 1, "the builder's alert only: {builder}");
-    assert!(builder["alerts"][0]["summary"].as_str().is_some_and(|t| t.starts_with("2 mails to builder")), "{builder}");
+    assert!(builder["items"][0]["summary"].as_str().is_some_and(|t| t.starts_with("2 mails to builder")), "{builder}");
     let first = firing(&["--limit", "2"]);
-    assert_eq!((first["alerts"].as_array().map(Vec::len), first["more"].as_u64()), (Some(2), Some(1)));
+    assert_eq!((first["items"].as_array().map(Vec::len), first["more"].as_u64()), (Some(2), Some(1)));
     let out = s.admin(&["alerts", "--state", "firing", "--limit", "1"]);
     assert_eq!(stderr(&out).lines().last(), Some("2 more (use --limit or --all)"), "U6: {}", stderr(&out));
     let http = reqwest::blocking::Client::new();
-    let last = &first["alerts"][1];
+    let last = &first["items"][1];
     let changed =
         last["updatedAt"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).expect("updatedAt");
     let kind = last["kind"].as_str().unwrap_or("");

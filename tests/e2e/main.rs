@@ -16,6 +16,7 @@ mod disk;
 mod edge;
 mod endurance;
 mod faults;
+mod golden;
 mod habitat;
 mod harness;
 mod house;

@@ -117,8 +117,8 @@ fn m9_m10_undelivered_fires_once_resolves_once_across_sigkill_and_prometheus_see
         r.first().and_then(|v| v["value"][1].as_str().map(String::from)).filter(|v| v == "1")
     });
     let alerts = json(s.admin(&["alerts", "-o", "json"]));
-    assert_eq!(alerts["alerts"][0]["notified"], "firing", "the row records what was posted");
-    assert!(alerts["alerts"][0]["summary"].as_str().is_some_and(|t| t.contains(&id)), "E18: it lists {id}: {alerts}");
+    assert_eq!(alerts["items"][0]["notified"], "firing", "the row records what was posted");
+    assert!(alerts["items"][0]["summary"].as_str().is_some_and(|t| t.contains(&id)), "E18: it lists {id}: {alerts}");
 
     s.kill9();
     s.restart();

@@ -46,7 +46,7 @@ impl Drop for Poller {
 /// The receiver-down alerts of `machine`, as the alerts tab holds them (state of each row).
 fn receiver_down(s: &Server, machine: &str) -> Vec<String> {
     let alerts = json(s.admin(&["alerts", "--all", "-o", "json"]));
-    alerts["alerts"]
+    alerts["items"]
         .as_array()
         .into_iter()
         .flatten()
@@ -105,7 +105,7 @@ fn e18_a_stalled_machines_undelivered_mail_is_one_alert_listing_its_mails() {
         .collect();
     let firing = eventually(20, "one undelivered alert listing all six", || {
         let alerts = json(s.admin(&["alerts", "--state", "firing", "-o", "json"]));
-        let list = alerts["alerts"].as_array()?.clone();
+        let list = alerts["items"].as_array()?.clone();
         let all = list.len() == 1 && ids.iter().all(|id| list[0]["summary"].as_str().is_some_and(|t| t.contains(id)));
         all.then_some(list)
     });

@@ -377,7 +377,7 @@ fn o2_a_backup_taken_under_load_restores_every_acknowledged_mail_and_tokens_keep
     drop(s);
     let r = Server::start_opts(None, "127.0.0.1:0", &["--store", &store]);
     let inbox = json(r.ctl(&builder, &["inbox", "-o", "json"]));
-    assert!(inbox["mail"].as_array().is_some_and(|a| !a.is_empty()), "builder's mail: {inbox}");
+    assert!(inbox["items"].as_array().is_some_and(|a| !a.is_empty()), "builder's mail: {inbox}");
     let first = &before[0];
     let status = json(r.ctl(&builder, &["status", first, "-o", "json"]));
     assert_eq!(status["mail"]["id"], first.as_str(), "{status}");
@@ -390,7 +390,7 @@ fn what_everyone_sees(s: &Server, desk: &str, laptop: &str) -> Vec<String> {
     // Specs as applied; their status is what the server running them observes now.
     for kind in ["roster", "mailpolicy", "ledger", "function", "workerpool"] {
         let mut objects = json(s.admin(&["get", kind, "-o", "json"]));
-        for object in objects.as_array_mut().into_iter().flatten() {
+        for object in objects["items"].as_array_mut().into_iter().flatten() {
             object.as_object_mut().map(|o| o.remove("status"));
         }
         seen.push(objects.to_string());

@@ -127,11 +127,11 @@ fn i1_i2_i4_intent_recorded_twice_once_escalated_then_closed_by_the_reply_tool()
 
     let on_server = json(s.ctl(&desk, &["inbox", "-o", "json"]));
     let intents: Vec<_> =
-        on_server["mail"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").collect();
+        on_server["items"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").collect();
     assert_eq!(intents.len(), 2, "recorded once per key on the server too");
     eventually(20, "the escalation alert", || {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        alerts["alerts"]
+        alerts["items"]
             .as_array()?
             .iter()
             .find(|a| a["kind"] == "intent-unanswered" && a["subject"] == first.as_str() && a["state"] == "firing")
@@ -154,7 +154,7 @@ fn i1_i2_i4_intent_recorded_twice_once_escalated_then_closed_by_the_reply_tool()
     );
     eventually(20, "the escalation to resolve", || {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        alerts["alerts"]
+        alerts["items"]
             .as_array()?
             .iter()
             .find(|a| a["subject"] == first.as_str() && a["state"] == "resolved")

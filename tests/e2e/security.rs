@@ -51,7 +51,7 @@ fn c3_a_machine_cannot_read_move_or_see_mail_between_two_others() {
         assert!(stderr(&out).contains(&format!("mail {id} not found")), "{args:?}: {}", stderr(&out));
     }
     let inbox = json(s.ctl(&builder, &["inbox", "--all", "-o", "json"]));
-    assert_eq!(inbox["mail"].as_array().map(Vec::len), Some(0));
+    assert_eq!(inbox["items"].as_array().map(Vec::len), Some(0));
     // The sender sees status but cannot move the mail; admin verbs need the admin token.
     ok(s.ctl(&desk, &["status", &id]));
     assert_eq!(code(&s.ctl(&desk, &["ack", &id])), 6);
@@ -117,7 +117,7 @@ fn c4_bad_bodies_get_4xx_naming_the_problem_and_store_nothing() {
         assert!(text.contains(needle), "{what}: {text}");
     }
     let admin_view = json(s.admin(&["--as", "laptop", "inbox", "--all", "-o", "json"]));
-    assert_eq!(admin_view["mail"].as_array().map(Vec::len), Some(0), "nothing was stored");
+    assert_eq!(admin_view["items"].as_array().map(Vec::len), Some(0), "nothing was stored");
 }
 
 #[test]

@@ -13,7 +13,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 fn objects(s: &Server, kind: &str) -> serde_json::Value {
-    json(s.admin(&["get", kind, "-o", "json"]))
+    json(s.admin(&["get", kind, "-o", "json"]))["items"].clone()
 }
 
 #[test]

@@ -272,7 +272,7 @@ fn i8_a_reply_closes_exactly_its_chat_and_message_a_refused_one_nothing_and_a_re
     });
     let escalated = eventually(20, "the others escalated", || {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        let unanswered: Vec<Value> = alerts["alerts"]
+        let unanswered: Vec<Value> = alerts["items"]
             .as_array()?
             .iter()
             .filter(|x| x["kind"] == "intent-unanswered" && x["state"] == "firing")
@@ -299,7 +299,7 @@ fn i9_a_second_poller_gets_409_said_and_alerted_once_a_foreign_chat_is_dropped_a
     let started = std::time::Instant::now();
     let alert = loop {
         let alerts = json(s.admin(&["alerts", "-o", "json"]));
-        let found = alerts["alerts"]
+        let found = alerts["items"]
             .as_array()
             .and_then(|a| a.iter().find(|a| a["kind"] == "channel-conflict" && a["state"] == "firing").cloned());
         if let Some(a) = found {

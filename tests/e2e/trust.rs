@@ -264,7 +264,7 @@ fn t4_only_recorders_record_intents_and_a_second_text_is_kept_as_a_conflict() {
         "{conflict}"
     );
     let inbox = json(s.ctl(&desk, &["inbox", "--all", "-o", "json"]));
-    let intents = inbox["mail"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").count();
+    let intents = inbox["items"].as_array().expect("inbox").iter().filter(|m| m["kind"] == "intent").count();
     assert_eq!(intents, 1, "the same key is one intent");
 }
 
@@ -304,7 +304,7 @@ fn t6_t7_an_invalid_name_or_schedule_or_function_field_applies_nothing() {
         assert!(stderr(&out).contains(&format!("m{i}.yaml:")), "the file and line are named: {}", stderr(&out));
     }
     let stored = json(s.admin(&["get", "mailpolicy", "-o", "json"]));
-    assert_eq!(stored.as_array().map(Vec::len), Some(0), "nothing was stored: {stored}");
+    assert_eq!(stored["items"].as_array().map(Vec::len), Some(0), "nothing was stored: {stored}");
 }
 
 #[cfg(unix)]
