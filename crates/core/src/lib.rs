@@ -37,6 +37,7 @@ pub mod telegram;
 pub mod text;
 pub mod throttle;
 pub mod validate;
+pub mod version;
 
 /// Every timestamp in pcmail is UTC; RFC 3339 at the boundaries.
 pub type Ts = chrono::DateTime<chrono::Utc>;

@@ -903,7 +903,7 @@ pub async fn j1_concurrent_claims_never_hand_one_job_to_two_workers(store: &(imp
 /// What an adapter checks after each contract check when it has nothing to add.
 /// A row in every tab a copy moves: specs, tokens, machines, kv, leases, mail (with events and
 /// an alert), the ledger, jobs.
-async fn fill_every_tab(store: &impl Store) {
+pub(crate) async fn fill_every_tab(store: &impl Store) {
     use pcmail_core::lease::{CONTROLLER, plan_acquire};
     store
         .write_specs(SpecWrites { upsert: vec![record(Kind::MailPolicy, "default", 1)], ..Default::default() })
@@ -962,7 +962,7 @@ async fn sqlite_scratch() -> (tempfile::TempDir, crate::SqliteStore) {
 }
 
 /// What a store holds, read through the Store API: the copy must answer the same.
-async fn everything(store: &impl Store) -> String {
+pub(crate) async fn everything(store: &impl Store) -> String {
     let mut specs = store.list_specs().await.expect("specs");
     specs.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     let mail = store.list_mail(MailQuery { limit: 100, ..Default::default() }).await.expect("mail");

@@ -675,3 +675,28 @@ pub fn redact_url(url: &str) -> String {
 pub fn default_url(data_dir: &std::path::Path) -> String {
     format!("sqlite:{}", data_dir.join("pcmail.db").display())
 }
+
+/// V5: what in a migration's SQL would contract the schema — drop or rename a table or a
+/// column, or change a column's type — when anything does. Migrations are expand-only for one
+/// release, so replicas of two adjacent releases share one PostgreSQL; an index may be dropped
+/// (it holds no data a release reads). Comments (`-- …`) are not SQL.
+pub fn contracting(sql: &str) -> Option<&'static str> {
+    let code: Vec<&str> = sql.lines().map(|l| l.split("--").next().unwrap_or("")).collect();
+    let words = code.join(" ").to_uppercase();
+    let words = words.split_whitespace().collect::<Vec<_>>().join(" ");
+    ["DROP TABLE", "DROP COLUMN", "RENAME", "ALTER COLUMN"].into_iter().find(|phrase| words.contains(phrase))
+}
+
+#[cfg(test)]
+mod expand_only_tests {
+    #[test]
+    fn v5_a_migration_that_drops_or_renames_is_named() {
+        assert_eq!(super::contracting("ALTER TABLE machines ADD COLUMN client TEXT NOT NULL DEFAULT '';"), None);
+        assert_eq!(super::contracting("DROP INDEX jobs_unique;\nCREATE INDEX x ON jobs(k);"), None);
+        assert_eq!(super::contracting("-- never DROP TABLE here\nCREATE TABLE t (a INT);"), None);
+        assert_eq!(super::contracting("drop  table\n mail;"), Some("DROP TABLE"));
+        assert_eq!(super::contracting("ALTER TABLE jobs RENAME COLUMN a TO b;"), Some("RENAME"));
+        assert_eq!(super::contracting("ALTER TABLE jobs DROP COLUMN a;"), Some("DROP COLUMN"));
+        assert_eq!(super::contracting("ALTER TABLE jobs ALTER COLUMN a TYPE TEXT;"), Some("ALTER COLUMN"));
+    }
+}

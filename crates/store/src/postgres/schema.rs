@@ -244,14 +244,16 @@ pub(super) const MIGRATIONS: &[&str] = &[
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {
     conn.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
-    let outcome = run_migrations(conn).await;
+    let outcome = run_migrations(conn, MIGRATIONS).await;
     let unlocked = conn.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
     outcome?;
     unlocked?;
     verify(conn).await
 }
 
-async fn run_migrations(conn: &mut Conn) -> Result<()> {
+/// Runs the `migrations` not yet applied, each in its own transaction (V5's fixtures run
+/// only the first k of [`MIGRATIONS`]).
+pub(super) async fn run_migrations(conn: &mut Conn, migrations: &[&str]) -> Result<()> {
     conn.batch("CREATE TABLE IF NOT EXISTS pcmail_schema (version BIGINT NOT NULL)").await?;
     let rows = conn.query("SELECT version FROM pcmail_schema", &[]).await?;
     let version = match rows.first() {
@@ -262,13 +264,10 @@ async fn run_migrations(conn: &mut Conn) -> Result<()> {
         }
     };
     let version = usize::try_from(version).unwrap_or(usize::MAX);
-    if version > MIGRATIONS.len() {
-        return Err(StoreError::Schema(format!(
-            "database schema version {version} is newer than this build knows ({}); upgrade pcmail-ctl",
-            MIGRATIONS.len()
-        )));
+    if version > migrations.len() {
+        return Err(StoreError::Schema(pcmail_core::version::newer_schema(version, migrations.len())));
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+    for (i, sql) in migrations.iter().enumerate().skip(version) {
         conn.begin().await?;
         let step = async {
             conn.batch(sql).await?;

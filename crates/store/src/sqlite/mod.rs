@@ -1,6 +1,8 @@
 //! The embedded default store: SQLite in WAL mode, one writer connection plus a pool of
 //! readers. Every call runs on tokio's blocking pool so the async server never waits on disk.
 
+#[cfg(test)]
+mod earlier;
 pub mod rows;
 pub mod schema;
 mod search;
@@ -1119,13 +1121,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn i6_newer_schema_is_refused() {
+    async fn i6_v5_newer_schema_is_refused_naming_both_versions() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
         Connection::open(&path).expect("raw").pragma_update(None, "user_version", 99).expect("bump");
         let err = SqliteStore::open(&path).await.err().expect("must refuse");
-        assert!(err.to_string().contains("newer than this build"), "{err}");
+        let known = schema::MIGRATIONS.len();
+        let told = err.to_string();
+        assert!(told.contains("schema is version 99") && told.contains(&format!("knows (version {known})")), "{told}");
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use crate::{Result, StoreError};
 
 /// Applied in order; `PRAGMA user_version` counts how many ran. Never edit a shipped entry:
 /// append a new one.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 1: the spine — mail, specs, events, alerts, machines, tokens.
     r#"
     CREATE TABLE mail (
@@ -250,16 +250,65 @@ pub fn migrate(conn: &mut Connection) -> Result<()> {
     migrate_with(conn, MIGRATIONS, REQUIRED)
 }
 
+/// V5: the schema version of the store at `conn` and this build's: a backup of an earlier
+/// schema is migrated (on a copy) before it is read.
+pub fn versions(conn: &Connection) -> Result<(usize, usize)> {
+    let found: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
+    Ok((found, MIGRATIONS.len()))
+}
+
+/// [`versions`] of the store file at `path`, opened read-only.
+pub fn versions_at(path: &std::path::Path) -> Result<(usize, usize)> {
+    versions(&super::open_connection(path, false)?)
+}
+
+/// V5, for tests and fixtures: a store at `path` built by this build's migrations 1..=`k` only
+/// (an earlier schema, as an earlier release left it).
+#[doc(hidden)]
+pub fn create_at(path: &std::path::Path, k: usize) -> Result<()> {
+    let mut conn = Connection::open(path).map_err(super::map_err)?;
+    migrate_with(&mut conn, &MIGRATIONS[..k.min(MIGRATIONS.len())], &[])
+}
+
+/// V5, for tests and fixtures: every tab's rows of the store `from` into the store `into`
+/// through only the columns the schema of `at` has — the INSERTs a release of that schema
+/// could have made (`at` may be `into`). The rows copied per tab that exists at `at`; `from`'s
+/// own `store/` keys stay behind.
+#[doc(hidden)]
+pub fn copy_rows_as_at(
+    into: &std::path::Path,
+    from: &std::path::Path,
+    at: &std::path::Path,
+) -> Result<Vec<(&'static str, usize)>> {
+    let conn = Connection::open(into).map_err(super::map_err)?;
+    conn.execute("ATTACH DATABASE ?1 AS source", [from.display().to_string()]).map_err(super::map_err)?;
+    conn.execute("ATTACH DATABASE ?1 AS at", [at.display().to_string()]).map_err(super::map_err)?;
+    let mut copied = Vec::new();
+    for (tab, _) in crate::transfer::TABS {
+        let mut stmt = conn.prepare(&format!("PRAGMA at.table_info(\"{tab}\")")).map_err(super::map_err)?;
+        let columns: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(1))
+            .map_err(super::map_err)?
+            .collect::<std::result::Result<_, _>>()
+            .map_err(super::map_err)?;
+        if columns.is_empty() {
+            continue;
+        }
+        let list = columns.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ");
+        let only = if *tab == "kv" { " WHERE key NOT LIKE 'store/%'" } else { "" };
+        let sql = format!("INSERT INTO main.{tab} ({list}) SELECT {list} FROM source.{tab}{only}");
+        copied.push((*tab, conn.execute(&sql, []).map_err(super::map_err)?));
+    }
+    Ok(copied)
+}
+
 /// Runs the `migrations` not yet applied (counted by `PRAGMA user_version`) in one transaction,
 /// then checks that every `required` column exists (I6: fail closed, naming it).
 pub fn migrate_with(conn: &mut Connection, migrations: &[&str], required: &[(&str, &[&str])]) -> Result<()> {
     let version = |c: &Connection| -> Result<usize> {
         let v: usize = c.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
         if v > migrations.len() {
-            return Err(StoreError::Schema(format!(
-                "database schema version {v} is newer than this build knows ({}); upgrade pcmail-ctl",
-                migrations.len()
-            )));
+            return Err(StoreError::Schema(pcmail_core::version::newer_schema(v, migrations.len())));
         }
         Ok(v)
     };
@@ -291,9 +340,7 @@ pub fn check_current(conn: &Connection) -> Result<()> {
         )));
     }
     if version > current {
-        return Err(StoreError::Schema(format!(
-            "schema version {version} is newer than this build knows ({current}); upgrade pcmail-ctl"
-        )));
+        return Err(StoreError::Schema(pcmail_core::version::newer_schema(version, current)));
     }
     verify(conn, REQUIRED)
 }
