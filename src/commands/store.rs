@@ -85,8 +85,14 @@ fn open_partial(partial: &Path) -> anyhow::Result<std::fs::File> {
 /// E14: opens a backup to read it, refused when its rows, its pages or its bytes changed since
 /// it was written: the tabs whose checksums differ are named, or "the file" when only the
 /// whole file's does.
-async fn open_backup(file: &Path) -> anyhow::Result<SqliteStore> {
+async fn open_backup(file: &Path, scratch: &Path) -> anyhow::Result<(SqliteStore, Option<Migrated>)> {
     let whole = whole_file(file)?;
+    if let Ok((found, known)) = pcmail_store::sqlite::schema::versions_at(file)
+        && found > 0
+        && found < known
+    {
+        return migrated_copy(file, scratch, whole, (found, known)).await;
+    }
     let from = match SqliteStore::open_read_only(file).await {
         Ok(from) => from,
         Err(_) if whole == FileSum::Differs => bail!(
@@ -101,7 +107,46 @@ async fn open_backup(file: &Path) -> anyhow::Result<SqliteStore> {
     if !sealed {
         eprintln!("{} carries no checksums (written before they were kept); its pages check out", file.display());
     }
-    Ok(from)
+    Ok((from, None))
+}
+
+/// V5: the copy of a backup of an earlier schema that a restore reads, migrated to this build's;
+/// removed when the restore ends. The backup itself is never written.
+struct Migrated(PathBuf);
+
+impl Drop for Migrated {
+    fn drop(&mut self) {
+        for companion in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(with_suffix(&self.0, companion));
+        }
+    }
+}
+
+/// V5: a backup of an earlier schema restores directly: its whole-file checksum is checked on
+/// the backup, then a copy of it beside the target is migrated and read (its tabs' checksums
+/// were counted over the columns of its own release, so the file's is the one that holds).
+async fn migrated_copy(
+    file: &Path,
+    scratch: &Path,
+    whole: FileSum,
+    (found, known): (usize, usize),
+) -> anyhow::Result<(SqliteStore, Option<Migrated>)> {
+    if whole == FileSum::Differs {
+        bail!(
+            "the backup {} does not match its checksums in: the file (it was changed after it was written; \
+             nothing was restored)",
+            file.display()
+        );
+    }
+    let copy = Migrated(scratch.join(format!(".restore-schema-{found}-{}.db", std::process::id())));
+    std::fs::copy(file, &copy.0).with_context(|| format!("copying {} to migrate it", file.display()))?;
+    let from = SqliteStore::open(&copy.0).await.with_context(|| format!("migrating a copy of {}", file.display()))?;
+    from.integrity().await.with_context(|| format!("checking the backup {}", file.display()))?;
+    eprintln!(
+        "{} is of schema {found} (this build's is {known}): restoring from a copy migrated to it",
+        file.display()
+    );
+    Ok((from, Some(copy)))
 }
 
 /// The verdict of a file's whole-file checksum (E14); nothing there is for the opening to say.
@@ -113,7 +158,10 @@ fn whole_file(file: &Path) -> anyhow::Result<FileSum> {
 }
 
 pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::Result<i32> {
-    let from = open_backup(&file).await?;
+    // A backup of an earlier schema is migrated on a copy in the data dir (private), else in
+    // the system's temporary directory.
+    let scratch = if target.data_dir.is_dir() { target.data_dir.clone() } else { std::env::temp_dir() };
+    let (from, _migrated) = open_backup(&file, &scratch).await?;
     if target.store.is_none() {
         pcmail_store::private::make_private(&target.data_dir)
             .with_context(|| format!("making the data dir {}", target.data_dir.display()))?;

@@ -156,3 +156,45 @@ fn e14_another_servers_backup_refuses_without_force_to_replace_machine_tokens() 
     assert!(!refused.status.success(), "this server's old token was replaced");
     ok(ours.ctl(&their_desk, &["inbox"]));
 }
+
+/// V5: a backup of each earlier schema — today's rows through only the columns that schema has
+/// — restores directly into an empty data dir, migrated to today's; the oldest one is served.
+#[test]
+fn v5_restore_of_a_backup_of_each_earlier_schema_works_directly() {
+    use pcmail_store::sqlite::schema;
+    let s = Server::start();
+    let desk = s.token("desk");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "from an earlier release", "--body", "b"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let today = dir.path().join("today.db");
+    backup_of(&s, &today);
+    let (_, known) = schema::versions_at(&today).expect("today's schema");
+    for k in 1..known {
+        let old = dir.path().join(format!("schema-{k}.db"));
+        schema::create_at(&old, k).expect("an earlier schema");
+        let copied = schema::copy_rows_as_at(&old, &today, &old).expect("rows valid at k");
+        assert!(copied.contains(&("mail", 1)), "schema {k}: {copied:?}");
+        let data = dir.path().join(format!("restored-{k}"));
+        let out = restore(&old, &data, false);
+        let said = stderr(&out);
+        assert!(out.status.success(), "schema {k}: {said}");
+        assert!(said.contains(&format!("is of schema {k} (this build's is {known})")), "{said}");
+        assert_eq!(mails_in(&data), 1, "schema {k}");
+        assert_eq!(schema::versions_at(&data.join("pcmail.db")).expect("version"), (known, known));
+        assert_eq!(
+            std::fs::read_dir(&data)
+                .expect("dir")
+                .filter_map(Result::ok)
+                .filter(|e| { e.file_name().to_string_lossy().starts_with(".restore-schema") })
+                .count(),
+            0,
+            "the migrated copy is gone"
+        );
+    }
+    let restored = dir.path().join("restored-1");
+    let s1 = Server::start_logged_on(None, &[], |data| {
+        std::fs::rename(&restored, data).expect("the restored store as a data dir");
+    });
+    let inbox = crate::harness::json(s1.ctl(&s1.token("laptop"), &["inbox", "-o", "json"]));
+    assert_eq!(inbox["items"][0]["subject"], "from an earlier release", "{inbox}");
+}
