@@ -590,3 +590,77 @@ fn e12_a_retried_enqueue_after_its_job_finished_makes_no_second_job_within_uniqu
     );
     assert!(code(&out) != 0 && stderr(&out).contains("uniqueFor"), "T5 names the field: {}", stderr(&out));
 }
+
+/// V2: a client two minor releases behind is refused in one sentence naming both versions,
+/// while the previous release, a newer one and a caller that is not pcmail-ctl (curl) are
+/// served; every answer names the server's release, and a client told of a server older than
+/// it serves says so.
+#[test]
+fn v2_outside_the_window_both_sides_say_so_with_both_versions() {
+    use pcmail_core::version::Release;
+    let s = Server::start();
+    let desk = s.token("desk");
+    let ours = Release::this();
+    let behind = |minors: u64| format!("{}.{}.0", ours.major, ours.minor.saturating_sub(minors));
+    let http = reqwest::blocking::Client::new();
+    let ask = |agent: Option<&str>| {
+        let mut req = http.get(format!("{}/api/v1/whoami", s.url)).bearer_auth(&desk);
+        if let Some(agent) = agent {
+            req = req.header("user-agent", agent);
+        }
+        let r = req.send().expect("answers");
+        let server = r.headers().get("server").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        (r.status().as_u16(), server, r.text().unwrap_or_default())
+    };
+    let (status, server, _) = ask(Some(&format!("pcmail-ctl/{} (linux)", behind(1))));
+    assert_eq!((status, server.as_str()), (200, format!("pcmail/{ours}").as_str()), "the previous release");
+    assert_eq!(ask(Some("pcmail-ctl/99.0.0 (linux)")).0, 200, "a newer client judges itself");
+    assert_eq!(ask(Some("curl/8.5.0")).0, 200, "curl is served");
+    assert_eq!(ask(None).0, 200, "no User-Agent is served");
+    if ours.minor >= 2 {
+        let old = behind(2);
+        let (status, _, body) = ask(Some(&format!("pcmail-ctl/{old} (windows)")));
+        let body: Value = serde_json::from_str(&body).expect("an error body");
+        let told = body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(status, 426, "{body}");
+        assert!(told.contains(&format!("({old})")) && told.contains(&format!("({ours})")), "{told}");
+    }
+
+    // A server of a release this client no longer serves, spoken by hand.
+    if ours.minor < 2 {
+        return; // 0.1: every earlier release is 0.0, served
+    }
+    let old = behind(2);
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let from = old.clone();
+    let old_server = std::thread::spawn(move || {
+        let old = from;
+        let (stream, _) = listener.accept().expect("accept");
+        let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+        let mut line = String::new();
+        while reader.read_line(&mut line).expect("read") > 0 && line != "\r\n" {
+            line.clear();
+        }
+        let body = r#"{"machine":"desk"}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nserver: pcmail/{old}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = stream;
+        stream.write_all(answer.as_bytes()).expect("write");
+    });
+    let out = std::process::Command::new(BIN)
+        .args(["inbox"])
+        .env("PCMAIL_SERVER", &url)
+        .env("PCMAIL_TOKEN", "pcm_any")
+        .env("PCMAIL_HOME", s.dir.path().join("old-server-home"))
+        .output()
+        .expect("inbox");
+    old_server.join().expect("the old server");
+    let said = stderr(&out);
+    assert_eq!(code(&out), 1, "{said}");
+    let told = format!("the server ({old}) is older than this pcmail-ctl ({ours}) serves");
+    assert!(said.contains(&told), "{said}");
+}

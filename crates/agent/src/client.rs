@@ -29,6 +29,9 @@ pub enum ClientError {
     Decode { status: u16, message: String },
     #[error("client config {path}: {message}")]
     Config { path: PathBuf, message: String },
+    /// V2: the server is older than this client serves; nothing was done with its answer.
+    #[error("{message}")]
+    Incompatible { message: String },
 }
 
 impl ClientError {
@@ -54,6 +57,19 @@ impl ClientError {
             ClientError::Api { status, .. } | ClientError::Decode { status, .. } => Some(*status),
             _ => None,
         }
+    }
+}
+
+/// V2: an answer from a server older than this client serves (its `Server: pcmail/VERSION`)
+/// is not used; a server that does not name its release is served.
+fn outside_window(headers: &reqwest::header::HeaderMap) -> Result<(), ClientError> {
+    use pcmail_core::version::{Release, server_outside_window, server_release, serves};
+    let server = headers.get(reqwest::header::SERVER).and_then(|v| server_release(v.to_str().ok()?));
+    match server {
+        Some(server) if !serves(Release::this(), server) => {
+            Err(ClientError::Incompatible { message: server_outside_window(Release::this(), server) })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -229,6 +245,7 @@ impl Client {
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
         let headers = resp.headers().clone();
+        outside_window(&headers)?;
         let bytes = resp.bytes().await.map_err(unreachable)?;
         if status.is_success() {
             return serde_json::from_slice(&bytes)

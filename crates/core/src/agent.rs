@@ -48,6 +48,8 @@ pub fn call_outcome(call: QueuedCall, answer: Result<(), (Option<u16>, &str)>) -
         // be dropped: it may be the only record of the message (I1).
         Err((Some(422), _)) if call == QueuedCall::Intent => CallOutcome::Unreachable,
         Err((Some(404), _)) => CallOutcome::Unknown,
+        // V2: this client is too old for the server; the call waits for the PC's upgrade.
+        Err((Some(426), _)) => CallOutcome::Unreachable,
         // 401 (a token being replaced), 408 and 429 are worth another try.
         Err((Some(status), message)) if (400..500).contains(&status) && ![401, 408, 429].contains(&status) => {
             CallOutcome::Refused(format!("{status}: {message}"))
@@ -262,6 +264,7 @@ mod tests {
         assert_eq!(call_outcome(Intent, Err((Some(422), "no roster"))), CallOutcome::Unreachable);
         assert_eq!(call_outcome(Seen, Err((Some(422), "bad"))), CallOutcome::Refused("422: bad".into()));
         assert_eq!(call_outcome(Ack, Err((Some(404), "?"))), CallOutcome::Unknown);
+        assert_eq!(call_outcome(Ack, Err((Some(426), "upgrade"))), CallOutcome::Unreachable, "V2: waits");
         for retried in [401, 408, 429, 500, 503] {
             assert_eq!(call_outcome(Fail, Err((Some(retried), ""))), CallOutcome::Unreachable, "{retried}");
         }

@@ -139,6 +139,17 @@ pub(crate) fn router(app: App) -> axum::Router {
             ServiceError::not_found(format!("{}; the API lives under /api/v1/", pcmail_core::api::NO_SUCH_ROUTE))
         })
         .with_state(app)
+        .layer(axum::middleware::map_response(name_the_release))
+}
+
+/// V2: every answer names the server's release (`Server: pcmail/VERSION`), so a client can
+/// tell whether it serves this server without asking first.
+async fn name_the_release(mut response: axum::response::Response) -> axum::response::Response {
+    let value = format!("{}{}", pcmail_core::version::SERVER_PREFIX, pcmail_core::version::THIS);
+    if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+        response.headers_mut().insert(axum::http::header::SERVER, v);
+    }
+    response
 }
 
 /// T17: under TLS every answer asks browsers to come back only over HTTPS, and every cookie

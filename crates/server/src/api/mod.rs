@@ -84,7 +84,9 @@ pub fn routes(app: App) -> Router<App> {
         .merge(manifests)
         // Every API route needs a valid token before its body is even read (an unknown caller
         // learns nothing from a 400 about its body); handlers get the `Caller` it found.
-        .route_layer(axum::middleware::from_fn_with_state(app, require_token));
+        .route_layer(axum::middleware::from_fn_with_state(app, require_token))
+        // V2: a client outside the window hears so before anything else (its token included).
+        .route_layer(axum::middleware::from_fn(client_window));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -104,6 +106,24 @@ pub fn routes(app: App) -> Router<App> {
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
         .merge(api)
+}
+
+/// V2: a pcmail-ctl older than the previous minor release is refused (426, one sentence with
+/// both versions, code `bad_request` so that clients of every release print it). A request
+/// without our User-Agent (curl, a script) is served: only a client that says what it is can be
+/// judged.
+async fn client_window(req: Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use pcmail_core::version::{Release, client_release, client_too_old, serves};
+    let client = req.headers().get(axum::http::header::USER_AGENT).and_then(|v| client_release(v.to_str().ok()?));
+    match client {
+        Some(client) if !serves(Release::this(), client) => {
+            let mut answer = ServiceError::bad_request(client_too_old(Release::this(), client)).into_response();
+            *answer.status_mut() = StatusCode::UPGRADE_REQUIRED;
+            answer
+        }
+        _ => next.run(req).await,
+    }
 }
 
 /// Authenticates once per request; handlers take the `Caller` from the request's extensions.
