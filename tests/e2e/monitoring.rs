@@ -276,3 +276,24 @@ fn prometheus_rules_pass_promtool_check() {
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).contains("SUCCESS"), "{}", stdout(&out));
 }
+
+#[test]
+fn o6_an_urgent_mails_undelivered_alert_is_posted_critical_with_its_urgency() {
+    let receiver = Receiver::start(vec![]);
+    let m = manifests(&receiver.url);
+    let s = Server::start_opts(Some(m.path().to_path_buf()), "127.0.0.1:0", &["--resync", "300ms"]);
+    ok(s.ctl(&s.token("desk"), &["send", "--to", "laptop", "--urgent", "--subject", "prod down", "--body", "b"]));
+    let labels = eventually(30, "the undelivered alert's post", || {
+        receiver
+            .posts()
+            .iter()
+            .flat_map(|p| p["alerts"].as_array().cloned().unwrap_or_default())
+            .find(|a| a["labels"]["alertname"] == "PcmailMailUndelivered")
+            .map(|a| a["labels"].clone())
+    });
+    assert_eq!(
+        (labels["severity"].as_str(), labels["urgency"].as_str()),
+        (Some("critical"), Some("urgent")),
+        "{labels}"
+    );
+}

@@ -101,3 +101,24 @@ fn sheets_a_person_ticks_run_and_writes_an_instruction_in_the_sheet_and_sees_the
     assert_eq!(status, 503);
     assert!(body.contains("修正指示"), "{body}");
 }
+
+#[test]
+fn x7_a_ledger_applied_with_no_rows_gets_its_tab_with_headers_within_a_cycle() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let standin = rt.block_on(Standin::start());
+    let url = standin.store_url("");
+    let setup = setup_with("30m", &["--store", &url]);
+    let s = &setup.s;
+    let ledger = setup._dir.path().join("handwork.yaml");
+    std::fs::write(
+        &ledger,
+        "apiVersion: pcmail/v1\nkind: Ledger\nmetadata: {name: handwork}\nspec:\n  project: handwork\n",
+    )
+    .expect("ledger");
+    ok(s.admin(&["apply", "-f", &ledger.display().to_string()]));
+    let header = eventually(30, "the handwork tab with its header", || {
+        standin.cells("台帳-handwork").first().cloned().filter(|h| !h.is_empty())
+    });
+    assert!(header.contains(&json!("▶AI実行")) && header.contains(&json!("修正指示")), "{header:?}");
+    assert_eq!(standin.cells("台帳-handwork").len(), 1, "a header and no rows");
+}

@@ -262,7 +262,10 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
     }
     // E18: one cause, one alert — a machine's undelivered mail is one alert listing it.
     for (to, mails) in &undelivered {
-        let labels = BTreeMap::from([("to".to_string(), to.to_string())]);
+        let labels = BTreeMap::from([
+            ("to".to_string(), to.to_string()),
+            ("urgency".to_string(), undelivered_urgency(mails).as_str().to_string()),
+        ]);
         firing.push((AlertKind::Undelivered, to.to_string(), undelivered_summary(to, mails, policy), labels));
     }
     let in_roster = |name: &str| inputs.roster.is_some_and(|r| r.machines.iter().any(|m| m.label == name));
@@ -295,8 +298,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
         *breaches.firing.entry(*kind).or_default() += 1;
         let held = open.get(&(*kind, subject.as_str()));
         if let Some(held) = held.filter(|a| a.kind == AlertKind::Undelivered && a.summary != *summary) {
-            // The list of mail changed: the row says so, and what was posted stays posted.
-            upsert.push(Alert { summary: summary.clone(), updated_at: now, ..(*held).clone() });
+            upsert.push(relisted(held, summary, labels, now));
         }
         if held.is_none() {
             upsert.push(Alert {
@@ -359,6 +361,20 @@ pub fn poller_alert(
         }
         _ => None,
     }
+}
+
+/// O6: a machine's undelivered alert is about urgent mail when any of its mail is urgent.
+fn undelivered_urgency(mails: &[&Mail]) -> Urgency {
+    if mails.iter().any(|m| m.urgent) { Urgency::Urgent } else { Urgency::Normal }
+}
+
+/// E18: the undelivered alert `held` once its list of mail changed: the row says so, and what
+/// was posted stays posted — unless the change makes it louder or quieter (O6: an urgent mail
+/// joined or left), which is posted again with its new severity.
+fn relisted(held: &Alert, summary: &str, labels: &BTreeMap<String, String>, now: Ts) -> Alert {
+    let changed = Alert { summary: summary.to_string(), labels: labels.clone(), updated_at: now, ..held.clone() };
+    let renotify = severity(&changed) != severity(held);
+    Alert { notified: if renotify { None } else { held.notified }, ..changed }
 }
 
 /// Mail an undelivered alert's summary names; the rest are counted.
@@ -597,6 +613,36 @@ mod tests {
             resolved.iter().map(|a| (a.subject.as_str(), a.state)).collect::<Vec<_>>(),
             [("pc2", AlertState::Resolved)]
         );
+    }
+
+    #[test]
+    fn o6_undelivered_and_unread_sla_alerts_of_urgent_mail_are_critical_with_an_urgency_label() {
+        let mut urgent_new = mail("mail--00000001", "pc1", "pc2");
+        urgent_new.urgent = true;
+        let urgent_read = delivered("mail--00000002", true, at(0));
+        let normal_new = mail("mail--00000003", "pc1", "pc3");
+        let p = plan(&[urgent_new, urgent_read, normal_new], &[], at(3 * H)).upsert;
+        let of = |kind: AlertKind, subject: &str| {
+            let a = p.iter().find(|a| a.kind == kind && a.subject == subject).expect("alert");
+            (severity(a), a.labels.get("urgency").map(String::as_str))
+        };
+        assert_eq!(of(AlertKind::Undelivered, "pc2"), ("critical", Some("urgent")));
+        assert_eq!(of(AlertKind::UnreadSla, "mail--00000002"), ("critical", Some("urgent")));
+        assert_eq!(of(AlertKind::Undelivered, "pc3"), ("warning", Some("normal")));
+    }
+
+    #[test]
+    fn o6_an_urgent_mail_joining_a_posted_undelivered_alert_posts_it_again_as_critical() {
+        let normal = mail("mail--00000001", "pc1", "pc2");
+        let mut posted = plan(std::slice::from_ref(&normal), &[], at(H)).upsert;
+        posted[0].notified = Some(AlertState::Firing);
+        assert_eq!(severity(&posted[0]), "warning");
+        let mut urgent = mail("mail--00000002", "pc1", "pc2");
+        urgent.urgent = true;
+        let grown = plan(&[normal, urgent], &posted, at(2 * H)).upsert;
+        assert_eq!(grown.len(), 1, "{grown:?}");
+        assert_eq!((severity(&grown[0]), grown[0].needs_notification()), ("critical", true));
+        assert_eq!(grown[0].firing_since, at(H), "the same alert, louder");
     }
 
     #[test]

@@ -122,7 +122,10 @@ pub fn chat_text(alerts: &[Alert], max: usize) -> String {
             AlertState::Resolved => "RESOLVED",
             AlertState::Notice => "NEW",
         };
-        let line = format!("[{mark}] {}: {}\n", a.kind, a.summary);
+        let line = match super::severity(a) {
+            "critical" => format!("[{mark} critical urgency=urgent] {}: {}\n", a.kind, a.summary),
+            _ => format!("[{mark}] {}: {}\n", a.kind, a.summary),
+        };
         if out.chars().count() + line.chars().count() > max.saturating_sub(40) {
             out += &format!("… and {} more\n", alerts.len() - i);
             break;
@@ -210,6 +213,31 @@ mod tests {
         let many: Vec<Alert> = (0..200).map(|_| alert(AlertState::Firing)).collect();
         let cut = chat_text(&many, 2000);
         assert!(cut.chars().count() <= 2000 && cut.ends_with("more"), "{}", cut.len());
+    }
+
+    #[test]
+    fn o6_urgent_alerts_are_critical_with_their_urgency_in_every_format() {
+        let mut urgent = alert(AlertState::Firing);
+        urgent.labels.insert("urgency".into(), "urgent".into());
+        let both = [urgent, alert(AlertState::Firing)];
+        for format in [NotifyFormat::Alertmanager, NotifyFormat::AlertmanagerApi] {
+            let body = webhook_body(format, &both, "");
+            let labels = &body["alerts"][0]["labels"];
+            assert_eq!((labels["severity"].as_str(), labels["urgency"].as_str()), (Some("critical"), Some("urgent")));
+            assert_eq!(body["alerts"][1]["labels"]["severity"], "warning");
+        }
+        let api = alertmanager_api_body(&both, "", at(0), chrono::TimeDelta::seconds(60));
+        assert_eq!(
+            (api[0]["labels"]["severity"].as_str(), api[1]["labels"]["severity"].as_str()),
+            (Some("critical"), Some("warning"))
+        );
+        for format in [NotifyFormat::Discord, NotifyFormat::Slack] {
+            let body = webhook_body(format, &both, "");
+            let text = body["content"].as_str().or(body["text"].as_str()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(lines[0].starts_with("[FIRING critical urgency=urgent] undelivered"), "{text}");
+            assert!(lines[1].starts_with("[FIRING] undelivered"), "{text}");
+        }
     }
 
     #[test]

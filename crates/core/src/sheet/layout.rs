@@ -107,7 +107,19 @@ pub fn ledger_title(lang: Lang, project: &str) -> String {
     }
 }
 
-/// The project a ledger tab's title names, in either preset.
+/// X7: the projects that get a ledger tab — every project with rows or ids issued, and every
+/// applied Ledger's project, rows or not (a person opening the sheet to add tasks by hand finds
+/// the tab). Sorted, each once.
+pub fn ledger_tab_projects(stored: Vec<String>, specs: &[crate::manifest::SpecRecord]) -> Vec<String> {
+    let applied = specs
+        .iter()
+        .filter(|r| r.kind == crate::manifest::Kind::Ledger)
+        .filter_map(|r| r.spec.get("project").and_then(|p| p.as_str()).map(str::to_string));
+    let all: std::collections::BTreeSet<String> = stored.into_iter().chain(applied).collect();
+    all.into_iter().collect()
+}
+
+/// The project a ledger tab's title names, in either preset./// The project a ledger tab's title names, in either preset.
 pub fn ledger_project(title: &str) -> Option<&str> {
     title.strip_prefix(LEDGER_JA).or_else(|| title.strip_prefix(LEDGER_EN)).filter(|p| !p.is_empty())
 }
@@ -279,6 +291,23 @@ mod tests {
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn x7_an_applied_ledger_gets_its_tab_rows_or_not() {
+        let spec = |kind: crate::manifest::Kind, project: &str| crate::manifest::SpecRecord {
+            kind,
+            name: project.into(),
+            labels: Default::default(),
+            generation: 1,
+            spec: serde_json::json!({"project": project}),
+            status: Default::default(),
+            created_at: crate::mail::fixtures::at(0),
+            updated_at: crate::mail::fixtures::at(0),
+        };
+        let specs = [spec(crate::manifest::Kind::Ledger, "empty"), spec(crate::manifest::Kind::Roster, "not-a-ledger")];
+        assert_eq!(ledger_tab_projects(strings(&["old", "empty"]), &specs), strings(&["empty", "old"]));
+        assert_eq!(ledger_tab_projects(vec![], &specs), strings(&["empty"]));
     }
 
     #[test]

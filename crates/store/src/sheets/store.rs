@@ -220,10 +220,13 @@ impl SheetsStore {
         Ok(())
     }
 
-    /// The tabs the store's rows belong on: a ledger tab per project, then mail, jobs, alerts.
+    /// The tabs the store's rows belong on: a ledger tab per project (X7: an applied Ledger's
+    /// too, rows or not), then mail, jobs, alerts.
     async fn kept(&self) -> Result<Vec<Kept>> {
         let lang = self.inner.lang;
-        let projects = self.inner.local.ledger_projects().await?;
+        let specs = self.inner.local.list_specs().await?;
+        let projects =
+            pcmail_core::sheet::layout::ledger_tab_projects(self.inner.local.ledger_projects().await?, &specs);
         let ledgers =
             projects.into_iter().map(|p| Kept { layout: &LEDGER, title: ledger_title(lang, &p), project: Some(p) });
         let shared = SHARED_TABS.into_iter().map(|t| Kept { layout: t, title: t.title.into(), project: None });
