@@ -71,6 +71,17 @@ pub fn insert_sql(tab: &str, placeholder: impl Fn(usize) -> String, between: &st
     format!("INSERT INTO {tab} ({}) {between}VALUES ({})", quoted(columns), values.join(", "))
 }
 
+/// P14: `INSERT` of `rows` rows of `tab` in one statement (one round trip for a batch),
+/// numbered row after row with the adapter's placeholders.
+pub fn insert_many_sql(tab: &str, rows: usize, placeholder: impl Fn(usize) -> String, between: &str) -> String {
+    let columns = columns(tab);
+    let n = columns.len();
+    let tuples: Vec<String> = (0..rows)
+        .map(|r| format!("({})", (1..=n).map(|c| placeholder(r * n + c)).collect::<Vec<_>>().join(", ")))
+        .collect();
+    format!("INSERT INTO {tab} ({}) {between}VALUES {}", quoted(columns), tuples.join(", "))
+}
+
 /// One row of flags, one per tab of [`TABS`] in order: whether it holds any row a copy could
 /// collide with (in `kv`, the keys a store keeps about itself do not count).
 pub fn occupied_sql() -> String {
@@ -411,6 +422,14 @@ pub fn differences(a: &[TabDigest], b: &[TabDigest]) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn p14_a_batch_is_inserted_by_one_statement_numbering_row_after_row() {
+        let sql = insert_many_sql("leases", 2, |i| format!("${i}"), "");
+        let n = columns("leases").len();
+        assert!(sql.starts_with(&format!("INSERT INTO leases ({}) VALUES ($1, ", quoted(columns("leases")))), "{sql}");
+        assert!(sql.ends_with(&format!("${})", 2 * n)) && sql.contains(&format!("${n}), (${}", n + 1)), "{sql}");
+    }
 
     #[test]
     fn p14_every_tab_pages_by_a_key_of_columns_it_has() {

@@ -702,12 +702,14 @@ impl Store for PgStore {
     async fn import_rows(&self, batch: Batch) -> Result<()> {
         let between =
             if IDENTITY_COLUMNS.iter().any(|(t, _)| *t == batch.tab) { "OVERRIDING SYSTEM VALUE " } else { "" };
-        let sql = transfer::insert_sql(batch.tab, |i| format!("${i}"), between);
+        // P14: a statement per batch, not per row (PostgreSQL takes at most 65,535 parameters).
+        let per = (u16::MAX as usize / transfer::columns(batch.tab).len().max(1)).min(transfer::BATCH);
         let mut c = self.conn().await?;
         c.begin().await?;
         let mut outcome = Ok(());
-        for row in &batch.rows {
-            let params: Vec<Param<'_>> = row.iter().map(|v| v as Param<'_>).collect();
+        for rows in batch.rows.chunks(per) {
+            let sql = transfer::insert_many_sql(batch.tab, rows.len(), |i| format!("${i}"), between);
+            let params: Vec<Param<'_>> = rows.iter().flatten().map(|v| v as Param<'_>).collect();
             outcome = c.execute(&sql, &params).await.map(drop);
             if outcome.is_err() {
                 break;
