@@ -549,6 +549,10 @@ pub struct ServeArgs {
     /// it, and jobs claimed ahead, go back to the queue without spending an attempt
     #[arg(long, default_value = "30s")]
     pub shutdown_grace: Dur,
+    /// P13's baseline in the benchmarks: do not fill the search index (searches stay whole,
+    /// reading the mail the index lacks row by row)
+    #[arg(long, hide = true)]
+    pub no_search_index: bool,
 }
 
 #[derive(Debug, Subcommand)]

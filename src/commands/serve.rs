@@ -25,6 +25,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         body_timeout: args.body_timeout.to_std(),
         write_timeout: args.write_timeout.to_std(),
         shutdown_grace: args.shutdown_grace.to_std(),
+        search_index: !args.no_search_index,
     };
     pcmail_server::serve(config, shutdown_signal()).await.context("serve")?;
     Ok(0)

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::Server;
+use serde_json::json;
+
+use crate::harness::{Server, eventually, examples, ok, stderr};
 
 /// utime + stime of a process, in clock ticks (`/proc/PID/stat` fields 14 and 15).
 fn cpu_ticks(pid: u32) -> u64 {
@@ -80,4 +82,46 @@ fn t14_another_machines_box_of_zs_is_searched_within_the_budget_and_a_hang_up_fr
     eprintln!("T14: serve used {burnt} ticks in the 2 s after six hang-ups");
     // 50 ticks is half a core for those 2 s: an idle server (its loop, its sweeps) uses a few.
     assert!(burnt < 50, "{burnt} ticks of CPU after the clients went away");
+}
+
+/// One search through the API; the subjects it found and how far behind the index was.
+fn found(s: &Server, token: &str, q: &str) -> (Vec<String>, u64) {
+    let (status, answer) =
+        crate::endurance::call(s, "GET", &format!("/api/v1/search?q={q}&in=mail"), token, json!(null));
+    assert_eq!(status, 200, "{answer}");
+    let subjects = answer["mail"].as_array().into_iter().flatten();
+    (subjects.filter_map(|m| m["subject"].as_str().map(String::from)).collect(), answer["behind"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn p13_a_mail_is_found_as_soon_as_its_send_answers_and_a_pruned_one_never() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).expect("dir");
+    std::fs::copy(examples().join("roster.yaml"), m.join("roster.yaml")).expect("roster");
+    std::fs::write(
+        m.join("short.yaml"),
+        "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: p}\nspec: {retention: 2s, eventRetention: 2s}\n",
+    )
+    .expect("manifests");
+    let s = Server::start_opts(Some(m), "127.0.0.1:0", &["--resync", "300ms"]);
+    let (desk, laptop, admin) = (s.token("desk"), s.token("laptop"), s.admin_token());
+    let subject = "quarterly 請求書 7f3a";
+    let id = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", subject, "--body", "b"]));
+    // At once, whether or not the indexer has taken it yet (the admin's search asks the index).
+    for token in [&admin, &laptop, &desk] {
+        assert_eq!(found(&s, token, "7f3a").0, vec![subject.to_string()]);
+        assert_eq!(found(&s, token, "請求").0, vec![subject.to_string()], "2 characters");
+    }
+    eventually(10, "the index to take the mail", || (found(&s, &admin, "7f3a").1 == 0).then_some(()));
+    assert_eq!(found(&s, &admin, "rterl").0, vec![subject.to_string()], "found through the index");
+
+    ok(s.ctl(&laptop, &["ack", &id]));
+    eventually(20, "the answered mail to be pruned", || {
+        let out = s.ctl(&desk, &["status", &id]);
+        (!out.status.success() && stderr(&out).contains("not found")).then_some(())
+    });
+    for token in [&admin, &laptop, &desk] {
+        assert_eq!(found(&s, token, "7f3a").0, Vec::<String>::new(), "a pruned mail is never found");
+    }
 }

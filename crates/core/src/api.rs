@@ -499,6 +499,10 @@ pub struct SearchResults {
     /// the text, but more may. Absent (false) from servers older than T14.
     #[serde(default)]
     pub truncated: bool,
+    /// P13: mail stored since the search index's last batch, which the search read row by row
+    /// instead (it is found all the same). Absent (0) from servers older than P13.
+    #[serde(default)]
+    pub behind: u64,
 }
 
 /// The answer of `POST /api/v1/ledger/push` (L7): what one merge did.

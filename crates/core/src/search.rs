@@ -1,5 +1,6 @@
 //! T14 and U5: what a search looks for and for how long — the text's bound, the time budget and
-//! what `truncated` means, the trigrams an index is asked for, and when a field holds the text.
+//! what `truncated` means, the trigrams an index is asked for, when a field holds the text, and
+//! (P13) which mail the index, kept off the send path, takes next.
 //! No IO and no clock: the stores read the time and hand in how long they have been looking.
 
 use std::time::Duration;
@@ -39,6 +40,21 @@ pub fn trigrams(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     let mut seen = std::collections::BTreeSet::new();
     chars.windows(3).map(|w| w.iter().collect::<String>()).filter(|t| seen.insert(t.to_lowercase())).collect()
+}
+
+/// P13: the most mail the search index takes in one transaction, so a send waits behind the
+/// indexer for a few milliseconds at most (a store copied in whole catches up batch by batch).
+pub const INDEX_BATCH: i64 = 2_000;
+
+/// P13: how long the indexer rests once it holds every mail: what a search reads outside the
+/// index (the tail stored since, scanned row by row) stays a fraction of a second of sends.
+pub const INDEX_EVERY: Duration = Duration::from_millis(100);
+
+/// P13: the mail the search index takes next — the sequence numbers after the last it holds,
+/// `batch` at most, up to the newest stored — as `(after, through)`; None once it holds them all.
+/// The index holds exactly the mail at or below its mark, so a search reads the rest directly.
+pub fn index_due(indexed_through: i64, newest: i64, batch: i64) -> Option<(i64, i64)> {
+    (newest > indexed_through).then(|| (indexed_through, newest.min(indexed_through.saturating_add(batch.max(1)))))
 }
 
 /// T14: a search's time, given how long it has been looking.
@@ -124,6 +140,18 @@ mod tests {
         assert_eq!(trigrams("abcd"), vec!["abc".to_string(), "bcd".to_string()]);
         assert_eq!(trigrams(&"Z".repeat(200)), vec!["ZZZ".to_string()]);
         assert_eq!(trigrams("abcABC"), vec!["abc".to_string(), "bcA".to_string(), "cAB".to_string()]);
+    }
+
+    #[test]
+    fn p13_the_index_takes_a_batch_after_its_mark_and_nothing_once_caught_up() {
+        assert_eq!(index_due(0, 0, 100), None);
+        assert_eq!(index_due(50, 50, 100), None);
+        assert_eq!(index_due(50, 40, 100), None, "mail below the mark is indexed as it is stored");
+        assert_eq!(index_due(0, 30, 100), Some((0, 30)));
+        assert_eq!(index_due(0, 1_000, 100), Some((0, 100)));
+        assert_eq!(index_due(100, 1_000, 100), Some((100, 200)));
+        assert_eq!(index_due(0, 5, 0), Some((0, 1)), "a batch takes at least one");
+        assert_eq!(index_due(i64::MAX - 1, i64::MAX, 100), Some((i64::MAX - 1, i64::MAX)));
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct ServeConfig {
     /// E17: how long running pool jobs get to finish on SIGTERM before they are killed and
     /// handed back without spending an attempt.
     pub shutdown_grace: std::time::Duration,
+    /// P13: fill the search index behind the writes (off only for the benchmarks' baseline).
+    pub search_index: bool,
 }
 
 impl ServeConfig {
@@ -54,6 +56,7 @@ impl ServeConfig {
             body_timeout: std::time::Duration::from_secs(30),
             write_timeout: std::time::Duration::from_secs(30),
             shutdown_grace: std::time::Duration::from_secs(30),
+            search_index: true,
         }
     }
 }

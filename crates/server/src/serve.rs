@@ -28,8 +28,11 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     let parts =
         Parts { store, identity, admin_token, replica: leader::replica_name(), shared_store: changes.is_some() };
     let app = App::new(parts, config)?;
-    if let Some(changes) = changes {
-        tokio::spawn(follow_changes(app.clone(), changes));
+    match changes {
+        Some(changes) => drop(tokio::spawn(follow_changes(app.clone(), changes))),
+        // P13: a store of this process's own has its search index filled here.
+        None if config.search_index => drop(tokio::spawn(controller::indexer::run(app.clone()))),
+        None => {}
     }
     tokio::spawn(watch_health(app.clone()));
     // Before the first sync, so a sole replica writes statuses from its first moment. E15: on

@@ -263,6 +263,10 @@ impl Store for AnyStore {
         forward!(transaction self, s => s.prune(what, limit).await)
     }
 
+    async fn index_search(&self, batch: i64) -> Result<crate::IndexBehind> {
+        forward!(transaction self, s => s.index_search(batch).await)
+    }
+
     async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
         forward!(self, s => s.export_tabs(out).await)
     }

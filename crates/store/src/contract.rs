@@ -810,6 +810,36 @@ pub async fn t14_search_a_spent_budget_answers_truncated_with_what_it_has(store:
     assert_eq!((whole.mail.len(), whole.truncated), (3, false), "within the budget: everything, not cut");
 }
 
+/// P13: a search answers the same whatever the index holds yet — mail above its mark read row
+/// by row, below it through the index — and pruned mail is never found, indexed or not.
+pub async fn p13_search_is_whole_while_the_index_catches_up_and_never_finds_pruned_mail(store: &impl Store) {
+    let invoice = |n: u32, done: i64| Mail {
+        subject: format!("invoice {n}"),
+        state: pcmail_core::mail::MailState::Done,
+        done_at: Some(at(done)),
+        ..mail(n, "pc2")
+    };
+    insert(store, (1..=5).map(|n| invoice(n, i64::from(n) * 10)).collect()).await;
+    let find = || async {
+        let s = Search { text: "nvoic".into(), mail: true, limit: 10, ..Search::default() };
+        let found = store.search(s).await.expect("search");
+        (found.mail.into_iter().map(|m| m.subject).collect::<Vec<_>>(), found.behind)
+    };
+    let all = |ns: &[u32]| ns.iter().map(|n| format!("invoice {n}")).collect::<Vec<_>>();
+    assert_eq!(find().await.0, all(&[5, 4, 3, 2, 1]), "before any batch: every mail, newest first");
+    store.index_search(2).await.expect("a batch");
+    assert_eq!(find().await.0, all(&[5, 4, 3, 2, 1]), "part indexed, part not: the same answer");
+    while store.index_search(2).await.expect("a batch").seqs > 0 {}
+    assert_eq!(find().await, (all(&[5, 4, 3, 2, 1]), 0), "all indexed: the same, nothing behind");
+    insert(store, vec![invoice(6, 15), invoice(7, 500)]).await;
+    assert_eq!(find().await.0, all(&[7, 6, 5, 4, 3, 2, 1]), "sent after the last batch: found at once");
+    // Indexed (1, 2) and not yet indexed (6) mail pruned alike.
+    assert_eq!(store.prune(Prune::ClosedMail { before: at(25) }, 100).await.expect("prune"), 3);
+    assert_eq!(find().await.0, all(&[7, 5, 4, 3]), "pruned mail is never found");
+    while store.index_search(1).await.expect("a batch").seqs > 0 {}
+    assert_eq!(find().await, (all(&[7, 5, 4, 3]), 0), "nor once the index caught up");
+}
+
 pub async fn j5_a_job_is_read_back_by_id_as_committed(store: &impl Store) {
     let j = job(7, 0, 0);
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![j], ())).await.expect("enqueue");
@@ -1114,6 +1144,7 @@ macro_rules! contract_tests {
             u5_search_finds_partial_japanese_and_english_in_mail_and_rows_and_a_machine_only_its_own,
             t14_search_a_machine_never_sees_nor_pays_for_foreign_mail,
             t14_search_a_spent_budget_answers_truncated_with_what_it_has,
+            p13_search_is_whole_while_the_index_catches_up_and_never_finds_pruned_mail,
             m10_alerts_upsert_and_notified_marks_only_the_state_that_was_sent,
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,

@@ -220,6 +220,15 @@ pub struct Found {
     /// T14: the budget ran out before the search had looked everywhere (see
     /// [`pcmail_core::search::Scan::truncated`]).
     pub truncated: bool,
+    /// P13: mail stored since the index's last batch, which this search read directly.
+    pub behind: u64,
+}
+
+/// P13: how far the search index runs behind the mail, after one batch of the indexer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexBehind {
+    /// Sequence numbers stored after the last the index holds (mail pruned since counts too).
+    pub seqs: u64,
 }
 
 /// `text` as a LIKE pattern that finds it anywhere (`\` escapes `%` and `_`).
@@ -521,10 +530,21 @@ pub trait Store: Send + Sync + 'static {
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
     fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
     /// U5: mail and rows holding `search.text` (an index finds them: FTS5 trigrams on SQLite,
-    /// `pg_trgm` on PostgreSQL, both kept by the same transaction as the rows). T14: a machine's
+    /// `pg_trgm` on PostgreSQL). P13: SQLite's mail index is kept off the send path by
+    /// [`Store::index_search`], and a search reads the mail stored since its last batch
+    /// directly, so its answers are whole however far behind the index is. T14: a machine's
     /// scope is applied before any text is compared, the search stops at its budget, and it
     /// stops working when its future is dropped.
     fn search(&self, search: Search) -> impl Future<Output = Result<Found>> + Send;
+    /// P13: one batch of the mail the search index does not hold yet into it (at most `batch`
+    /// sequence numbers, as [`pcmail_core::search::index_due`] picks them), in one transaction;
+    /// answers how far behind it still is. Stores whose index is kept by the writing
+    /// transaction itself (PostgreSQL's GIN, whose pending list already makes a write an
+    /// append) are never behind.
+    fn index_search(&self, batch: i64) -> impl Future<Output = Result<IndexBehind>> + Send {
+        let _ = batch;
+        std::future::ready(Ok(IndexBehind::default()))
+    }
     /// U2: every mail delivered since `since`, as (when, milliseconds since its send).
     fn deliveries(&self, since: Ts) -> impl Future<Output = Result<Vec<(Ts, i64)>>> + Send;
     /// Projects that have rows or have had ids issued.

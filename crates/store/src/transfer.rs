@@ -11,8 +11,9 @@ use crate::cells::{Batch, Cell};
 use crate::codec::REQUIRED;
 use crate::{Result, Store, StoreError};
 
-/// Every tab a copy moves, in the order it moves them, with the columns that order an export
-/// (unique, so an export read page by page neither skips nor repeats a row).
+/// Every tab a copy moves, in the order it moves them, with the columns that order an export:
+/// the tab's primary key on both SQL adapters (unique, so an export read page by page neither
+/// skips nor repeats a row; P14: each page starts where the last ended, down the key's index).
 /// The kept mail counts are not among them: the target's own triggers count the mail it takes.
 pub const TABS: &[(&str, &str)] = &[
     ("specs", "kind, name"),
@@ -24,7 +25,7 @@ pub const TABS: &[(&str, &str)] = &[
     ("events", "id"),
     ("alerts", "kind, subject"),
     ("ledger_projects", "project"),
-    ("ledger", "project, seq, id"),
+    ("ledger", "project, id"),
     ("jobs", "seq"),
 ];
 
@@ -41,12 +42,44 @@ pub fn select_sql(tab: &str, order: &str) -> String {
     format!("SELECT {} FROM {tab} ORDER BY {order}", quoted(columns(tab)))
 }
 
+/// P14: the next page of `tab` after a row whose key columns (`order`'s) are bound to the
+/// adapter's placeholders, in key order: one range down the key's index, so an export reads
+/// each row once however deep it is (an OFFSET reads every row before it again).
+pub fn select_after_sql(tab: &str, order: &str, placeholder: impl Fn(usize) -> String, limit: usize) -> String {
+    let keys: Vec<&str> = order.split(',').map(str::trim).collect();
+    let params: Vec<String> = (1..=keys.len()).map(placeholder).collect();
+    format!(
+        "SELECT {} FROM {tab} WHERE ({}) > ({}) ORDER BY {order} LIMIT {limit}",
+        quoted(columns(tab)),
+        quoted(&keys),
+        params.join(", ")
+    )
+}
+
+/// P14: where `order`'s key columns sit among `tab`'s columns: what of a page's last row the
+/// next page starts after.
+pub fn key_positions(tab: &str, order: &str) -> Vec<usize> {
+    let columns = columns(tab);
+    order.split(',').filter_map(|k| columns.iter().position(|c| *c == k.trim())).collect()
+}
+
 /// `INSERT` of one row of `tab`, with the adapter's placeholders (`?1` or `$1`) and whatever the
 /// adapter puts between the column list and `VALUES`.
 pub fn insert_sql(tab: &str, placeholder: impl Fn(usize) -> String, between: &str) -> String {
     let columns = columns(tab);
     let values: Vec<String> = (1..=columns.len()).map(placeholder).collect();
     format!("INSERT INTO {tab} ({}) {between}VALUES ({})", quoted(columns), values.join(", "))
+}
+
+/// P14: `INSERT` of `rows` rows of `tab` in one statement (one round trip for a batch),
+/// numbered row after row with the adapter's placeholders.
+pub fn insert_many_sql(tab: &str, rows: usize, placeholder: impl Fn(usize) -> String, between: &str) -> String {
+    let columns = columns(tab);
+    let n = columns.len();
+    let tuples: Vec<String> = (0..rows)
+        .map(|r| format!("({})", (1..=n).map(|c| placeholder(r * n + c)).collect::<Vec<_>>().join(", ")))
+        .collect();
+    format!("INSERT INTO {tab} ({}) {between}VALUES {}", quoted(columns), tuples.join(", "))
 }
 
 /// One row of flags, one per tab of [`TABS`] in order: whether it holds any row a copy could
@@ -389,6 +422,29 @@ pub fn differences(a: &[TabDigest], b: &[TabDigest]) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn p14_a_batch_is_inserted_by_one_statement_numbering_row_after_row() {
+        let sql = insert_many_sql("leases", 2, |i| format!("${i}"), "");
+        let n = columns("leases").len();
+        assert!(sql.starts_with(&format!("INSERT INTO leases ({}) VALUES ($1, ", quoted(columns("leases")))), "{sql}");
+        assert!(sql.ends_with(&format!("${})", 2 * n)) && sql.contains(&format!("${n}), (${}", n + 1)), "{sql}");
+    }
+
+    #[test]
+    fn p14_every_tab_pages_by_a_key_of_columns_it_has() {
+        for (tab, order) in TABS {
+            assert_eq!(key_positions(tab, order).len(), order.split(',').count(), "{tab}: {order}");
+        }
+        assert_eq!(
+            select_after_sql("leases", "name", |i| format!("${i}"), 10),
+            format!("SELECT {} FROM leases WHERE (\"name\") > ($1) ORDER BY name LIMIT 10", quoted(columns("leases")))
+        );
+        assert!(
+            select_after_sql("ledger", "project, id", |i| format!("?{i}"), 5)
+                .contains("WHERE (\"project\", \"id\") > (?1, ?2) ORDER BY project, id LIMIT 5")
+        );
+    }
 
     #[test]
     fn e14_the_file_sum_changes_with_any_bit_but_not_with_where_it_is_kept() {

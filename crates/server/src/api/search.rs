@@ -47,5 +47,5 @@ pub async fn search(
     let (mail, cut_mail) = within_bytes(found.mail, MAX_PAGE_BYTES / 2, super::json_len);
     let (rows, cut_rows) = within_bytes(found.rows, MAX_PAGE_BYTES / 2, super::json_len);
     let truncated = found.truncated || cut_mail + cut_rows > 0;
-    Ok(Json(SearchResults { mail, rows, truncated }))
+    Ok(Json(SearchResults { mail, rows, truncated, behind: found.behind }))
 }

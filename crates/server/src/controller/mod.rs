@@ -5,6 +5,7 @@
 //! on: the safety net for missed changes), from Schedule crons, and from the API when something
 //! changed. One global token bucket paces the loop; per-key backoff paces failures.
 
+pub mod indexer;
 pub mod mail_sweep;
 mod notifier;
 pub mod pools;

@@ -972,6 +972,11 @@ impl Store for SheetsStore {
         Ok(n)
     }
 
+    async fn index_search(&self, batch: i64) -> Result<crate::IndexBehind> {
+        // The working copy answers searches, so it holds the index.
+        self.inner.local.index_search(batch).await
+    }
+
     async fn export_tabs(&self, out: mpsc::Sender<Batch>) -> Result<()> {
         // The working copy holds every acknowledged write, whether or not it reached the sheet.
         self.inner.local.export_tabs(out).await

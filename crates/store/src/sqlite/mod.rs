@@ -890,6 +890,10 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn index_search(&self, batch: i64) -> Result<crate::IndexBehind> {
+        self.write(move |conn| search::index_batch(conn, batch)).await
+    }
+
     async fn count_jobs(&self, q: JobQuery) -> Result<u64> {
         self.read(move |conn| {
             let sql = format!("SELECT count(*) FROM jobs WHERE {JOB_FILTER}");

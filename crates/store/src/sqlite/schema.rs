@@ -244,6 +244,31 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE machines ADD COLUMN client TEXT NOT NULL DEFAULT '';
     "#,
+    // 11: P13 — the mail index off the send path. It holds exactly the mail at or below its
+    // mark (`search_indexed`), taken in batches by the indexer of serve; a search reads the
+    // mail above it directly. Mail at or below the mark (a reused number) joins at once, and
+    // leaves with its row; mail above it is never in the index. The mark belongs to this file:
+    // no copy carries it (a copied store's index is rebuilt by its own indexer).
+    r#"
+    CREATE TABLE search_indexed (tab TEXT PRIMARY KEY, through INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO search_indexed (tab, through) VALUES ('mail', coalesce((SELECT max(seq) FROM mail), 0));
+    DROP TRIGGER mail_search_insert;
+    DROP TRIGGER mail_search_delete;
+    DROP TRIGGER mail_search_update;
+    CREATE TRIGGER mail_search_insert AFTER INSERT ON mail
+        WHEN new.seq <= (SELECT through FROM search_indexed WHERE tab = 'mail') BEGIN
+        INSERT INTO mail_search (rowid, subject, body) VALUES (new.seq, new.subject, new.body);
+    END;
+    CREATE TRIGGER mail_search_delete AFTER DELETE ON mail
+        WHEN old.seq <= (SELECT through FROM search_indexed WHERE tab = 'mail') BEGIN
+        INSERT INTO mail_search (mail_search, rowid, subject, body) VALUES ('delete', old.seq, old.subject, old.body);
+    END;
+    CREATE TRIGGER mail_search_update AFTER UPDATE OF subject, body ON mail
+        WHEN old.seq <= (SELECT through FROM search_indexed WHERE tab = 'mail') BEGIN
+        INSERT INTO mail_search (mail_search, rowid, subject, body) VALUES ('delete', old.seq, old.subject, old.body);
+        INSERT INTO mail_search (rowid, subject, body) VALUES (new.seq, new.subject, new.body);
+    END;
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {

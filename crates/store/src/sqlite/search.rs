@@ -7,23 +7,31 @@
 //! a filter took 42 s; a parties column ANDed inside the MATCH still ran FTS5's phrase test on
 //! foreign rows whenever its own rows lacked the trigrams (14.5 s); a rowid-bound MATCH per own
 //! row tests the first foreign match on every probe (63 s). The own-index walk took 1 ms.
+//! P13: the mail index is filled off the send path (`index_batch`, run by serve's indexer);
+//! everyone's mail is searched above the index's mark row by row, below it through the index.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use pcmail_core::search::{self, Needle};
-use rusqlite::{Connection, InterruptHandle, params_from_iter};
+use rusqlite::{Connection, InterruptHandle, TransactionBehavior, params_from_iter};
 
 use super::map_err;
 use crate::codec::{self, LEDGER_COLUMNS, MAIL_COLUMNS};
-use crate::{Found, Result, Search};
+use crate::{Found, IndexBehind, Result, Search};
 
 /// A machine's own mail, newest first: the two parties' indexes, never another row.
 const OWN_MAIL: &str = "SELECT seq, subject, body FROM mail WHERE seq IN \
     (SELECT seq FROM mail WHERE \"from\" = ?1 UNION ALL SELECT seq FROM mail WHERE \"to\" = ?1) ORDER BY seq DESC";
 const INDEXED_MAIL: &str =
     "SELECT rowid, subject, body FROM mail_search WHERE mail_search MATCH ?1 ORDER BY rowid DESC";
+/// P13: the index's mark — it holds exactly the mail at or below it (migration 11).
+const MARK: &str = "SELECT through FROM search_indexed WHERE tab = 'mail'";
+/// P13: the mail stored since the index's last batch, newest first: every number above the mark.
+const UNINDEXED_MAIL: &str = "SELECT seq, subject, body FROM mail \
+    WHERE seq > (SELECT through FROM search_indexed WHERE tab = 'mail') ORDER BY seq DESC";
+const NEWEST_MAIL: &str = "SELECT coalesce(max(seq), 0) FROM mail";
 const ALL_MAIL: &str = "SELECT seq, subject, body FROM mail ORDER BY seq DESC";
 const INDEXED_ROWS: &str = "SELECT rowid, task, content FROM ledger WHERE rowid IN \
     (SELECT rowid FROM ledger_search WHERE ledger_search MATCH ?1) ORDER BY project, seq";
@@ -66,30 +74,94 @@ impl Drop for HangUp {
 }
 
 pub(super) fn run(conn: &Connection, s: &Search, asker: &Asker, started: Instant) -> Result<Found> {
+    // One snapshot: the indexer moving its mark between the tail and the index would show a
+    // mail twice.
+    let snapshot = conn.unchecked_transaction().map_err(map_err)?;
     let needle = Needle::new(&s.text);
     let terms = search::trigrams(&s.text);
     let index = (!terms.is_empty()).then(|| fts_query(&terms));
     let mut stop = || asker.gone() || s.budget.left(started.elapsed()).is_none();
     let mut found = Found::default();
     if s.mail {
-        let (sql, arg) = match (&s.machine, &index) {
-            (Some(machine), _) => (OWN_MAIL, Some(machine.clone())),
-            (None, Some(q)) => (INDEXED_MAIL, Some(q.clone())),
-            (None, None) => (ALL_MAIL, None),
+        let scan = match (&s.machine, &index) {
+            (Some(machine), _) => candidates(&snapshot, OWN_MAIL, Some(machine.clone()), &needle, s.limit, &mut stop)?,
+            (None, Some(q)) => {
+                let (scan, behind) = indexed_mail(&snapshot, q, &needle, s.limit, &mut stop)?;
+                found.behind = behind;
+                scan
+            }
+            (None, None) => candidates(&snapshot, ALL_MAIL, None, &needle, s.limit, &mut stop)?,
         };
-        let scan = candidates(conn, sql, arg, &needle, s.limit, &mut stop)?;
         found.truncated |= scan.truncated;
         let cols = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE seq IN ({{keys}}) ORDER BY seq DESC");
-        found.mail = by_keys(conn, &cols, &scan.found, codec::mail)?;
+        found.mail = by_keys(&snapshot, &cols, &scan.found, codec::mail)?;
     }
     if s.ledger {
         let sql = if index.is_some() { INDEXED_ROWS } else { ALL_ROWS };
-        let scan = candidates(conn, sql, index, &needle, s.limit, &mut stop)?;
+        let scan = candidates(&snapshot, sql, index, &needle, s.limit, &mut stop)?;
         found.truncated |= scan.truncated;
         let cols = format!("SELECT {LEDGER_COLUMNS} FROM ledger WHERE rowid IN ({{keys}}) ORDER BY project, seq");
-        found.rows = by_keys(conn, &cols, &scan.found, codec::ledger_row)?;
+        found.rows = by_keys(&snapshot, &cols, &scan.found, codec::ledger_row)?;
     }
     Ok(found)
+}
+
+/// P13: everyone's mail holding the text — first the mail above the index's mark, read row by
+/// row (all newer than anything indexed, so the order stays newest first), then the index's
+/// candidates; answers the scan and how many mails the index did not hold yet.
+fn indexed_mail(
+    conn: &Connection,
+    query: &str,
+    needle: &Needle,
+    limit: usize,
+    mut stop: impl FnMut() -> bool,
+) -> Result<(search::Scan<i64>, u64)> {
+    let behind = unindexed(conn)?;
+    let mut tail = candidates(conn, UNINDEXED_MAIL, None, needle, limit, &mut stop)?;
+    if tail.truncated || tail.found.len() >= limit {
+        return Ok((tail, behind));
+    }
+    let rest = candidates(conn, INDEXED_MAIL, Some(query.to_string()), needle, limit - tail.found.len(), stop)?;
+    tail.found.extend(rest.found);
+    tail.truncated = rest.truncated;
+    Ok((tail, behind))
+}
+
+fn unindexed(conn: &Connection) -> Result<u64> {
+    let sql = format!("SELECT count(*) FROM ({UNINDEXED_MAIL})");
+    let n: i64 = conn.prepare_cached(&sql).and_then(|mut st| st.query_row([], |r| r.get(0))).map_err(map_err)?;
+    Ok(n.max(0) as u64)
+}
+
+/// P13: the indexer's one batch (see [`pcmail_core::search::index_due`]): the mail after the
+/// mark into the index and the mark moved past it, in one transaction; nothing is written when
+/// nothing is due. Answers the sequence numbers still above the mark.
+pub(super) fn index_batch(conn: &mut Connection, batch: i64) -> Result<IndexBehind> {
+    let marks = |c: &Connection| -> Result<(i64, i64)> {
+        let through: i64 = c.prepare_cached(MARK).and_then(|mut st| st.query_row([], |r| r.get(0))).map_err(map_err)?;
+        let newest: i64 =
+            c.prepare_cached(NEWEST_MAIL).and_then(|mut st| st.query_row([], |r| r.get(0))).map_err(map_err)?;
+        Ok((through, newest))
+    };
+    let (through, newest) = marks(conn)?;
+    if search::index_due(through, newest, batch).is_none() {
+        return Ok(IndexBehind::default());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+    let (through, newest) = marks(&tx)?;
+    let Some((after, upto)) = search::index_due(through, newest, batch) else {
+        return Ok(IndexBehind::default());
+    };
+    tx.prepare_cached(
+        "INSERT INTO mail_search (rowid, subject, body) SELECT seq, subject, body FROM mail WHERE seq > ?1 AND seq <= ?2",
+    )
+    .and_then(|mut st| st.execute([after, upto]))
+    .map_err(map_err)?;
+    tx.prepare_cached("UPDATE search_indexed SET through = ?1 WHERE tab = 'mail'")
+        .and_then(|mut st| st.execute([upto]))
+        .map_err(map_err)?;
+    tx.commit().map_err(map_err)?;
+    Ok(IndexBehind { seqs: u64::try_from(newest - upto).unwrap_or(0) })
 }
 
 /// An FTS5 query for rows holding every trigram, by rowid alone: no phrase is tested inside
@@ -137,6 +209,50 @@ fn by_keys<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn p13_the_index_holds_exactly_the_mail_at_or_below_its_mark() {
+        use crate::Store;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = super::super::SqliteStore::open(dir.path().join("pcmail.db")).await.expect("open");
+        let mail = |n: u32| pcmail_core::mail::Mail {
+            subject: format!("subject {n}"),
+            ..pcmail_core::mail::Mail::new(
+                format!("mail--{n:08x}"),
+                "a".into(),
+                "b".into(),
+                Default::default(),
+                Default::default(),
+            )
+        };
+        let insert = |ns: Vec<u32>| {
+            let mails: Vec<_> = ns.into_iter().map(mail).collect();
+            store.mail_transaction(crate::MailSelect::Ids(vec![]), move |_| {
+                (crate::MailWrites { insert: mails, ..Default::default() }, ())
+            })
+        };
+        insert(vec![1, 2, 3]).await.expect("insert");
+        let held = || {
+            store.read(|conn| {
+                let sql = "SELECT rowid FROM mail_search WHERE mail_search MATCH '\"subj\"' ORDER BY rowid";
+                let mut stmt = conn.prepare(sql).map_err(map_err)?;
+                let rows = stmt.query_map([], |r| r.get::<_, i64>(0)).map_err(map_err)?;
+                rows.map(|r| r.map_err(map_err)).collect::<Result<Vec<i64>>>()
+            })
+        };
+        assert_eq!(held().await.expect("held"), Vec::<i64>::new(), "a send writes no index");
+        assert_eq!(store.index_search(2).await.expect("batch").seqs, 1);
+        assert_eq!(held().await.expect("held"), vec![1, 2]);
+        store
+            .write(|conn| conn.execute("DELETE FROM mail WHERE seq IN (2, 3)", []).map_err(map_err))
+            .await
+            .expect("delete");
+        assert_eq!(held().await.expect("held"), vec![1], "an indexed mail leaves with its row");
+        assert_eq!(store.index_search(2).await.expect("batch").seqs, 0, "nothing left above the mark");
+        insert(vec![4]).await.expect("insert");
+        assert_eq!(store.index_search(10).await.expect("batch").seqs, 0);
+        assert_eq!(held().await.expect("held"), vec![1, 4]);
+    }
 
     #[tokio::test]
     async fn t14_search_a_machines_scope_is_its_own_indexes_never_a_scan_of_mail() {
