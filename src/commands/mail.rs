@@ -154,8 +154,10 @@ pub async fn status(
     timeout: Dur,
     out: Output,
 ) -> anyhow::Result<i32> {
-    let target: Option<MailState> =
-        wait_for.map(|w| w.parse()).transpose().map_err(|e: String| CliError::new(Exit::Error, e))?;
+    let target: Option<MailState> = wait_for
+        .map(|w| w.parse())
+        .transpose()
+        .map_err(|e: pcmail_core::names::UnknownName| CliError::new(Exit::Error, e.to_string()))?;
     let (status, reached) = mail::status(client, id, target, timeout.to_std()).await?;
     if !output::structured(out, &status)? {
         let m = &status.mail;

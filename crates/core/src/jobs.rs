@@ -58,10 +58,14 @@ impl fmt::Display for JobState {
 }
 
 impl FromStr for JobState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         JobState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            format!("unknown job state {s:?}; one of queued, running, succeeded, failed, dead, cancelled")
+            crate::names::UnknownName::new(
+                "job state",
+                s,
+                "; one of queued, running, succeeded, failed, dead, cancelled",
+            )
         })
     }
 }

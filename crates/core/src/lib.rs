@@ -25,6 +25,7 @@ pub mod lease;
 pub mod ledger;
 pub mod mail;
 pub mod manifest;
+pub mod names;
 pub mod page;
 pub mod present;
 pub mod restore;

@@ -76,7 +76,7 @@ pub trait Columns {
     }
 }
 
-fn parsed<T: std::str::FromStr<Err = String>>(what: &str, id: &str, v: &str) -> Result<T> {
+fn parsed<T: std::str::FromStr<Err = pcmail_core::names::UnknownName>>(what: &str, id: &str, v: &str) -> Result<T> {
     v.parse().map_err(|e| StoreError::Corrupt(format!("{what} {id}: {e}")))
 }
 

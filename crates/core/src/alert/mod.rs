@@ -91,9 +91,12 @@ impl fmt::Display for AlertKind {
 }
 
 impl FromStr for AlertKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        AlertKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown alert kind {s:?}"))
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AlertKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| crate::names::UnknownName::new("alert kind", s, ""))
     }
 }
 
@@ -119,11 +122,11 @@ impl AlertState {
 }
 
 impl FromStr for AlertState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         AlertState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
             let known: Vec<&str> = AlertState::ALL.iter().map(|k| k.as_str()).collect();
-            format!("unknown alert state {s:?}; known states: {}", known.join(", "))
+            crate::names::UnknownName::new("alert state", s, format!("; known states: {}", known.join(", ")))
         })
     }
 }

@@ -77,14 +77,14 @@ impl fmt::Display for RowState {
 }
 
 impl FromStr for RowState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
         RowState::ALL
             .into_iter()
             .find(|k| k.as_str() == s || k.ja() == s || (*k == RowState::Review && s == "AI実行済"))
             .ok_or_else(|| {
-                format!("unknown ledger state {s:?}; one of todo (未着手), running (実行中), review (AI実行済(要確認)), done (完了), dropped (不要), needs-human (要人手)")
+                crate::names::UnknownName::new("ledger state", s, "; one of todo (未着手), running (実行中), review (AI実行済(要確認)), done (完了), dropped (不要), needs-human (要人手)")
             })
     }
 }

@@ -114,7 +114,7 @@ pub struct Edit {
 impl Edit {
     /// The state a person asks for: any but running, which only the runner sets (L8).
     pub fn state(text: Option<&str>) -> Result<Option<RowState>, String> {
-        match text.map(str::parse::<RowState>).transpose()? {
+        match text.map(str::parse::<RowState>).transpose().map_err(|e| e.to_string())? {
             Some(RowState::Running) => Err("running is set by the runner, not by hand".into()),
             state => Ok(state),
         }

@@ -144,12 +144,11 @@ impl fmt::Display for MailState {
 }
 
 impl FromStr for MailState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        MailState::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown mail state {s:?}; one of new, delivered, seen, done, failed, expired"))
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        MailState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            crate::names::UnknownName::new("mail state", s, "; one of new, delivered, seen, done, failed, expired")
+        })
     }
 }
 
@@ -188,12 +187,11 @@ impl fmt::Display for MailKind {
 }
 
 impl FromStr for MailKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        MailKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown mail kind {s:?}; one of note, request, decision, work, answer, intent"))
+    type Err = crate::names::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        MailKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            crate::names::UnknownName::new("mail kind", s, "; one of note, request, decision, work, answer, intent")
+        })
     }
 }
 

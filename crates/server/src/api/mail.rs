@@ -111,7 +111,7 @@ pub async fn list(
         }
     }
     filter.states = match q.state.filter(|s| !s.is_empty()) {
-        Some(state) => vec![state.parse::<MailState>().map_err(ServiceError::bad_request)?],
+        Some(state) => vec![state.parse::<MailState>().map_err(|e| ServiceError::bad_request(e.to_string()))?],
         None if q.all => vec![],
         None => vec![MailState::New, MailState::Delivered, MailState::Seen],
     };

@@ -265,9 +265,11 @@ pub fn with_more<T: serde::Serialize>(items: Vec<T>, more: u64) -> axum::respons
 
 /// A listing's filters must name values that exist: a state that is not one is a 400 naming it,
 /// never an empty page that looks like "nothing there".
-pub fn known_state<S: std::str::FromStr<Err = String>>(state: Option<&str>) -> Result<(), ServiceError> {
+pub fn known_state<S: std::str::FromStr<Err = pcmail_core::names::UnknownName>>(
+    state: Option<&str>,
+) -> Result<(), ServiceError> {
     match state {
-        Some(s) => s.parse::<S>().map(drop).map_err(ServiceError::bad_request),
+        Some(s) => s.parse::<S>().map(drop).map_err(|e| ServiceError::bad_request(e.to_string())),
         None => Ok(()),
     }
 }

@@ -256,14 +256,14 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
 /// U3: a listing's filters from its query string; a malformed one, or a state the listing does
 /// not have, is the message of a 400 page naming it (never an empty list that looks like
 /// "nothing").
-fn listing_of<S: std::str::FromStr<Err = String>>(
+fn listing_of<S: std::str::FromStr<Err = pcmail_core::names::UnknownName>>(
     app: &App,
     q: Result<Query<Listing>, QueryRejection>,
 ) -> Result<Listing, String> {
     let mut listing = q.map_err(|e| e.body_text())?.0.normalized();
     listing.machine = listing.machine.map(|m| app.runtime().machine_label(&m));
     if let Some(state) = &listing.state {
-        state.parse::<S>()?;
+        state.parse::<S>().map_err(|e| e.to_string())?;
     }
     Ok(listing)
 }

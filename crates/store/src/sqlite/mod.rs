@@ -485,7 +485,8 @@ impl Store for SqliteStore {
                 .map_err(map_err)?;
             rows.map(|r| {
                 let (state, kind, channel, n) = r.map_err(map_err)?;
-                let state = state.parse().map_err(StoreError::Corrupt)?;
+                let state =
+                    state.parse::<pcmail_core::mail::MailState>().map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 Ok(MailCount { state, kind, channel, count: n.max(0) as u64 })
             })
             .collect()
