@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use pcmail_core::duration::Dur;
 use pcmail_core::mail::MailKind;
 
+use crate::logging::Logging;
+
 #[derive(Debug, Parser)]
 #[command(name = "pcmail-ctl", version, about = "Keeps several PCs' AI coding agents and their supervisors in step")]
 pub struct Cli {
@@ -80,6 +82,7 @@ pub enum Command {
     },
     /// List objects of a kind, or show one
     Get {
+        #[arg(value_parser = KindName)]
         kind: String,
         name: Option<String>,
         #[arg(short, long, value_enum, default_value_t)]
@@ -87,13 +90,18 @@ pub enum Command {
     },
     /// Show one object with its status and events
     Describe {
+        #[arg(value_parser = KindName)]
         kind: String,
         name: String,
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
     /// Delete one object
-    Delete { kind: String, name: String },
+    Delete {
+        #[arg(value_parser = KindName)]
+        kind: String,
+        name: String,
+    },
     /// Machine tokens
     Token {
         #[command(subcommand)]
@@ -207,6 +215,8 @@ pub enum Command {
         /// Long-poll wait per cycle
         #[arg(long, default_value = "30s")]
         wait: Dur,
+        #[command(flatten)]
+        logging: Logging,
     },
     /// Claude Code hooks: hook JSON on stdin, JSON on stdout; never talks to the server
     Hook {
@@ -275,11 +285,40 @@ pub enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// A shell's completion script on stdout (X1): `source <(pcmail-ctl completion bash)`
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// pcmail's own Telegram channel: this PC's bot, polled by `agent` (or `mcp`)
     Telegram {
         #[command(subcommand)]
         command: TelegramCommand,
     },
+}
+
+/// A manifest kind as kubectl users type it (`roster`, `Rosters`). X1: its possible values are
+/// what completion offers; any spelling is passed on, and the verb says which kinds exist.
+#[derive(Debug, Clone, Copy)]
+pub struct KindName;
+
+impl clap::builder::TypedValueParser for KindName {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        let kinds =
+            pcmail_core::manifest::Kind::ALL.into_iter().map(|k| clap::builder::PossibleValue::new(k.cli_name()));
+        Some(Box::new(kinds))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -507,6 +546,8 @@ impl StoreArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub logging: Logging,
     #[arg(long, default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
     /// Apply the manifests in this file or directory at start

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod exit;
+mod logging;
 mod output;
 
 use clap::Parser;

@@ -14,15 +14,16 @@ use pcmail_core::duration::Dur;
 use pcmail_core::intent::{InboundMessage, intent_mail};
 
 use crate::args::{AgentCommand, TelegramCommand};
+use crate::logging::Logging;
 
 fn os(name: Option<&str>) -> Os {
     name.and_then(Os::from_cli).unwrap_or_else(Os::current)
 }
 
-pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> anyhow::Result<i32> {
+pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur, logging: &Logging) -> anyhow::Result<i32> {
     match command {
         None => {
-            init_logging("info");
+            logging.init("info");
             let (stop, stopped) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 let _ = tokio::signal::ctrl_c().await;
@@ -81,21 +82,13 @@ pub async fn run(client: &Client, command: Option<AgentCommand>, wait: Dur) -> a
 /// `CLAUDE_CODE_SESSION_ID` names, so its hooks do not show the mail again.
 pub async fn mcp(client: Result<Client, ClientError>, wait: Dur, channels: bool) -> anyhow::Result<i32> {
     // Claude Code keeps a server's stderr in its logs: only what needs a look.
-    init_logging("warn");
+    Logging::default().init("warn");
     let session = std::env::var("CLAUDE_CODE_SESSION_ID").ok().filter(|s| !s.is_empty());
     if channels && session.is_none() {
         tracing::warn!("PCMAIL_CHANNELS is set but CLAUDE_CODE_SESSION_ID is not: pushes will not count as presented");
     }
     pcmail_agent::mcp::run(client, home(), session.filter(|_| channels), wait.to_std()).await?;
     Ok(0)
-}
-
-/// Logs go to stderr (`mcp`'s stdout is the protocol), at `PCMAIL_LOG` or `default`.
-fn init_logging(default: &str) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| default.into()))
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// A hook must never break a Claude Code session: any failure is one line on stderr and exit

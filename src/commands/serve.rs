@@ -6,10 +6,7 @@ use pcmail_server::ServeConfig;
 use crate::args::ServeArgs;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PCMAIL_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    args.logging.init("info");
     let config = ServeConfig {
         data_dir: args.store.data_dir,
         store_url: args.store.store,

@@ -9,6 +9,7 @@ mod backup;
 mod botapi;
 mod boundaries;
 mod claude;
+mod cli;
 mod clock;
 mod console;
 mod deploy;

@@ -227,13 +227,16 @@ impl Urgency {
     }
 }
 
+/// What breaches now: its kind, subject, summary and labels.
+type Breaching = (AlertKind, String, String, BTreeMap<String, String>);
+
 /// M9: fires what breaches and is not yet firing, resolves what fires and no longer breaches.
 /// Receiver-down watches only machines of the Roster that have polled at least once. E18: a
 /// machine's undelivered mail is one alert (its subject the machine) whose summary lists the
 /// mail, rewritten when the list changes.
 pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -> AlertPlan {
     let mut breaches = Breaches::default();
-    let mut firing: Vec<(AlertKind, String, String, BTreeMap<String, String>)> = Vec::new();
+    let mut firing: Vec<Breaching> = Vec::new();
     let mut seen_mail = BTreeSet::new();
     let mut undelivered: BTreeMap<&str, Vec<&Mail>> = BTreeMap::new();
     for m in inputs.mails.iter().filter(|m| seen_mail.insert(m.id.as_str())) {
@@ -289,15 +292,21 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
         }
     }
 
+    let upsert = upserts(&firing, &inputs.open, &mut breaches, now);
+    AlertPlan { upsert, breaches }
+}
+
+/// The rows `firing` leads to against what is `open`: new alerts fire, an undelivered alert whose
+/// list changed is rewritten, and a swept alert no longer breaching resolves.
+fn upserts(firing: &[Breaching], open: &[Alert], breaches: &mut Breaches, now: Ts) -> Vec<Alert> {
     let mut upsert = Vec::new();
-    let open: BTreeMap<(AlertKind, &str), &Alert> = inputs
-        .open
+    let open: BTreeMap<(AlertKind, &str), &Alert> = open
         .iter()
         .filter(|a| a.state == AlertState::Firing && a.kind.swept())
         .map(|a| ((a.kind, a.subject.as_str()), a))
         .collect();
     let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
-    for (kind, subject, summary, labels) in &firing {
+    for (kind, subject, summary, labels) in firing {
         *breaches.firing.entry(*kind).or_default() += 1;
         let held = open.get(&(*kind, subject.as_str()));
         if let Some(held) = held.filter(|a| a.kind == AlertKind::Undelivered && a.summary != *summary) {
@@ -328,7 +337,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             });
         }
     }
-    AlertPlan { upsert, breaches }
+    upsert
 }
 
 /// I9: the alert row a poller report leads to, if any: firing while `machine`'s poller of

@@ -58,7 +58,20 @@ impl Kind {
 
     /// The lowercase form used in `roster/office created` lines and URLs.
     pub fn lower(self) -> String {
-        self.as_str().to_ascii_lowercase()
+        self.cli_name().to_string()
+    }
+
+    /// [`Kind::lower`] without an allocation: what completion offers.
+    pub fn cli_name(self) -> &'static str {
+        match self {
+            Kind::Roster => "roster",
+            Kind::MailPolicy => "mailpolicy",
+            Kind::IntentPolicy => "intentpolicy",
+            Kind::WorkerPool => "workerpool",
+            Kind::Function => "function",
+            Kind::Ledger => "ledger",
+            Kind::Schedule => "schedule",
+        }
     }
 
     /// What kubectl users type: any case, singular or plural.
