@@ -292,7 +292,7 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
         }
     }
 
-    let upsert = upserts(&firing, &inputs.open, &mut breaches, now);
+    let upsert = upserts(&firing, inputs.open, &mut breaches, now);
     AlertPlan { upsert, breaches }
 }
 
