@@ -116,6 +116,24 @@ pub fn verdict(ended: Ended, stdout: &Capped) -> Verdict {
     }
 }
 
+/// Where `program` is looked for, in order, as `execvp` would: itself when it names a path
+/// (holds a `/`), else each directory of `path` (the child's PATH; an empty entry is the current
+/// directory).
+pub fn candidates(program: &str, path: Option<&str>) -> Vec<String> {
+    if program.contains('/') {
+        return vec![program.to_string()];
+    }
+    let path = path.unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':').map(|dir| if dir.is_empty() { program.to_string() } else { format!("{dir}/{program}") }).collect()
+}
+
+/// A child's whole environment from `(key, value)` pairs in the order they were set: a later
+/// value of a key replaces an earlier one (as std's `Command::env`), one entry per key.
+pub fn environment(pairs: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let map: std::collections::BTreeMap<String, String> = pairs.into_iter().collect();
+    map.into_iter().collect()
+}
+
 /// The last `chars` characters of a trimmed text (an error's stderr line).
 pub fn tail_chars(text: &str, chars: usize) -> String {
     let text = text.trim();
@@ -290,5 +308,18 @@ mod tests {
         assert_eq!(r.member("4250 (sleep) S 1 7 7"), Member::AskEnviron, "a short stat is asked");
         assert_eq!(r.member("garbage"), Member::No);
         assert_eq!(r.member(""), Member::No);
+    }
+
+    #[test]
+    fn e16_a_program_is_looked_for_in_the_childs_path_as_execvp_does() {
+        assert_eq!(candidates("./run.sh", Some("/bin")), vec!["./run.sh"]);
+        assert_eq!(candidates("true", Some("/a::/b")), vec!["/a/true", "true", "/b/true"]);
+        assert_eq!(candidates("true", None)[0], "/usr/local/bin/true");
+    }
+
+    #[test]
+    fn e17_a_later_variable_replaces_an_earlier_one() {
+        let env = environment([("A".into(), "1".into()), ("B".into(), "2".into()), ("A".into(), "3".into())]);
+        assert_eq!(env, vec![("A".to_string(), "3".to_string()), ("B".to_string(), "2".to_string())]);
     }
 }

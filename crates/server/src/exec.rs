@@ -10,7 +10,9 @@
 //! finds a build's strays). A process that also clears its environment escapes; only a cgroup
 //! would hold it, and `serve` may not own one.
 
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
+#[cfg(not(target_os = "linux"))]
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -142,6 +144,61 @@ pub async fn run_source(argv: &[String]) -> Result<String, String> {
 /// Spawns `p` in a session of its own, feeds its stdin, reads its output through the caps and
 /// waits for its exit status or its timeout, whichever comes first; then kills whatever of the
 /// run is left and reads what the pipes still hold for a short grace.
+#[cfg(target_os = "linux")]
+async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
+    let mark = new_mark();
+    let env = environment(&p, &mark);
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+    let paths = rules::candidates(p.program, path);
+    let argv: Vec<&str> = std::iter::once(p.program).chain(p.args.iter().map(String::as_str)).collect();
+    // The function creates files with its user's usual permissions, not serve's 077 (T8).
+    let umask = pcmail_store::private::inherited_umask();
+    let plan = crate::spawner::Plan { paths: &paths, argv: &argv, env: &env, umask };
+    let mut child = crate::spawner::spawn(&plan)?;
+    let guard = Live::register(RunId { session: child.pid, started: started_at(child.pid), mark });
+    let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
+    let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
+    let feed = feed(child.stdin.take(), p.input);
+    let waited = tokio::time::timeout(p.timeout, child.exit.wait()).await;
+    feed.abort();
+    // E16: the run is over the moment its process exits (or its timeout passes): everything
+    // it left behind is killed now, whatever still holds its pipes.
+    drop(guard);
+    let (ended, status) = match waited {
+        Ok(status) => {
+            let status = status?;
+            (Ended::Exited { success: status.success() }, Some(status))
+        }
+        Err(_) => {
+            child.exit.kill();
+            let _ = tokio::time::timeout(Duration::from_secs(1), child.exit.wait()).await;
+            (Ended::TimedOut, None)
+        }
+    };
+    let (stdout, stderr) = (out.finish().await, err.finish().await);
+    Ok(Finished { ended, status, stdout, stderr })
+}
+
+/// E4: the input is written inside the timeout, beside the wait; a function that never reads
+/// it (or a stray holding its stdin) blocks nothing but this task.
+fn feed<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(stdin: Option<W>, input: Vec<u8>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Some(mut stdin) = stdin {
+            // A function that does not read its stdin is not an error.
+            let _ = stdin.write_all(&input).await;
+        }
+    })
+}
+
+/// The child's whole environment: `PASSED` from serve's, the run's variables, the run mark.
+fn environment(p: &Process<'_>, mark: &str) -> Vec<(String, String)> {
+    let passed = PASSED.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_string(), v)));
+    let run = p.env.iter().cloned().chain([(rules::RUN_MARK.to_string(), mark.to_string())]);
+    rules::environment(passed.chain(run))
+}
+
+/// Elsewhere than Linux: std's spawn, with the session and umask set by a `pre_exec` hook.
+#[cfg(not(target_os = "linux"))]
 async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mark = new_mark();
     let mut child = command(&p, &mark).spawn()?;
@@ -149,20 +206,9 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let guard = Live::register(RunId { session, started: started_at(session), mark });
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
-    let stdin = child.stdin.take();
-    let input = p.input;
-    // E4: the input is written inside the timeout, beside the wait; a function that never
-    // reads it (or a stray holding its stdin) blocks nothing but this task.
-    let feed = tokio::spawn(async move {
-        if let Some(mut stdin) = stdin {
-            // A function that does not read its stdin is not an error.
-            let _ = stdin.write_all(&input).await;
-        }
-    });
+    let feed = feed(child.stdin.take(), p.input);
     let waited = tokio::time::timeout(p.timeout, child.wait()).await;
     feed.abort();
-    // E16: the run is over the moment its process exits (or its timeout passes): everything
-    // it left behind is killed now, whatever still holds its pipes.
     drop(guard);
     let (ended, status) = match waited {
         Ok(status) => {
@@ -180,33 +226,20 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
 }
 
 /// The command for `p`: no shell, the cleared environment, a session of its own.
+#[cfg(not(target_os = "linux"))]
 fn command(p: &Process<'_>, mark: &str) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(p.program);
-    cmd.args(p.args).env_clear();
-    for key in PASSED {
-        if let Some(v) = std::env::var_os(key) {
-            cmd.env(key, v);
-        }
-    }
-    cmd.envs(p.env.iter().map(|(k, v)| (k, v))).env(rules::RUN_MARK, mark);
+    cmd.args(p.args).env_clear().envs(environment(p, mark));
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     #[cfg(unix)]
     {
-        // The function creates files with its user's usual permissions, not serve's 077 (T8).
         let umask = pcmail_store::private::inherited_umask();
-        // SAFETY: setsid, prctl and umask are async-signal-safe and touch no memory of the
-        // parent.
+        // SAFETY: setsid and umask are async-signal-safe and touch no memory of the parent.
         unsafe {
             cmd.pre_exec(move || {
-                // Its own session (and process group, both its pid): a timeout or its end
-                // kills everything it started, and no terminal's signals reach it.
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // If serve dies (SIGKILL included), the function dies with it instead of
-                // running on as an orphan next to the retry that L11 allows.
-                #[cfg(target_os = "linux")]
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 if let Some(mask) = umask {
                     libc::umask(mask as libc::mode_t);
                 }
@@ -489,5 +522,20 @@ mod tests {
             "{err}"
         );
         assert_eq!(err.to_string(), "exit status: 3: nope");
+    }
+
+    #[tokio::test]
+    async fn e16_a_program_that_cannot_start_is_a_spawn_error_naming_it() {
+        let mut f = function("", Dur::from_secs(10));
+        f.command = vec!["pcmail-no-such-program".into()];
+        let err = run("f", &f, &vars(""), String::new()).await.expect_err("not found");
+        assert!(
+            matches!(&err, ExecError::Spawn { program, source } if program == "pcmail-no-such-program"
+                && source.kind() == std::io::ErrorKind::NotFound),
+            "{err}"
+        );
+        // The same run with the program found by the child's PATH starts.
+        f.command = vec!["sh".into(), "-c".into(), "echo ok".into()];
+        assert_eq!(run("f", &f, &vars(""), String::new()).await.expect("runs"), "ok\n");
     }
 }

@@ -18,6 +18,8 @@ mod key;
 pub mod manifests;
 mod metrics;
 mod runtime;
+#[cfg(target_os = "linux")]
+mod spawner;
 mod tls;
 mod wakeups;
 mod workqueue;

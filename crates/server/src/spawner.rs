@@ -1,0 +1,306 @@
+//! P9/E16 on Linux: a Function's process started the way `posix_spawn` starts one —
+//! `clone(CLONE_VM | CLONE_VFORK)`, so the server's address space is never copied — with what
+//! std's `pre_exec` hook used to add (and which made std fork the whole server per job): its own
+//! session, PR_SET_PDEATHSIG (it dies with a SIGKILLed `serve`), the Function's umask, stdin,
+//! stdout and stderr on pipes, the signal mask emptied and SIGPIPE back to its default. The
+//! child is waited on through the pidfd `clone` hands back, so no SIGCHLD handler is involved.
+//!
+//! The child runs on a stack of its own in the parent's memory, until `execve`, while the
+//! calling thread is suspended: it only makes system calls on data prepared beforehand.
+
+use std::ffi::{CString, c_int, c_void};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+/// The child's stack until `execve`: a few system calls deep.
+const STACK: usize = 64 << 10;
+
+/// What to start: the candidate paths of the program (`core::exec::candidates`), its argv and
+/// its whole environment, and the umask it gets (`None`: the server's).
+pub struct Plan<'a> {
+    pub paths: &'a [String],
+    pub argv: &'a [&'a str],
+    pub env: &'a [(String, String)],
+    pub umask: Option<u32>,
+}
+
+/// A started child: its pipes and its exit.
+pub struct Child {
+    pub pid: i32,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: Option<pipe::Receiver>,
+    pub stderr: Option<pipe::Receiver>,
+    pub exit: Exit,
+}
+
+/// The child's exit, read from its pidfd; dropped unreaped, the child is killed and reaped.
+pub struct Exit {
+    pid: i32,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+}
+
+/// What the child reads (and, on failure, writes its errno to) while the parent waits.
+#[repr(C)]
+struct Shared {
+    paths: *const *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    fds: [c_int; 3],
+    umask: libc::mode_t,
+    set_umask: bool,
+    parent: libc::pid_t,
+    errno: c_int,
+}
+
+fn cstring(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} holds a NUL byte")))
+}
+
+/// A NULL-terminated array of pointers into `strings` (which must outlive it).
+fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect()
+}
+
+/// A pipe, both ends close-on-exec and numbered above stdio (the child's dup2 targets).
+fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just opened and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(r)?, above_stdio(w)?))
+}
+
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC returns a new fd owned here; `fd` is closed on drop.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just opened.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl on an fd owned here.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+    };
+    if ok { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Starts `plan` (see the module doc). Must be called on a thread that lives as long as the
+/// runtime (PR_SET_PDEATHSIG follows the thread that started the child): a runtime worker,
+/// never a `spawn_blocking` thread.
+pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
+    let paths: Vec<CString> = plan.paths.iter().map(|p| cstring(p)).collect::<io::Result<_>>()?;
+    let argv: Vec<CString> = plan.argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = plan.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
+    let (paths_p, argv_p, envp_p) = (pointers(&paths), pointers(&argv), pointers(&envp));
+    let (in_r, in_w) = pipe_pair()?;
+    let (out_r, out_w) = pipe_pair()?;
+    let (err_r, err_w) = pipe_pair()?;
+    let mut shared = Shared {
+        paths: paths_p.as_ptr(),
+        argv: argv_p.as_ptr(),
+        envp: envp_p.as_ptr(),
+        fds: [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+        umask: plan.umask.unwrap_or(0) as libc::mode_t,
+        set_umask: plan.umask.is_some(),
+        // SAFETY: getpid has no preconditions.
+        parent: unsafe { libc::getpid() },
+        errno: 0,
+    };
+    let (pid, pidfd) = clone_child(&mut shared)?;
+    drop((in_r, out_w, err_w));
+    // SAFETY: clone wrote a pidfd owned here (CLONE_PIDFD).
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    // SAFETY: the child exited (vfork returned) or exec'd; its write, if any, is done.
+    let errno = unsafe { std::ptr::read_volatile(&shared.errno) };
+    if errno != 0 {
+        let mut status = 0;
+        // SAFETY: reaps the child that failed before its exec.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    // SAFETY: the pidfd is owned by the AsyncFd from here until it is dropped.
+    let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }.map_err(io::Error::from)?;
+    let exit = Exit { pid, pidfd: Some(pidfd) };
+    let (stdin, stdout, stderr) = (in_w, out_r, err_r);
+    for fd in [&stdin, &stdout, &stderr] {
+        nonblocking(fd)?;
+    }
+    Ok(Child {
+        pid,
+        stdin: Some(pipe::Sender::from_owned_fd_unchecked(stdin)?),
+        stdout: Some(pipe::Receiver::from_owned_fd_unchecked(stdout)?),
+        stderr: Some(pipe::Receiver::from_owned_fd_unchecked(stderr)?),
+        exit,
+    })
+}
+
+/// clone(CLONE_VM|CLONE_VFORK|CLONE_PIDFD) with every signal blocked around it, so that no
+/// handler of the server runs in the child on the server's memory.
+fn clone_child(shared: &mut Shared) -> io::Result<(i32, c_int)> {
+    let mut stack: Vec<u8> = Vec::with_capacity(STACK);
+    // The stack grows down from its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+    let mut pidfd: c_int = -1;
+    // SAFETY: the sets are initialised by sigfillset/pthread_sigmask before use; clone runs
+    // `child` on `stack`, which outlives it (the parent is suspended until exec or exit), with
+    // `shared`, which this frame owns for as long.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child,
+            top as *mut c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            (shared as *mut Shared).cast::<c_void>(),
+            &mut pidfd as *mut c_int,
+        );
+        let err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(err);
+        }
+        pid
+    };
+    Ok((pid, pidfd))
+}
+
+/// The child, until `execve`: system calls only, on data prepared by [`spawn`].
+extern "C" fn child(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Shared` of the suspended parent; everything it points to lives.
+    unsafe {
+        let shared = &mut *arg.cast::<Shared>();
+        // Handlers of the server must not run here: each caught signal back to its default,
+        // SIGPIPE too (std ignores it in the server); the mask stays full until the exec.
+        for sig in 1..libc::SIGRTMIN() {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP || libc::sigaction(sig, std::ptr::null(), &mut action) != 0
+            {
+                continue;
+            }
+            let caught = action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN;
+            if caught || sig == libc::SIGPIPE {
+                action.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &action, std::ptr::null_mut());
+            }
+        }
+        // Its own session (and group, both its pid): a timeout or its end kills all it started.
+        if libc::setsid() < 0 {
+            fail(shared);
+        }
+        // If serve dies (SIGKILL included), the function dies with it; if serve died already,
+        // the child is not left to run.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+            fail(shared);
+        }
+        if libc::getppid() != shared.parent {
+            libc::_exit(127);
+        }
+        if shared.set_umask {
+            libc::umask(shared.umask);
+        }
+        for (target, fd) in shared.fds.iter().enumerate() {
+            if libc::dup2(*fd, target as c_int) < 0 {
+                fail(shared);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // As execvp: the first candidate that exists; EACCES is kept if nothing else runs.
+        let mut denied = false;
+        let mut path = shared.paths;
+        while !(*path).is_null() {
+            libc::execve(*path, shared.argv, shared.envp);
+            match *libc::__errno_location() {
+                libc::EACCES => denied = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
+                _ => fail(shared),
+            }
+            path = path.add(1);
+        }
+        if denied {
+            *libc::__errno_location() = libc::EACCES;
+        }
+        fail(shared)
+    }
+}
+
+/// Leaves the errno for the parent (shared memory) and exits without running anything of the
+/// server's (no atexit, no flush).
+unsafe fn fail(shared: &mut Shared) -> ! {
+    // SAFETY: the errno location is this thread's; `shared` is the parent's, alive.
+    unsafe {
+        let errno = (*libc::__errno_location()).max(1);
+        std::ptr::write_volatile(&mut shared.errno, errno);
+        libc::_exit(127)
+    }
+}
+
+impl Exit {
+    /// Its exit status once it exited (reaped here).
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            let Some(fd) = &self.pidfd else { return Err(io::Error::other("already reaped")) };
+            let mut ready = fd.readable().await?;
+            if let Some(status) = reap(self.pid)? {
+                drop(ready);
+                self.pidfd = None;
+                return Ok(status);
+            }
+            ready.clear_ready();
+        }
+    }
+
+    /// SIGKILL to the child itself (its group is the run's to kill).
+    pub fn kill(&self) {
+        if let Some(fd) = &self.pidfd {
+            // SAFETY: pidfd_send_signal on a pidfd owned here signals exactly this child.
+            unsafe {
+                libc::syscall(libc::SYS_pidfd_send_signal, fd.get_ref().as_raw_fd(), libc::SIGKILL, 0, 0);
+            }
+        }
+    }
+}
+
+/// The exit status of `pid`, this process' child, if it has exited; it is then reaped.
+fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
+    let mut status = 0;
+    // SAFETY: the pid is this process' unreaped child (its pidfd is held until reaped).
+    let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((got != 0).then(|| ExitStatus::from_raw(status)))
+}
+
+impl Drop for Exit {
+    fn drop(&mut self) {
+        if self.pidfd.is_none() {
+            return;
+        }
+        self.kill();
+        self.pidfd = None;
+        let mut status = 0;
+        // SAFETY: reaps this process' own child, just sent SIGKILL (it exits at once).
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
