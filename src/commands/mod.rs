@@ -88,58 +88,59 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         command => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home())?;
-            match command {
-                Command::Apply { file, dry_run } => specs::apply(&client, &file, dry_run).await,
-                Command::Diff { file } => specs::diff(&client, &file).await,
-                Command::Get { kind, name, output } => specs::get(&client, &kind, name.as_deref(), output).await,
-                Command::Describe { kind, name, output } => specs::describe(&client, &kind, &name, output).await,
-                Command::Delete { kind, name } => specs::delete(&client, &kind, &name).await,
-                Command::Token { command: TokenCommand::Issue { machine } } => {
-                    let t: TokenResponse = client.post("/api/v1/tokens", &TokenRequest { machine }).await?;
-                    eprintln!("token for {} (shown once; store it now):", t.machine);
-                    println!("{}", t.token);
-                    Ok(0)
-                }
-                Command::Send(args) => mail::send(&client, args).await,
-                Command::Inbox { sent, state, machine, paging, output } => {
-                    mail::inbox(&client, sent, state, machine, paging, output).await
-                }
-                Command::Read { id, output } => mail::read(&client, &id, output).await,
-                Command::Ack { id } => mail::step(&client, &id, Action::Ack, StepRequest::default()).await,
-                Command::Fail { id, reason } => {
-                    let body = StepRequest { reason: Some(reason), ..Default::default() };
-                    mail::step(&client, &id, Action::Fail, body).await
-                }
-                Command::Reply { id, body, auto } => mail::reply(&client, &id, &body, auto).await,
-                Command::Status { id, wait_for, timeout, output } => {
-                    mail::status(&client, &id, wait_for.as_deref(), timeout, output).await
-                }
-                Command::Poll { wait, output, quiet } => mail::poll(&client, wait, output, quiet).await,
-                Command::Agent { command, wait, logging } => agent::run(&client, command, wait, &logging).await,
-                Command::Alerts { state, machine, paging, output } => {
-                    mail::alerts(&client, state, machine, paging, output).await
-                }
-                Command::Search { text, within, limit, output } => {
-                    search::run(&client, &text, within, limit, output).await
-                }
-                Command::Ledger { project, command } => ledger::run(&client, project, command).await,
-                Command::Jobs { command } => jobs::run(&client, command).await,
-                Command::Worker { queue, lease, once } => jobs::worker(&client, &queue, lease, once).await,
-                other @ (Command::Serve(_)
-                | Command::Login { .. }
-                | Command::Hook { .. }
-                | Command::Mcp { .. }
-                | Command::Telegram { .. }
-                | Command::Completion { .. }
-                | Command::Backup { .. }
-                | Command::Restore { .. }
-                | Command::Store { .. }
-                | Command::Version { .. }
-                | Command::Intent { .. }) => {
-                    Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made"))
-                }
-            }
+            run_with_client(&client, command).await
         }
+    }
+}
+
+/// The verbs that talk to the server as the configured machine or admin.
+async fn run_with_client(client: &Client, command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Apply { file, dry_run } => specs::apply(client, &file, dry_run).await,
+        Command::Diff { file } => specs::diff(client, &file).await,
+        Command::Get { kind, name, output } => specs::get(client, &kind, name.as_deref(), output).await,
+        Command::Describe { kind, name, output } => specs::describe(client, &kind, &name, output).await,
+        Command::Delete { kind, name } => specs::delete(client, &kind, &name).await,
+        Command::Token { command: TokenCommand::Issue { machine } } => {
+            let t: TokenResponse = client.post("/api/v1/tokens", &TokenRequest { machine }).await?;
+            eprintln!("token for {} (shown once; store it now):", t.machine);
+            println!("{}", t.token);
+            Ok(0)
+        }
+        Command::Send(args) => mail::send(client, args).await,
+        Command::Inbox { sent, state, machine, paging, output } => {
+            mail::inbox(client, sent, state, machine, paging, output).await
+        }
+        Command::Read { id, output } => mail::read(client, &id, output).await,
+        Command::Ack { id } => mail::step(client, &id, Action::Ack, StepRequest::default()).await,
+        Command::Fail { id, reason } => {
+            let body = StepRequest { reason: Some(reason), ..Default::default() };
+            mail::step(client, &id, Action::Fail, body).await
+        }
+        Command::Reply { id, body, auto } => mail::reply(client, &id, &body, auto).await,
+        Command::Status { id, wait_for, timeout, output } => {
+            mail::status(client, &id, wait_for.as_deref(), timeout, output).await
+        }
+        Command::Poll { wait, output, quiet } => mail::poll(client, wait, output, quiet).await,
+        Command::Agent { command, wait, logging } => agent::run(client, command, wait, &logging).await,
+        Command::Alerts { state, machine, paging, output } => {
+            mail::alerts(client, state, machine, paging, output).await
+        }
+        Command::Search { text, within, limit, output } => search::run(client, &text, within, limit, output).await,
+        Command::Ledger { project, command } => ledger::run(client, project, command).await,
+        Command::Jobs { command } => jobs::run(client, command).await,
+        Command::Worker { queue, lease, once } => jobs::worker(client, &queue, lease, once).await,
+        other @ (Command::Serve(_)
+        | Command::Login { .. }
+        | Command::Hook { .. }
+        | Command::Mcp { .. }
+        | Command::Telegram { .. }
+        | Command::Completion { .. }
+        | Command::Backup { .. }
+        | Command::Restore { .. }
+        | Command::Store { .. }
+        | Command::Version { .. }
+        | Command::Intent { .. }) => Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made")),
     }
 }
 
