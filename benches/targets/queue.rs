@@ -125,7 +125,11 @@ pub async fn p9() -> Vec<Row> {
         ),
         Row::note("", "baseline: `true` spawned from 4 threads, same run", format!("{raw:.0} /s")),
         Row::at_least("", "pool ÷ baseline", ours / raw, 0.8, "×"),
-        Row::note("", "the same spawns forked (a pre_exec hook, as PDEATHSIG needs)", format!("{forked:.0} /s")),
+        Row::note(
+            "",
+            "the same spawns forked by std behind a pre_exec hook (what serve did before its clone spawner)",
+            format!("{forked:.0} /s"),
+        ),
     ]
 }
 
