@@ -823,3 +823,31 @@ fn r6_the_declared_rust_version_is_the_toolchain_that_builds() {
         assert!(!text.contains("doctest = false"), "crates/{krate} turns doctests off");
     }
 }
+
+// ---- V6: the changelog names the release Cargo.toml declares ----
+
+#[test]
+fn v6_the_changelogs_newest_release_is_the_declared_version_with_breaking_changes_first() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("the workspace declares a version");
+    let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).expect("CHANGELOG.md");
+    let newest = changelog.lines().find(|l| l.starts_with("## [")).expect("CHANGELOG.md names a release");
+    assert!(
+        newest.starts_with(&format!("## [{version}]")),
+        "Cargo.toml is {version}; CHANGELOG.md's newest is {newest:?}"
+    );
+    let release: Vec<&str> = changelog
+        .lines()
+        .skip_while(|l| *l != newest)
+        .skip(1)
+        .take_while(|l| !l.starts_with("## ["))
+        .filter(|l| l.starts_with("### "))
+        .collect();
+    if let Some(breaking) = release.iter().position(|l| *l == "### Breaking") {
+        assert_eq!(breaking, 0, "{newest}: Breaking comes first, sections are {release:?}");
+    }
+}
