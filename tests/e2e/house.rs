@@ -521,6 +521,12 @@ fn r5_every_cited_rule_has_an_entry_and_every_entry_a_test() {
 /// `code` with comments, string and char literals and `#[cfg(test)]` items blanked to spaces, line
 /// breaks kept, so what is left is shipped code and its line numbers are the file's.
 fn blank_non_code(code: &str) -> String {
+    blank_code(code, false)
+}
+
+/// [`blank_non_code`], or with `keep_strings` the shipped code with its string literals kept
+/// (their braces read as parentheses, so only the code's own braces delimit items).
+fn blank_code(code: &str, keep_strings: bool) -> String {
     let b: Vec<char> = code.chars().collect();
     let mut out: Vec<char> = b.clone();
     let blank = |out: &mut Vec<char>, from: usize, to: usize| {
@@ -531,6 +537,15 @@ fn blank_non_code(code: &str) -> String {
         }
     };
     let at = |i: usize, k: usize| b.get(i + k).copied().unwrap_or('\0');
+    let unbrace = |out: &mut Vec<char>, from: usize, to: usize| {
+        for c in out.iter_mut().take(to.min(b.len())).skip(from) {
+            *c = match *c {
+                '{' => '(',
+                '}' => ')',
+                c => c,
+            };
+        }
+    };
     let mut i = 0;
     while i < b.len() {
         let start = i;
@@ -555,12 +570,20 @@ fn blank_non_code(code: &str) -> String {
                 i += 1;
             }
             i += close.len();
+            if keep_strings {
+                unbrace(&mut out, start, i);
+                continue;
+            }
         } else if b[i] == '"' {
             i += 1;
             while i < b.len() && b[i] != '"' {
                 i += if b[i] == '\\' { 2 } else { 1 };
             }
             i += 1;
+            if keep_strings {
+                unbrace(&mut out, start, i);
+                continue;
+            }
         } else if b[i] == '\''
             && (at(i, 2) == '\'' || (at(i, 1) == '\\' && b[i + 2..].iter().take(10).any(|c| *c == '\'')))
         {
@@ -616,6 +639,11 @@ fn blank_non_code(code: &str) -> String {
 /// `src/` and every `crates/*/src/`, less the file modules `#[cfg(test)]` declares and the
 /// store's contract suite (tests every adapter runs, compiled into the crate for its macro).
 fn shipped_sources() -> Vec<(String, String)> {
+    shipped_sources_as(false)
+}
+
+/// [`shipped_sources`], with the string literals kept when `keep_strings`.
+fn shipped_sources_as(keep_strings: bool) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut dirs = vec!["src".to_string()];
     for krate in ["core", "store", "server", "agent"] {
@@ -640,7 +668,7 @@ fn shipped_sources() -> Vec<(String, String)> {
             if test_only.iter().any(|t| file == *t || (t.ends_with('/') && file.starts_with(t.as_str()))) {
                 continue;
             }
-            out.push((format!("{dir}/{file}"), blank_non_code(&text)));
+            out.push((format!("{dir}/{file}"), blank_code(&text, keep_strings)));
         }
     }
     out
@@ -850,4 +878,63 @@ fn v6_the_changelogs_newest_release_is_the_declared_version_with_breaking_change
     if let Some(breaking) = release.iter().position(|l| *l == "### Breaking") {
         assert_eq!(breaking, 0, "{newest}: Breaking comes first, sections are {release:?}");
     }
+}
+
+// ---- R2/R3: no state or kind written out in a query; the store's filters come from the core ----
+
+/// Where `code` writes a model name into a SQL filter by hand (`state IN ('new'`, `kind = 'intent'`):
+/// `(line, the filter)`. A filter built from the core (`state IN ({})`, `kind = '{}'`) is not one.
+fn sql_name_literals(code: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for column in ["state", "kind"] {
+        for op in [" IN (", " = ", " != "] {
+            let prefix = format!("{column}{op}");
+            for (at, _) in code.match_indices(&prefix) {
+                let rest = &code[at + prefix.len()..];
+                if rest.starts_with('\'') && rest[1..].starts_with(|c: char| c.is_ascii_alphabetic()) {
+                    let line = code[..at].matches('\n').count() + 1;
+                    out.push((line, code[at..].chars().take(prefix.len() + 20).collect()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Migrations are history: applied once, replayed by the fixture stores (V5), never regenerated.
+fn without_migrations(code: &str) -> String {
+    let Some(at) = code.find("MIGRATIONS: &[") else { return code.to_string() };
+    let end = code[at..].find("\n];").map_or(code.len(), |e| at + e);
+    let cut: String = code[at..end].chars().map(|c| if c == '\n' { c } else { ' ' }).collect();
+    format!("{}{cut}{}", &code[..at], &code[end..])
+}
+
+#[test]
+fn r3_the_scanner_finds_a_state_written_into_a_query() {
+    let hand = "let q = \"SELECT * FROM mail WHERE state IN ('new', 'seen') AND kind = 'intent'\";";
+    let found = sql_name_literals(hand);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(sql_name_literals("format!(\"state IN ({}) AND kind = '{}'\", a, b)").is_empty());
+    let code = blank_code("const MIGRATIONS: &[&str] = &[\n    \"WHERE state = 'new'\",\n];\nfn f() {}", true);
+    assert!(sql_name_literals(&without_migrations(&code)).is_empty());
+    let tested = blank_code("#[cfg(test)]\nmod tests { const Q: &str = \"state = 'new'\"; }", true);
+    assert!(sql_name_literals(&tested).is_empty(), "tests may write names out");
+}
+
+#[test]
+fn r3_no_shipped_query_writes_a_state_or_kind_out() {
+    let mut found = Vec::new();
+    for (file, code) in shipped_sources_as(true) {
+        if file.ends_with("/schema.rs") || file.ends_with("/earlier.rs") {
+            continue;
+        }
+        for (line, filter) in sql_name_literals(&without_migrations(&code)) {
+            found.push(format!("{file}:{line}: {filter}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "queries that write a model name out instead of deriving it from the core \
+         (crates/store/src/predicates.rs, MailState::open_sql, …): {found:#?}"
+    );
 }

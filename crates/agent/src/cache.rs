@@ -8,7 +8,7 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, QueuedCall, merge_polled, validate_polled};
 use pcmail_core::api::StepRequest;
-use pcmail_core::mail::{Mail, Step, apply_step};
+use pcmail_core::mail::{Mail, MailKind, MailState, Step, apply_step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_core::present::{Limits, Tally};
 use pcmail_store::StoreError;
@@ -17,8 +17,6 @@ use pcmail_store::sqlite::{map_err, schema};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 pub const CACHE_FILE: &str = "cache.db";
-
-const OPEN_FILTER: &str = "state IN ('new', 'delivered', 'seen', 'expired') AND quarantine IS NULL";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -130,11 +128,25 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// The presentation group of a row (`present::group` for mail that is open and no intent),
-/// exactly as the `inbox_groups` index computes it, so that the index answers.
-const GROUP_OF_ROW: &str = "(CASE WHEN kind = 'decision' THEN 0 WHEN kind = 'work' OR urgent = 1 THEN 1 \
-     WHEN kind = 'answer' THEN 2 ELSE 3 END)";
-/// The rows the tally counts as open and the groups index holds.
-const OPEN_ROWS: &str = "kind != 'intent' AND quarantine IS NULL AND state IN ('new', 'delivered', 'seen')";
+/// exactly as the `inbox_groups` index (migration 4) computes it, so that the index answers;
+/// P5's test holds it to `present::group` after every change.
+fn group_of_row() -> String {
+    let (decision, work, answer) = (MailKind::Decision, MailKind::Work, MailKind::Answer);
+    format!(
+        "(CASE WHEN kind = '{decision}' THEN 0 WHEN kind = '{work}' OR urgent = 1 THEN 1 \
+         WHEN kind = '{answer}' THEN 2 ELSE 3 END)"
+    )
+}
+
+/// The rows the tally counts as open and the groups index holds: open mail, no intent.
+fn open_rows() -> String {
+    format!("kind != '{}' AND quarantine IS NULL AND state IN ({})", MailKind::Intent, MailState::open_sql())
+}
+
+/// Open intents.
+fn open_intents() -> String {
+    format!("kind = '{}' AND state IN ({})", MailKind::Intent, MailState::open_sql())
+}
 
 const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
 
@@ -268,14 +280,16 @@ impl Cache {
 
     /// Everything a hook may present or count: open mail and expired mail, not quarantined.
     pub fn open_mail(&self) -> Result<Vec<Mail>> {
-        self.select(OPEN_FILTER, [])
+        let shown = MailState::sql_in(|s| !s.is_terminal() || s == MailState::Expired);
+        self.select(&format!("state IN ({shown}) AND quarantine IS NULL"), [])
     }
 
     /// P5: of each presentation group, the newest open mails not shown in `session` and not
     /// expired, at most the group's cap — read from the groups index, never the whole inbox.
     pub fn group_heads(&self, session: &str, now: Ts, limits: Limits) -> Result<Vec<Mail>> {
+        let (group_of_row, open_rows) = (group_of_row(), open_rows());
         let filter = format!(
-            "{GROUP_OF_ROW} = ?1 AND {OPEN_ROWS} AND expires_at > ?2 \
+            "{group_of_row} = ?1 AND {open_rows} AND expires_at > ?2 \
              AND (presented_session IS NULL OR presented_session != ?3) ORDER BY created_at DESC, seq DESC LIMIT ?4"
         );
         let mut out = Vec::new();
@@ -299,13 +313,13 @@ impl Cache {
         let open = count("SELECT n FROM inbox_tally WHERE bucket = 'open'", &[])?;
         let expired = count("SELECT n FROM inbox_tally WHERE bucket = 'expired'", &[])?;
         let overdue =
-            count(&format!("SELECT count(*) FROM inbox WHERE {OPEN_ROWS} AND expires_at <= ?1"), &[&ms(now)])?;
+            count(&format!("SELECT count(*) FROM inbox WHERE {} AND expires_at <= ?1", open_rows()), &[&ms(now)])?;
         Ok(Tally { eligible: open.saturating_sub(overdue), expired: expired + overdue })
     }
 
     /// Open intents, oldest first.
     pub fn open_intents(&self) -> Result<Vec<Mail>> {
-        self.select("kind = 'intent' AND state IN ('new', 'delivered', 'seen') ORDER BY created_at", [])
+        self.select(&format!("{} ORDER BY created_at", open_intents()), [])
     }
 
     /// Mail never presented (nor quarantined) that arrived after `seq`: what a push may show.
@@ -315,11 +329,12 @@ impl Cache {
 
     /// Urgent decision requests still open that have not yet blocked a stop (H4).
     pub fn stop_candidates(&self, now: Ts) -> Result<Vec<Mail>> {
-        self.select(
-            "kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ('new', 'delivered', 'seen') \
-             AND expires_at > ?1",
-            [ms(now)],
-        )
+        let filter = format!(
+            "kind = '{}' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ({}) AND expires_at > ?1",
+            MailKind::Decision,
+            MailState::open_sql()
+        );
+        self.select(&filter, [ms(now)])
     }
 
     /// Stores a poll's answer in one transaction with the new cursor: a crash before the
@@ -505,7 +520,7 @@ impl Cache {
         let rows = stmt
             .query_map(args, |r| {
                 let (action, body): (String, String) = (r.get(1)?, r.get(3)?);
-                let action = QueuedCall::parse(&action).ok_or_else(|| {
+                let action = QueuedCall::from_name(&action).ok_or_else(|| {
                     let e = format!("unknown queued call {action:?}");
                     rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into())
                 })?;

@@ -5,37 +5,14 @@ use crate::Ts;
 use crate::ids::is_stored_id;
 use crate::mail::{MAX_BODY_BYTES, Mail};
 
-/// A server call the PC queues (A4): a step of one mail (target: its id) or an intent to
-/// record (target: its external key). Stored and sent by its wire name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QueuedCall {
-    Seen,
-    Ack,
-    Fail,
-    Intent,
-}
-
-impl QueuedCall {
-    pub const ALL: [QueuedCall; 4] = [Self::Seen, Self::Ack, Self::Fail, Self::Intent];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Seen => "seen",
-            Self::Ack => "ack",
-            Self::Fail => "fail",
-            Self::Intent => "intent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for QueuedCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+crate::wire_enum! {
+    /// A server call the PC queues (A4): a step of one mail (target: its id) or an intent to
+    /// record (target: its external key). Stored and sent by its wire name.
+    pub enum QueuedCall as "queued call" {
+        Seen = "seen",
+        Ack = "ack",
+        Fail = "fail",
+        Intent = "intent",
     }
 }
 
@@ -269,7 +246,7 @@ mod tests {
             assert_eq!(call_outcome(Fail, Err((Some(retried), ""))), CallOutcome::Unreachable, "{retried}");
         }
         assert_eq!(call_outcome(Seen, Err((None, "connection refused"))), CallOutcome::Unreachable);
-        assert!(QueuedCall::ALL.iter().all(|c| QueuedCall::parse(c.as_str()) == Some(*c)));
+        assert!(QueuedCall::ALL.iter().all(|c| QueuedCall::from_name(c.as_str()) == Some(*c)));
     }
 
     #[test]

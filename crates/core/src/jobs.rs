@@ -2,9 +2,6 @@
 //! retries with exponential backoff and jitter (J4), unique keys (J6). Pure: the store runs
 //! the claim as one statement; these decide what a failure, a rescue or an enqueue writes.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
@@ -13,60 +10,21 @@ use crate::duration::Dur;
 use crate::manifest::spec::WorkerPoolSpec;
 use crate::text::sanitize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Dead,
-    Cancelled,
+crate::wire_enum! {
+    pub enum JobState as "job state" {
+        Queued = "queued",
+        Running = "running",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Dead = "dead",
+        Cancelled = "cancelled",
+    }
 }
 
 impl JobState {
-    pub const ALL: [JobState; 6] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Dead,
-        JobState::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
     /// A job in one of these states holds its uniqueKey (J6).
     pub fn is_live(self) -> bool {
         matches!(self, JobState::Queued | JobState::Running | JobState::Failed)
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for JobState {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        JobState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            crate::names::UnknownName::new(
-                "job state",
-                s,
-                "; one of queued, running, succeeded, failed, dead, cancelled",
-            )
-        })
     }
 }
 

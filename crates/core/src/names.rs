@@ -1,6 +1,7 @@
-//! R4: the error of reading a name of the model — a mail state or kind, an alert kind or state,
-//! a job or ledger row state — that is none of its own. One type for every such enum's `FromStr`,
-//! so a caller can name what was wrong without a bare `String`.
+//! R2: the enums of the model — mail state and kind, alert kind and state, job and row state —
+//! each declared once with [`wire_enum!`], which derives its list, wire names, `Display`,
+//! `FromStr` and serde form from the one declaration; and R4's [`UnknownName`], the error of
+//! reading a name that is none of an enum's.
 
 /// `given` is not a name of `what`; `known` says which are (`; one of new, delivered, …`, or empty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -16,6 +17,107 @@ impl UnknownName {
     pub fn new(what: &'static str, given: &str, known: impl Into<String>) -> Self {
         UnknownName { what, given: given.to_string(), known: known.into() }
     }
+
+    /// `given` is none of `names`, which the message lists.
+    pub fn one_of(what: &'static str, given: &str, names: &[&str]) -> Self {
+        UnknownName::new(what, given, format!("; one of {}", names.join(", ")))
+    }
+}
+
+/// `'a', 'b'` — a SQL list of wire names for `IN (…)`, so a query's set of states is derived from
+/// the core's predicate rather than written out beside it (R3). The names are the enum's own
+/// literals, never input, so quoting them is safe.
+pub fn sql_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names.into_iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+}
+
+/// Declares a model enum once: each variant with its wire name. Derives `ALL` (every variant, in
+/// declaration order — the order lists and presentation use), `NAMES`, `as_str`, `Display`,
+/// `FromStr` (an [`UnknownName`] listing every name), `Serialize` and `Deserialize` by wire name.
+/// With `parse = path` the enum's own parser (accepting aliases) is used for `FromStr` and serde.
+#[macro_export]
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident as $what:literal $(, parse = $parse:path)? {
+            $( $(#[$vmeta:meta])* $variant:ident = $wire:literal ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        $vis enum $name {
+            $( $(#[$vmeta])* $variant ),+
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$($wire),+].len()] = [$($name::$variant),+];
+            /// Every wire name, in declaration order.
+            pub const NAMES: [&'static str; [$($wire),+].len()] = [$($wire),+];
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $wire ),+
+                }
+            }
+
+            /// The variant whose wire name is exactly `name`.
+            pub fn from_name(name: &str) -> Option<$name> {
+                match name {
+                    $( $wire => Some($name::$variant), )+
+                    _ => None,
+                }
+            }
+
+            /// The wire names of the variants `keep` holds, as a SQL `IN` list (R3: a query's set
+            /// of states derived from the core's predicate, never written out beside it).
+            pub fn sql_in(keep: impl Fn($name) -> bool) -> String {
+                $crate::names::sql_list($name::ALL.into_iter().filter(|v| keep(*v)).map($name::as_str))
+            }
+
+            #[allow(dead_code)]
+            fn parse_name(name: &str) -> Result<$name, $crate::names::UnknownName> {
+                $name::from_name(name)
+                    .ok_or_else(|| $crate::names::UnknownName::one_of($what, name, &$name::NAMES))
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::names::UnknownName;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $crate::wire_enum!(@parse $name, s $(, $parse)?)
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Names;
+                impl ::serde::de::Visitor<'_> for Names {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                        write!(f, "a {}: one of {}", $what, $name::NAMES.join(", "))
+                    }
+                    fn visit_str<E: ::serde::de::Error>(self, v: &str) -> Result<$name, E> {
+                        v.parse::<$name>().map_err(E::custom)
+                    }
+                }
+                d.deserialize_str(Names)
+            }
+        }
+    };
+    (@parse $name:ident, $s:ident) => { $name::parse_name($s) };
+    (@parse $name:ident, $s:ident, $parse:path) => { $parse($s) };
 }
 
 #[cfg(test)]
@@ -27,5 +129,36 @@ mod tests {
         let e = UnknownName::new("mail state", "sent", "; one of new, delivered");
         assert_eq!(e.to_string(), "unknown mail state \"sent\"; one of new, delivered");
         assert_eq!(UnknownName::new("alert kind", "x", "").to_string(), "unknown alert kind \"x\"");
+    }
+
+    crate::wire_enum! {
+        enum Tint as "tint" {
+            Red = "red",
+            /// Two words on the wire.
+            DeepBlue = "deep-blue",
+        }
+    }
+
+    #[test]
+    fn r2_one_declaration_gives_the_list_the_names_and_both_directions() {
+        assert_eq!(Tint::ALL, [Tint::Red, Tint::DeepBlue]);
+        assert_eq!(Tint::NAMES, ["red", "deep-blue"]);
+        for t in Tint::ALL {
+            assert_eq!(t.as_str().parse::<Tint>(), Ok(t));
+            assert_eq!(serde_json::to_string(&t).ok(), Some(format!("\"{t}\"")));
+            assert_eq!(serde_json::from_str::<Tint>(&format!("\"{t}\"")).ok(), Some(t));
+        }
+        let e = "green".parse::<Tint>().err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("unknown tint \"green\"; one of red, deep-blue"));
+        let e = serde_json::from_str::<Tint>("\"green\"").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("unknown tint \"green\"; one of red, deep-blue"), "{e}");
+        assert!(serde_json::from_str::<Tint>("3").is_err());
+    }
+
+    #[test]
+    fn r3_a_sql_list_quotes_each_name() {
+        assert_eq!(sql_list(["new", "seen"]), "'new', 'seen'");
+        assert_eq!(sql_list(Tint::ALL.iter().map(|t| t.as_str())), "'red', 'deep-blue'");
+        assert_eq!(Tint::sql_in(|t| t != Tint::Red), "'deep-blue'");
     }
 }

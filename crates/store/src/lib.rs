@@ -14,6 +14,7 @@ mod contract;
 pub mod health;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod predicates;
 pub mod private;
 #[cfg(feature = "sheets")]
 pub mod sheets;
@@ -190,12 +191,12 @@ pub struct Activity {
 }
 
 /// The activity query, alike in both SQL dialects but for its placeholders (`{since}`,
-/// `{step}`): mail and ledger moves from their trail, job ends from the jobs themselves.
+/// `{step}`, and `{finished}` for [`predicates::finished_jobs`]): mail and ledger moves from their trail, job ends from the jobs themselves.
 pub(crate) const ACTIVITY_SQL: &str = "SELECT CASE WHEN object LIKE 'mail/%' THEN 'mail:' ELSE 'ledger:' END || reason, \
     (at - {since}) / {step}, count(*) FROM events \
     WHERE at >= {since} AND (object LIKE 'mail/%' OR object LIKE 'ledger/%') GROUP BY 1, 2 \
     UNION ALL SELECT 'job:' || state, (finished_at - {since}) / {step}, count(*) FROM jobs \
-    WHERE finished_at >= {since} AND state IN ('succeeded', 'dead', 'cancelled') GROUP BY 1, 2";
+    WHERE finished_at >= {since} AND {finished} GROUP BY 1, 2";
 
 /// U5: what a search looks for and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

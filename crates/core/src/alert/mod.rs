@@ -5,8 +5,6 @@
 mod notify;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,48 +14,26 @@ use crate::mail::{Mail, MailKind, MailState};
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 pub use notify::{alertmanager_api_body, chat_text, webhook_body};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AlertKind {
-    /// Delivered but not seen within the unread SLA (2h urgent / 6h normal).
-    UnreadSla,
-    /// Still `new` after `undeliveredAfter`: the recipient's poller is not taking mail.
-    Undelivered,
-    /// A machine has not polled for `receiverDownAfter`.
-    ReceiverDown,
-    /// A one-shot notice that a decision, work or urgent mail arrived.
-    Arrival,
-    /// I4: an inbound chat message still unanswered after `escalateAfter`.
-    IntentUnanswered,
-    /// T4: one chat message recorded twice with different texts (one of them forged or garbled).
-    IntentConflict,
-    /// I9: a PC's chat poller and another poller of the same bot take each other's updates.
-    ChannelConflict,
+crate::wire_enum! {
+    pub enum AlertKind as "alert kind" {
+        /// Delivered but not seen within the unread SLA (2h urgent / 6h normal).
+        UnreadSla = "unread-sla",
+        /// Still `new` after `undeliveredAfter`: the recipient's poller is not taking mail.
+        Undelivered = "undelivered",
+        /// A machine has not polled for `receiverDownAfter`.
+        ReceiverDown = "receiver-down",
+        /// A one-shot notice that a decision, work or urgent mail arrived.
+        Arrival = "arrival",
+        /// I4: an inbound chat message still unanswered after `escalateAfter`.
+        IntentUnanswered = "intent-unanswered",
+        /// T4: one chat message recorded twice with different texts (one of them forged or garbled).
+        IntentConflict = "intent-conflict",
+        /// I9: a PC's chat poller and another poller of the same bot take each other's updates.
+        ChannelConflict = "channel-conflict",
+    }
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 7] = [
-        AlertKind::UnreadSla,
-        AlertKind::Undelivered,
-        AlertKind::ReceiverDown,
-        AlertKind::Arrival,
-        AlertKind::IntentUnanswered,
-        AlertKind::IntentConflict,
-        AlertKind::ChannelConflict,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlertKind::UnreadSla => "unread-sla",
-            AlertKind::Undelivered => "undelivered",
-            AlertKind::ReceiverDown => "receiver-down",
-            AlertKind::Arrival => "arrival",
-            AlertKind::IntentUnanswered => "intent-unanswered",
-            AlertKind::IntentConflict => "intent-conflict",
-            AlertKind::ChannelConflict => "channel-conflict",
-        }
-    }
-
     /// Whether the mail sweep owns this kind: fires it from the mail and polls it reads, and
     /// resolves it when they no longer say so. The others are raised and resolved where their
     /// cause is seen (a poller's report, a second recording, an arrival).
@@ -84,50 +60,12 @@ impl AlertKind {
     }
 }
 
-impl fmt::Display for AlertKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for AlertKind {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AlertKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| crate::names::UnknownName::new("alert kind", s, ""))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AlertState {
-    Firing,
-    Resolved,
-    /// Arrival notices: notified once, never resolved.
-    Notice,
-}
-
-impl AlertState {
-    pub const ALL: [AlertState; 3] = [AlertState::Firing, AlertState::Resolved, AlertState::Notice];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlertState::Firing => "firing",
-            AlertState::Resolved => "resolved",
-            AlertState::Notice => "notice",
-        }
-    }
-}
-
-impl FromStr for AlertState {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AlertState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            let known: Vec<&str> = AlertState::ALL.iter().map(|k| k.as_str()).collect();
-            crate::names::UnknownName::new("alert state", s, format!("; known states: {}", known.join(", ")))
-        })
+crate::wire_enum! {
+    pub enum AlertState as "alert state" {
+        Firing = "firing",
+        Resolved = "resolved",
+        /// Arrival notices: notified once, never resolved.
+        Notice = "notice",
     }
 }
 

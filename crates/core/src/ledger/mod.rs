@@ -10,9 +10,6 @@ mod run;
 pub mod source;
 mod view;
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use unicode_normalization::UnicodeNormalization;
 
@@ -26,33 +23,19 @@ pub use view::{
     PurgePlan, ViewLine, ViewMark, ViewProject, is_overdue, plan_purge, render_view, sync_order, view_lines,
 };
 
-/// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RowState {
-    Todo,
-    Running,
-    Review,
-    Done,
-    Dropped,
-    NeedsHuman,
+crate::wire_enum! {
+    /// L2: a row's state; the Japanese labels of the seed's sheet are accepted everywhere.
+    pub enum RowState as "ledger state", parse = RowState::parse_label {
+        Todo = "todo",
+        Running = "running",
+        Review = "review",
+        Done = "done",
+        Dropped = "dropped",
+        NeedsHuman = "needs-human",
+    }
 }
 
 impl RowState {
-    pub const ALL: [RowState; 6] =
-        [RowState::Todo, RowState::Running, RowState::Review, RowState::Done, RowState::Dropped, RowState::NeedsHuman];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RowState::Todo => "todo",
-            RowState::Running => "running",
-            RowState::Review => "review",
-            RowState::Done => "done",
-            RowState::Dropped => "dropped",
-            RowState::NeedsHuman => "needs-human",
-        }
-    }
-
     pub fn ja(self) -> &'static str {
         match self {
             RowState::Todo => "未着手",
@@ -68,23 +51,16 @@ impl RowState {
     pub fn is_closed(self) -> bool {
         matches!(self, RowState::Done | RowState::Dropped | RowState::NeedsHuman)
     }
-}
 
-impl fmt::Display for RowState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RowState {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    /// A wire name or the seed's Japanese label (with or without its `(要確認)`).
+    fn parse_label(s: &str) -> Result<RowState, crate::names::UnknownName> {
         let s = s.trim();
         RowState::ALL
             .into_iter()
             .find(|k| k.as_str() == s || k.ja() == s || (*k == RowState::Review && s == "AI実行済"))
             .ok_or_else(|| {
-                crate::names::UnknownName::new("ledger state", s, "; one of todo (未着手), running (実行中), review (AI実行済(要確認)), done (完了), dropped (不要), needs-human (要人手)")
+                let known: Vec<String> = RowState::ALL.iter().map(|k| format!("{k} ({})", k.ja())).collect();
+                crate::names::UnknownName::new("ledger state", s, format!("; one of {}", known.join(", ")))
             })
     }
 }

@@ -6,9 +6,6 @@ mod send;
 mod state;
 mod sweep;
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
@@ -96,21 +93,18 @@ impl Mail {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MailState {
-    New,
-    Delivered,
-    Seen,
-    Done,
-    Failed,
-    Expired,
+crate::wire_enum! {
+    pub enum MailState as "mail state" {
+        New = "new",
+        Delivered = "delivered",
+        Seen = "seen",
+        Done = "done",
+        Failed = "failed",
+        Expired = "expired",
+    }
 }
 
 impl MailState {
-    pub const ALL: [MailState; 6] =
-        [MailState::New, MailState::Delivered, MailState::Seen, MailState::Done, MailState::Failed, MailState::Expired];
-
     /// M1's forward-only order; the three terminal states share the last rank.
     pub fn rank(self) -> u8 {
         match self {
@@ -125,73 +119,35 @@ impl MailState {
         self.rank() == 3
     }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MailState::New => "new",
-            MailState::Delivered => "delivered",
-            MailState::Seen => "seen",
-            MailState::Done => "done",
-            MailState::Failed => "failed",
-            MailState::Expired => "expired",
-        }
+    /// The states still waiting on their recipient, as a SQL `IN` list: the store's and the PC
+    /// cache's "open mail" predicates (R3).
+    pub fn open_sql() -> String {
+        MailState::sql_in(|s| !s.is_terminal())
+    }
+
+    /// The terminal states, as a SQL `IN` list (retention's closed mail).
+    pub fn closed_sql() -> String {
+        MailState::sql_in(MailState::is_terminal)
     }
 }
 
-impl fmt::Display for MailState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::wire_enum! {
+    #[derive(Default)]
+    pub enum MailKind as "mail kind" {
+        #[default]
+        Note = "note",
+        Request = "request",
+        Decision = "decision",
+        Work = "work",
+        Answer = "answer",
+        Intent = "intent",
     }
-}
-
-impl FromStr for MailState {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        MailState::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            crate::names::UnknownName::new("mail state", s, "; one of new, delivered, seen, done, failed, expired")
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MailKind {
-    #[default]
-    Note,
-    Request,
-    Decision,
-    Work,
-    Answer,
-    Intent,
 }
 
 impl MailKind {
-    pub const ALL: [MailKind; 6] =
-        [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work, MailKind::Answer, MailKind::Intent];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MailKind::Note => "note",
-            MailKind::Request => "request",
-            MailKind::Decision => "decision",
-            MailKind::Work => "work",
-            MailKind::Answer => "answer",
-            MailKind::Intent => "intent",
-        }
-    }
-}
-
-impl fmt::Display for MailKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MailKind {
-    type Err = crate::names::UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        MailKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
-            crate::names::UnknownName::new("mail kind", s, "; one of note, request, decision, work, answer, intent")
-        })
+    /// Whether a send may carry this kind: intents are recorded from a chat, never sent (I-rules).
+    pub fn can_be_sent(self) -> bool {
+        self != MailKind::Intent
     }
 }
 

@@ -51,7 +51,7 @@ impl Validate for SendRequest {
             return Err(Invalid::new("body", format!("body is {n} bytes, more than the limit of {MAX_BODY_BYTES}")));
         }
         opt(&self.ttl, |d| Ok(bounds::duration("ttl", *d, Dur::default(), bounds::MAX_TTL).map(drop)?))?;
-        if self.kind == Some(MailKind::Intent) {
+        if self.kind.is_some_and(|k| !k.can_be_sent()) {
             let m = "kind intent is recorded with `intent record` (POST /api/v1/intents), not sent";
             return Err(Invalid::new("kind", m));
         }

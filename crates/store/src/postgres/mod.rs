@@ -15,12 +15,12 @@ mod schema;
 use std::sync::Arc;
 
 use pcmail_core::Ts;
-use pcmail_core::alert::Alert;
+use pcmail_core::alert::{Alert, AlertState};
 use pcmail_core::api::Event;
-use pcmail_core::jobs::Job;
+use pcmail_core::jobs::{Job, JobState};
 use pcmail_core::lease::Lease;
 use pcmail_core::ledger::Row as LedgerRow;
-use pcmail_core::mail::Mail;
+use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::{broadcast, mpsc};
 
@@ -29,6 +29,7 @@ use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, Value, from_ms, json, ms,
 };
+use crate::predicates;
 use crate::transfer;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery,
@@ -85,18 +86,20 @@ async fn select_mail(c: &mut Conn, select: &MailSelect) -> Result<Vec<Mail>> {
         |filter: &str, order: &str| format!("SELECT {MAIL_COLUMNS} FROM mail WHERE {filter} ORDER BY {order} LIMIT $2");
     let (sql, t, limit) = match select {
         MailSelect::Expiring { now, limit } => {
-            (by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= $1", "expires_at"), *now, *limit)
+            (by_time(&format!("{} AND expires_at <= $1", predicates::open_mail()), "expires_at"), *now, *limit)
         }
         MailSelect::Undelivered { created_before, limit } => {
-            (by_time("state = 'new' AND created_at <= $1", "created_at"), *created_before, *limit)
+            let filter = format!("{} AND created_at <= $1", predicates::state_is(MailState::New));
+            (by_time(&filter, "created_at"), *created_before, *limit)
         }
         MailSelect::OpenIntents { created_before, limit } => (
-            by_time("kind = 'intent' AND state IN ('new', 'delivered', 'seen') AND created_at <= $1", "created_at"),
+            by_time(&format!("{} AND created_at <= $1", predicates::open_intents()), "created_at"),
             *created_before,
             *limit,
         ),
         MailSelect::Unread { delivered_before, limit } => {
-            (by_time("state = 'delivered' AND delivered_at <= $1", "delivered_at"), *delivered_before, *limit)
+            let filter = format!("{} AND delivered_at <= $1", predicates::state_is(MailState::Delivered));
+            (by_time(&filter, "delivered_at"), *delivered_before, *limit)
         }
         MailSelect::Ids(ids) => {
             let sql = format!("SELECT {MAIL_COLUMNS} FROM mail WHERE id = ANY($1)");
@@ -221,7 +224,7 @@ async fn select_ledger(c: &mut Conn, project: &str, select: &LedgerSelect) -> Re
     match select {
         LedgerSelect::All => c.decode(&format!("{base} ORDER BY seq"), &[&project], codec::ledger_row).await,
         LedgerSelect::Open => {
-            let sql = format!("{base} AND state IN ('todo', 'running', 'review') ORDER BY seq");
+            let sql = format!("{base} AND {} ORDER BY seq", predicates::open_rows());
             c.decode(&sql, &[&project], codec::ledger_row).await
         }
         LedgerSelect::RunRequested { limit } => {
@@ -292,8 +295,9 @@ async fn select_jobs(c: &mut Conn, select: &JobSelect) -> Result<Vec<Job>> {
         }
         JobSelect::ExpiredLeases { now, limit } => {
             let sql = format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
-                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE {} AND lease_expires_at <= $1 \
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                predicates::state_is(JobState::Running)
             );
             c.decode(&sql, &[&ms(*now), &(*limit as i64)], codec::job).await
         }
@@ -501,7 +505,10 @@ impl Store for PgStore {
     }
 
     async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
-        let sql = crate::ACTIVITY_SQL.replace("{since}", "$1::bigint").replace("{step}", "$2::bigint");
+        let sql = crate::ACTIVITY_SQL
+            .replace("{since}", "$1::bigint")
+            .replace("{step}", "$2::bigint")
+            .replace("{finished}", &crate::predicates::finished_jobs());
         let (since, step) = (ms(since), step.num_milliseconds().max(1));
         let rows = self.conn().await?.query(&sql, &[&since, &step]).await?;
         rows.iter()
@@ -550,12 +557,14 @@ impl Store for PgStore {
         // MATERIALIZED: the LIMIT and SKIP LOCKED are applied once, before the update, rather
         // than re-evaluated per joined row. Answered in claim order.
         let sql = format!(
-            "WITH picked AS MATERIALIZED (SELECT seq FROM jobs WHERE state = 'queued' AND queue = $5 AND run_after <= $4 \
+            "WITH picked AS MATERIALIZED (SELECT seq FROM jobs WHERE state = '{queued}' AND queue = $5 AND run_after <= $4 \
              ORDER BY priority DESC, run_after, seq LIMIT $6 FOR UPDATE SKIP LOCKED), \
-             claimed AS (UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = $1, \
+             claimed AS (UPDATE jobs SET state = '{running}', attempts = attempts + 1, lease_owner = $1, \
              lease_token = $2 || id, lease_expires_at = $3, heartbeat_at = $4 FROM picked WHERE jobs.seq = picked.seq \
              RETURNING jobs.seq AS claim_seq, {JOB_COLUMNS}) \
-             SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_after, claim_seq"
+             SELECT {JOB_COLUMNS} FROM claimed ORDER BY priority DESC, run_after, claim_seq",
+            running = JobState::Running,
+            queued = JobState::Queued,
         );
         self.conn()
             .await?
@@ -658,21 +667,20 @@ impl Store for PgStore {
                 Prune::ClosedMail { before } => {
                     // Mail writes are serialized (the seq order a cursor relies on); this one too.
                     c.execute(MAIL_LOCK, &[]).await?;
-                    c.execute(
-                        "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE state IN ('done', 'failed', 'expired') \
+                    let sql = format!(
+                        "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE {} \
                          AND coalesce(done_at, expires_at) < $1 ORDER BY coalesce(done_at, expires_at) LIMIT $2)",
-                        &[&ms(*before), &limit],
-                    )
-                    .await?
+                        predicates::closed_mail()
+                    );
+                    c.execute(&sql, &[&ms(*before), &limit]).await?
                 }
                 Prune::FinishedJobs { queue, before } => {
-                    c.execute(
+                    let sql = format!(
                         "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE ($1::text IS NULL OR queue = $1) \
-                         AND state IN ('succeeded', 'dead', 'cancelled') AND finished_at < $2 ORDER BY finished_at \
-                         LIMIT $3 FOR UPDATE SKIP LOCKED)",
-                        &[queue, &ms(*before), &limit],
-                    )
-                    .await?
+                         AND {} AND finished_at < $2 ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                        predicates::finished_jobs()
+                    );
+                    c.execute(&sql, &[queue, &ms(*before), &limit]).await?
                 }
                 Prune::Events { before } => {
                     c.execute(
@@ -682,12 +690,12 @@ impl Store for PgStore {
                     .await?
                 }
                 Prune::SettledAlerts { before } => {
-                    c.execute(
-                        "DELETE FROM alerts WHERE ctid IN (SELECT ctid FROM alerts WHERE state IN ('resolved', 'notice') \
+                    let sql = format!(
+                        "DELETE FROM alerts WHERE ctid IN (SELECT ctid FROM alerts WHERE {} \
                          AND notified = state AND updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                        &[&ms(*before), &limit],
-                    )
-                    .await?
+                        predicates::settled_alerts()
+                    );
+                    c.execute(&sql, &[&ms(*before), &limit]).await?
                 }
             };
             Ok(n as usize)
@@ -747,7 +755,7 @@ impl Store for PgStore {
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
-        self.alerts("state = 'firing'", "kind, subject", i64::MAX).await
+        self.alerts(&predicates::state_is(AlertState::Firing), "kind, subject", i64::MAX).await
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {

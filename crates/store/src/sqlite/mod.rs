@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pcmail_core::Ts;
-use pcmail_core::alert::Alert;
+use pcmail_core::alert::{Alert, AlertState};
 use pcmail_core::api::Event;
-use pcmail_core::mail::Mail;
+use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::mpsc;
@@ -23,12 +23,13 @@ use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, from_ms, json, ms,
 };
+use crate::predicates;
 use crate::transfer;
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
     MailWrites, Prune, Result, SpecWrites, Store, StoreError,
 };
-use pcmail_core::jobs::{Job, LeaseSeen, expired_by_sight};
+use pcmail_core::jobs::{Job, JobState, LeaseSeen, expired_by_sight};
 use pcmail_core::lease::{Lease, Sighting, as_seen};
 use pcmail_core::ledger::Row as LedgerRow;
 use rows::collect;
@@ -222,21 +223,23 @@ fn select_mail(conn: &Connection, select: &MailSelect) -> Result<Vec<Mail>> {
     };
     match select {
         MailSelect::Expiring { now, limit } => {
-            by_time("state IN ('new', 'delivered', 'seen') AND expires_at <= ?1", "expires_at", *now, *limit)?;
+            by_time(&format!("{} AND expires_at <= ?1", predicates::open_mail()), "expires_at", *now, *limit)?;
         }
         MailSelect::Undelivered { created_before, limit } => {
-            by_time("state = 'new' AND created_at <= ?1", "created_at", *created_before, *limit)?;
+            let filter = format!("{} AND created_at <= ?1", predicates::state_is(MailState::New));
+            by_time(&filter, "created_at", *created_before, *limit)?;
         }
         MailSelect::OpenIntents { created_before, limit } => {
             by_time(
-                "kind = 'intent' AND state IN ('new', 'delivered', 'seen') AND created_at <= ?1",
+                &format!("{} AND created_at <= ?1", predicates::open_intents()),
                 "created_at",
                 *created_before,
                 *limit,
             )?;
         }
         MailSelect::Unread { delivered_before, limit } => {
-            by_time("state = 'delivered' AND delivered_at <= ?1", "delivered_at", *delivered_before, *limit)?;
+            let filter = format!("{} AND delivered_at <= ?1", predicates::state_is(MailState::Delivered));
+            by_time(&filter, "delivered_at", *delivered_before, *limit)?;
         }
         MailSelect::Ids(ids) => {
             let mut stmt =
@@ -312,9 +315,7 @@ fn select_ledger(conn: &Connection, project: &str, select: &LedgerSelect) -> Res
     };
     match select {
         LedgerSelect::All => collect(&format!("{base} ORDER BY seq"), &[&project]),
-        LedgerSelect::Open => {
-            collect(&format!("{base} AND state IN ('todo', 'running', 'review') ORDER BY seq"), &[&project])
-        }
+        LedgerSelect::Open => collect(&format!("{base} AND {} ORDER BY seq", predicates::open_rows()), &[&project]),
         LedgerSelect::RunRequested { limit } => {
             collect(&format!("{base} AND run_requested = 1 ORDER BY seq LIMIT ?2"), &[&project, &(*limit as i64)])
         }
@@ -380,7 +381,8 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
         }
         JobSelect::ExpiredLeases { now, limit } => collect(
             &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
+                "SELECT {JOB_COLUMNS} FROM jobs WHERE {} AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2",
+                predicates::state_is(JobState::Running)
             ),
             &[&ms(*now), &(*limit as i64)],
         ),
@@ -694,7 +696,10 @@ impl Store for SqliteStore {
 
     async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
         self.read(move |conn| {
-            let sql = crate::ACTIVITY_SQL.replace("{since}", "?1").replace("{step}", "?2");
+            let sql = crate::ACTIVITY_SQL
+                .replace("{since}", "?1")
+                .replace("{step}", "?2")
+                .replace("{finished}", &crate::predicates::finished_jobs());
             let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
             let step = step.num_milliseconds().max(1);
             let rows = stmt
@@ -760,9 +765,10 @@ impl Store for SqliteStore {
         let (queue, now) = (claim.queue.clone(), ms(claim.now));
         let due = self
             .read(move |conn| {
-                conn.prepare_cached(
-                    "SELECT 1 FROM jobs WHERE state = 'queued' AND queue = ?1 AND run_after <= ?2 LIMIT 1",
-                )
+                conn.prepare_cached(&format!(
+                    "SELECT 1 FROM jobs WHERE {} AND queue = ?1 AND run_after <= ?2 LIMIT 1",
+                    predicates::state_is(JobState::Queued)
+                ))
                 .map_err(map_err)?
                 .exists(params![queue, now])
                 .map_err(map_err)
@@ -776,10 +782,12 @@ impl Store for SqliteStore {
             let jobs = {
                 let mut stmt = tx
                     .prepare_cached(&format!(
-                        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_owner = ?1, \
+                        "UPDATE jobs SET state = '{running}', attempts = attempts + 1, lease_owner = ?1, \
                          lease_token = ?2 || id, lease_expires_at = ?3, heartbeat_at = ?4 \
-                         WHERE seq IN (SELECT seq FROM jobs WHERE state = 'queued' AND queue = ?5 AND run_after <= ?4 \
-                         ORDER BY priority DESC, run_after, seq LIMIT ?6) RETURNING {JOB_COLUMNS}"
+                         WHERE seq IN (SELECT seq FROM jobs WHERE state = '{queued}' AND queue = ?5 AND run_after <= ?4 \
+                         ORDER BY priority DESC, run_after, seq LIMIT ?6) RETURNING {JOB_COLUMNS}",
+                        running = JobState::Running,
+                        queued = JobState::Queued,
                     ))
                     .map_err(map_err)?;
                 let args = params![
@@ -815,7 +823,8 @@ impl Store for SqliteStore {
                     let running = collect(
                         &mut tx
                             .prepare_cached(&format!(
-                                "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'running' ORDER BY lease_expires_at"
+                                "SELECT {JOB_COLUMNS} FROM jobs WHERE {} ORDER BY lease_expires_at",
+                                predicates::state_is(JobState::Running)
                             ))
                             .map_err(map_err)?,
                         [],
@@ -914,34 +923,47 @@ impl Store for SqliteStore {
     async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
         self.write(move |conn| {
             let limit = limit as i64;
-            let (sql, args): (&str, Vec<rusqlite::types::Value>) = match what {
+            let (sql, args): (String, Vec<rusqlite::types::Value>) = match what {
                 Prune::ClosedMail { before } => (
-                    "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE state IN ('done', 'failed', 'expired') \
-                     AND coalesce(done_at, expires_at) < ?1 ORDER BY coalesce(done_at, expires_at) LIMIT ?2)",
+                    format!(
+                        "DELETE FROM mail WHERE seq IN (SELECT seq FROM mail WHERE {} \
+                         AND coalesce(done_at, expires_at) < ?1 ORDER BY coalesce(done_at, expires_at) LIMIT ?2)",
+                        predicates::closed_mail()
+                    ),
                     vec![ms(before).into(), limit.into()],
                 ),
                 Prune::FinishedJobs { queue: Some(queue), before } => (
-                    "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE queue = ?1 \
-                     AND state IN ('succeeded', 'dead', 'cancelled') AND finished_at < ?2 ORDER BY finished_at LIMIT ?3)",
+                    format!(
+                        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE queue = ?1 \
+                         AND {} AND finished_at < ?2 ORDER BY finished_at LIMIT ?3)",
+                        predicates::finished_jobs()
+                    ),
                     vec![queue.into(), ms(before).into(), limit.into()],
                 ),
                 Prune::FinishedJobs { queue: None, before } => (
-                    "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE state IN ('succeeded', 'dead', 'cancelled') \
-                     AND finished_at < ?1 ORDER BY finished_at LIMIT ?2)",
+                    format!(
+                        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE {} \
+                         AND finished_at < ?1 ORDER BY finished_at LIMIT ?2)",
+                        predicates::finished_jobs()
+                    ),
                     vec![ms(before).into(), limit.into()],
                 ),
                 Prune::Events { before } => (
-                    "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                    "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)".into(),
                     vec![ms(before).into(), limit.into()],
                 ),
                 Prune::SettledAlerts { before } => (
-                    "DELETE FROM alerts WHERE rowid IN (SELECT rowid FROM alerts WHERE state IN ('resolved', 'notice') \
-                     AND notified = state AND updated_at < ?1 LIMIT ?2)",
+                    format!(
+                        "DELETE FROM alerts WHERE rowid IN (SELECT rowid FROM alerts WHERE {} \
+                         AND notified = state AND updated_at < ?1 LIMIT ?2)",
+                        predicates::settled_alerts()
+                    ),
                     vec![ms(before).into(), limit.into()],
                 ),
             };
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
-            let n = tx.prepare_cached(sql).map_err(map_err)?.execute(rusqlite::params_from_iter(args)).map_err(map_err)?;
+            let n =
+                tx.prepare_cached(&sql).map_err(map_err)?.execute(rusqlite::params_from_iter(args)).map_err(map_err)?;
             tx.commit().map_err(map_err)?;
             Ok(n)
         })
@@ -1002,7 +1024,7 @@ impl Store for SqliteStore {
     }
 
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
-        self.alerts("state = 'firing'", "kind, subject", usize::MAX >> 1).await
+        self.alerts(&predicates::state_is(AlertState::Firing), "kind, subject", usize::MAX >> 1).await
     }
 
     async fn alerts_to_notify(&self, limit: usize) -> Result<Vec<Alert>> {
@@ -1096,8 +1118,9 @@ impl SqliteStore {
         .await
     }
 
-    async fn alerts(&self, filter: &'static str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
-        self.read(move |conn| query_alerts(conn, filter, order, limit)).await
+    async fn alerts(&self, filter: &str, order: &'static str, limit: usize) -> Result<Vec<Alert>> {
+        let filter = filter.to_string();
+        self.read(move |conn| query_alerts(conn, &filter, order, limit)).await
     }
 }
 
