@@ -187,7 +187,7 @@ impl Browser {
         let path = dir.join(format!("{name}.png"));
         std::fs::write(&path, &bytes).expect("screenshot");
         // `PCMAIL_PUBLISH_SCREENSHOTS=1` also writes the ones the README shows.
-        let shown = ["overview", "search", "phone-overview", "phone-ledger", "phone-jobs", "phone-login"];
+        let shown = ["overview", "search", "phone-overview", "phone-ledger", "phone-jobs"];
         if std::env::var_os("PCMAIL_PUBLISH_SCREENSHOTS").is_some() && shown.contains(&name) {
             let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
             std::fs::create_dir_all(&docs).expect("docs");

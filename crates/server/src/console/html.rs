@@ -113,13 +113,13 @@ pub const LIVE_JS: &str = include_str!("live.js");
 pub const CSS: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222;line-height:1.4}\
 nav{background:#1f3a5f;padding:.5em 1em;display:flex;flex-wrap:wrap;align-items:center;gap:.4em 1em}\
 nav a{color:#fff;padding:.2em 0}nav form.inline{display:inline;margin:0}nav form.search{margin-left:auto}\
-main{padding:1em}h1{font-size:1.6em;margin:.3em 0}h1,h2,td,p,pre,figcaption{overflow-wrap:anywhere}table:not(.cards) th{white-space:nowrap}\
+main{padding:1em}h1{font-size:1.6em;margin:.3em 0}h1,h2,td,p,pre,figcaption{overflow-wrap:anywhere}table:not(.cards) th{word-break:keep-all}table:not(.cards) td:first-child{overflow-wrap:break-word;word-break:keep-all}\
 div.table{overflow-x:auto;max-width:100%}\
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}\
 .review{background:#fff6d6}.overdue{color:#b00020;font-weight:bold}.error{color:#b00020}pre{white-space:pre-wrap;margin:0}\
 label{display:block;margin:.5em 0}textarea{width:100%;min-height:5em;box-sizing:border-box}label.inline,form.inline{display:inline;margin-right:1em}\
 button,select,input,textarea{font:inherit}button,select{min-height:2.2em}\
-#filter{display:flex;flex-wrap:wrap;align-items:center;gap:.4em 1em}#filter label.inline{margin:0}.pager a{margin-right:1em}.columns{display:flex;gap:2em;flex-wrap:wrap}.columns section{flex:1;min-width:14em}\
+#filter{display:flex;flex-wrap:wrap;align-items:center;gap:.4em 1em}#filter label.inline{margin:0}.pager a{margin-right:1em}.columns{display:flex;gap:2em;flex-wrap:wrap}.columns section{flex:1;min-width:14em}.columns section.wide{flex:2 1 20em}\
 nav input[type=search]{width:16em;max-width:100%;box-sizing:border-box}#search-text{max-width:100%;box-sizing:border-box}\
 figure.chart{margin:1em 0}figure.chart svg{width:100%;max-width:600px;height:auto;border:1px solid #eee}\
 .visually-hidden{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}\
