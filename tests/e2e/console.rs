@@ -1,6 +1,7 @@
 //! The web console in a real browser: Debian's headless chromium driven over WebDriver
 //! (chromedriver), through login, a ledger correction with a re-run, and every page, each
-//! saved as a screenshot under `target/console-screenshots/` for review.
+//! saved as a screenshot under `target/console-screenshots/` for review; and (X6) every page
+//! again on a phone's 390×844 screen, checked for sideways scroll and by axe-core.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
