@@ -1,6 +1,7 @@
 //! The web console in a real browser: Debian's headless chromium driven over WebDriver
 //! (chromedriver), through login, a ledger correction with a re-run, and every page, each
-//! saved as a screenshot under `target/console-screenshots/` for review.
+//! saved as a screenshot under `target/console-screenshots/` for review; and (X6) every page
+//! again on a phone's 390×844 screen, checked for sideways scroll and by axe-core.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,6 +15,8 @@ use crate::harness::*;
 use crate::ledger::{push, runs_of, setup_with};
 
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// X6: a phone's screen in CSS px (an iPhone 12–15's).
+const PHONE: (u32, u32) = (390, 844);
 
 /// A chromedriver process and one headless chromium session, in Japanese.
 struct Browser {
@@ -25,6 +28,21 @@ struct Browser {
 
 impl Browser {
     fn start() -> Browser {
+        Browser::start_as(json!({"args": ["--window-size=1280,900"]}))
+    }
+
+    /// X6: a phone's screen — chromium's mobile emulation at 390×844 CSS px (so the page's
+    /// viewport meta tag decides its layout width, as on a phone), in Japanese.
+    fn phone() -> Browser {
+        let browser = Browser::start_as(json!({"mobileEmulation": {"deviceMetrics": {
+            "width": PHONE.0, "height": PHONE.1, "pixelRatio": 1.0, "touch": true, "mobile": true
+        }}}));
+        browser.call(reqwest::Method::POST, "/timeouts", Some(json!({"script": 120_000})));
+        browser
+    }
+
+    /// One session; `options` adds its window or emulation to the chromium options.
+    fn start_as(options: Value) -> Browser {
         let port = free_port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
@@ -34,11 +52,19 @@ impl Browser {
             .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
-        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"],
-            "prefs": {"intl.accept_languages": "ja,en"}
-        }}}});
+        let mut args = vec![
+            json!("--headless=new"),
+            json!("--no-sandbox"),
+            json!("--disable-gpu"),
+            json!("--disable-dev-shm-usage"),
+        ];
+        args.extend(options["args"].as_array().cloned().unwrap_or_default());
+        let mut chrome =
+            json!({"binary": "/usr/bin/chromium", "args": args, "prefs": {"intl.accept_languages": "ja,en"}});
+        if !options["mobileEmulation"].is_null() {
+            chrome["mobileEmulation"] = options["mobileEmulation"].clone();
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": chrome}}});
         let created: Value = eventually(60, "chromedriver and chromium to start", || {
             http.post(format!("{base}/session")).json(&caps).send().ok()?.json().ok()
         });
@@ -98,6 +124,44 @@ impl Browser {
         self.call(reqwest::Method::POST, "/execute/sync", Some(json!({"script": js, "args": []})))
     }
 
+    /// Runs `js` in the page with a callback as its last argument and answers what it passes.
+    fn script_async(&self, js: &str) -> Value {
+        self.call(reqwest::Method::POST, "/execute/async", Some(json!({"script": js, "args": []})))
+    }
+
+    /// X6: where the page is wider than the screen — the layout width the viewport meta tag gave
+    /// (a phone's 390 px, not a desktop's 980), the page's scroll width, and each element that
+    /// sticks out of the screen (its tag, id, class and right edge) unless a box of its own scrolls.
+    fn overflow(&self) -> (u64, u64, Vec<String>) {
+        let v = self.script(
+            "const w = window.innerWidth;
+             const scrolls = e => { for (let p = e.parentElement; p; p = p.parentElement) {
+               if (getComputedStyle(p).overflowX === 'auto' || getComputedStyle(p).overflowX === 'scroll') return true; } return false; };
+             const out = Array.from(document.body.querySelectorAll('*'))
+               .filter(e => e.getBoundingClientRect().right > w + 0.5 && !scrolls(e))
+               .slice(0, 10).map(e => e.tagName + '#' + e.id + '.' + e.className + ' right=' + Math.round(e.getBoundingClientRect().right));
+             return [w, document.documentElement.scrollWidth, out];",
+        );
+        let n = |i: usize| v[i].as_u64().unwrap_or(u64::MAX);
+        let wide = v[2].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(String::from)).collect();
+        (n(0), n(1), wide)
+    }
+
+    /// X6: axe-core's violations of impact serious or critical on the page, one line each with
+    /// its rule id, impact, help and the nodes it names (axe injected first, from `axe`).
+    fn axe_violations(&self, axe: &str) -> Vec<String> {
+        self.script(&format!("{axe}\n;return typeof axe;"));
+        let found = self.script_async(
+            "const done = arguments[arguments.length - 1];
+             axe.run(document, {resultTypes: ['violations']})
+               .then(r => done(r.violations.filter(v => v.impact === 'serious' || v.impact === 'critical')
+                 .map(v => v.id + ' (' + v.impact + '): ' + v.help + ' — ' +
+                   v.nodes.map(n => n.target.join(' ') + ' [' + (n.failureSummary || '').replace(/\\s+/g, ' ') + ']').join('; '))))
+               .catch(e => done(['axe.run failed: ' + e]));",
+        );
+        found.as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect()
+    }
+
     /// The text of every element `css` selects, in page order.
     fn texts(&self, css: &str) -> Vec<String> {
         let js = format!("return Array.from(document.querySelectorAll({css:?})).map(e => e.textContent);");
@@ -124,7 +188,8 @@ impl Browser {
         let path = dir.join(format!("{name}.png"));
         std::fs::write(&path, &bytes).expect("screenshot");
         // `PCMAIL_PUBLISH_SCREENSHOTS=1` also writes the ones the README shows.
-        if std::env::var_os("PCMAIL_PUBLISH_SCREENSHOTS").is_some() && ["overview", "search"].contains(&name) {
+        let shown = ["overview", "search", "phone-overview", "phone-ledger", "phone-jobs"];
+        if std::env::var_os("PCMAIL_PUBLISH_SCREENSHOTS").is_some() && shown.contains(&name) {
             let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
             std::fs::create_dir_all(&docs).expect("docs");
             std::fs::write(docs.join(format!("console-{name}.png")), &bytes).expect("published screenshot");
@@ -455,4 +520,100 @@ fn u3_u5_console_pages_filters_and_retries_jobs_and_a_running_rows_page_updates_
     browser.go(&format!("{}/ui/ledger?state=review", s.url));
     assert_eq!(browser.texts(".row-id"), ["T-0002"], "the row waiting for review");
     assert_eq!(browser.text("#page-info"), "1 件 · 1–1");
+}
+
+/// X6: axe-core's script, installed by `scripts/test` (npm, pinned) where `PCMAIL_AXE` says or
+/// under `target/axe-core/`. Missing is a failure naming the fix, never a skip.
+fn axe_source() -> String {
+    let path = std::env::var_os("PCMAIL_AXE").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/axe-core/node_modules/axe-core/axe.min.js")
+    });
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "axe-core is not at {} ({e}): scripts/test installs it (npm install --prefix target/axe-core axe-core@VERSION, \
+             the version pinned there), or point PCMAIL_AXE at an axe.min.js",
+            path.display()
+        )
+    })
+}
+
+/// X6: every console page on a phone — 390 px wide through the page's viewport meta tag, no
+/// horizontal scroll of the page (a wide table scrolls inside its own box), and no axe-core
+/// violation of impact serious or critical — with every list holding rows, long ones among them
+/// (wide content is the point).
+#[test]
+fn x6_every_console_page_fits_a_phone_and_has_no_serious_accessibility_violation() {
+    let axe = axe_source();
+    let setup = setup_with("30m", &[]);
+    let s = &setup.s;
+    let dir = setup._dir.path();
+    std::fs::write(
+        dir.join("x6.yaml"),
+        "apiVersion: pcmail/v1\nkind: MailPolicy\nmetadata: {name: default}\nspec: {undeliveredAfter: 1s}\n---\n\
+         apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: parked}\nspec:\n  workers: 0\n  queues: [parked]\n  maxAttempts: 1\n",
+    )
+    .expect("manifests");
+    ok(s.admin(&["apply", "-f", &dir.join("x6.yaml").display().to_string()]));
+    // Ledger rows: a long task with no spaces to break at, a run waiting for review.
+    let long = "見積書を送る前に先方の担当者と金額と納期と支払条件を確認し、社内の承認を得てから送付する".repeat(3);
+    push(s, "manual", &long, "draft");
+    push(s, "manual", "https://example.invalid/a/very/long/link/without/any/space/to/break/at/all/of/it", "draft");
+    ok(s.admin(&["ledger", "run", "T-0001"]));
+    // Mail: nobody polls builder, so its mail fires an undelivered alert.
+    let desk = s.token("desk");
+    let mail = ok(s.ctl(&desk, &["send", "--to", "builder", "--subject", &long, "--body", &long]));
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "請求書", "--body", "請求書の件"]));
+    // Jobs: queued ones, and one dead with a long error.
+    let http = reqwest::blocking::Client::new();
+    let admin = s.admin_token();
+    let api = |path: &str, body: Value| -> Value {
+        let r = http.post(format!("{}{path}", s.url)).bearer_auth(&admin).json(&body).send().expect("post");
+        r.json().expect("json")
+    };
+    for n in 0..3 {
+        api("/api/v1/jobs", json!({"queue": "parked", "function": "render", "payload": n}));
+    }
+    let claimed = api("/api/v1/jobs/claim", json!({"queue": "parked", "owner": "w", "lease": "60s"}));
+    let token = claimed["jobs"][0]["leaseToken"].as_str().expect("token").to_string();
+    let error = format!("render failed: {}", "/var/lib/pcmail/work/a-very-long-path-without-spaces".repeat(3));
+    let id = claimed["jobs"][0]["id"].as_str().expect("id").to_string();
+    let failed = api(&format!("/api/v1/jobs/{id}/fail"), json!({"token": token, "error": error}));
+    assert_eq!(failed["state"], "dead", "{failed}");
+    eventually(20, "the undelivered alert", || {
+        let alerts = json(s.admin(&["alerts", "--state", "firing", "-o", "json"]));
+        (!alerts["items"].as_array()?.is_empty()).then_some(())
+    });
+
+    let browser = Browser::phone();
+    let mut failures = Vec::new();
+    let mut check = |name: &str, path: &str, expect: &str| {
+        browser.go(&format!("{}{path}", s.url));
+        browser.until(&format!("{path} to show {expect}"), |b| b.source().contains(expect));
+        let (width, scroll, wide) = browser.overflow();
+        if width != u64::from(PHONE.0) {
+            failures
+                .push(format!("{path}: laid out {width} px wide, not the phone's {} (the viewport meta tag)", PHONE.0));
+        }
+        if scroll > width || !wide.is_empty() {
+            failures.push(format!("{path}: scrolls sideways ({scroll} px in {width}); sticking out: {wide:?}"));
+        }
+        for v in browser.axe_violations(&axe) {
+            failures.push(format!("{path}: {v}"));
+        }
+        browser.screenshot(&format!("phone-{name}"));
+    };
+    check("login", "/ui/login", "token");
+    browser.sign_in(s);
+    check("overview", "/ui/overview", "chart-jobs");
+    check("ledger", "/ui/ledger", "T-0002");
+    check("row", "/ui/ledger/office/T-0001", "done T-0001");
+    check("mail", "/ui/mail", "請求書");
+    check("mail-timeline", &format!("/ui/mail/{mail}"), "builder");
+    check("alerts", "/ui/alerts", "undelivered");
+    check("jobs", "/ui/jobs", "render failed");
+    check("specs", "/ui/specs", "office");
+    check("search", "/ui/search?q=請求書", "found-mail");
+    check("search-empty", "/ui/search", "search-text");
+    check("not-found", "/ui/nowhere", "404");
+    assert!(failures.is_empty(), "X6 at {}×{}:\n{}", PHONE.0, PHONE.1, failures.join("\n"));
 }

@@ -123,10 +123,10 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
                 ": " (total("alerts:firing".into(), totals.alerts_firing))
             }
             div.columns {
-                section { h2 { a href="/ui/mail" { (t(l, "Mail", "メール")) } } (table(&[t(l, "State", "状態"), ""], mail_rows)) }
-                section { h2 { a href="/ui/ledger" { (t(l, "Ledger", "台帳")) } } (table(&[t(l, "State", "状態"), ""], ledger_rows)) }
-                section { h2 { a href="/ui/jobs" { (t(l, "Jobs", "ジョブ")) } } (table(&[t(l, "State", "状態"), ""], job_rows)) }
-                section {
+                section { h2 { a href="/ui/mail" { (t(l, "Mail", "メール")) } } (table(&[t(l, "State", "状態"), t(l, "Count", "件数")], mail_rows)) }
+                section { h2 { a href="/ui/ledger" { (t(l, "Ledger", "台帳")) } } (table(&[t(l, "State", "状態"), t(l, "Count", "件数")], ledger_rows)) }
+                section { h2 { a href="/ui/jobs" { (t(l, "Jobs", "ジョブ")) } } (table(&[t(l, "State", "状態"), t(l, "Count", "件数")], job_rows)) }
+                section.wide {
                     h2 { (t(l, "Machines", "マシン")) }
                     (table(&[t(l, "Machine", "マシン"), t(l, "Last poll", "最終ポーリング"), t(l, "Client", "クライアント")], machine_rows))
                 }
@@ -264,7 +264,7 @@ pub fn timeline(l: Lang, m: &Mail, events: Vec<Event>) -> Markup {
         p { (m.from) " → " (m.to) " · " b { (m.state.as_str()) } }
         h2 { (m.subject) }
         pre { (m.body) }
-        (table(&[t(l, "Stamp", "時刻"), ""], stamps))
+        (table(&[t(l, "Stamp", "時刻"), t(l, "At", "日時")], stamps))
         h2 { (t(l, "Timeline", "経過")) }
         (events_table(l, events))
     }
@@ -399,7 +399,7 @@ pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], jobs: &[Job],
         t(l, "State", "状態"),
         t(l, "Attempts", "試行"),
         t(l, "Last error", "直近のエラー"),
-        "",
+        t(l, "Actions", "操作"),
     ];
     html! {
         div #job-counts data-live { (table(&[t(l, "Queue", "キュー"), t(l, "State", "状態"), t(l, "Jobs", "件数")], counts)) }
@@ -427,8 +427,11 @@ pub fn search(l: Lang, text: &str, found: &Found) -> Markup {
     });
     html! {
         form #search method="get" action="/ui/search" {
-            input #search-text type="search" name="q" value=(text);
-            " " button #search-go { (t(l, "Search", "検索")) }
+            label.inline {
+                (t(l, "Text to find", "検索する語")) " "
+                input #search-text type="search" name="q" value=(text);
+            }
+            button #search-go { (t(l, "Search", "検索")) }
         }
         @if found.truncated {
             p #search-truncated { (t(l, "The search stopped at its time budget: there may be more (a longer text finds fewer).", "検索は制限時間で打ち切られました。ほかにもあるかもしれません(長い語ほど絞れます)。")) }
