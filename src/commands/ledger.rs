@@ -91,8 +91,19 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             return Ok(exit);
         }
         LedgerCommand::Sync => {
-            let report: SyncReport = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;
+            let mut meter = crate::progress::Meter::new("ledger sync", "items");
+            let body = ProjectBody { project };
+            let sync = client.post("/api/v1/ledger/sync", &body);
+            let report: SyncReport = meter.wait("merging the sources", sync).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            let c = &report.counts;
+            let unread = match report.errors.len() {
+                0 => String::new(),
+                n => format!(", {n} source(s) not read"),
+            };
+            let what =
+                format!("{}: {} added, {} updated, {} skipped{unread}", report.project, c.added, c.updated, c.skipped);
+            meter.finish(&what, (c.added + c.updated + c.skipped) as u64, None);
         }
         LedgerCommand::PurgeSource { source, yes } => {
             let report: PurgeReport =
