@@ -18,10 +18,14 @@ pub struct Meter {
     started: Instant,
     tty: bool,
     phase: Option<&'static str>,
+    /// When the pass in progress began, since the verb did: its line's time and rate are its own.
+    phase_began: Duration,
     of: Option<u64>,
     tally: Tally,
     redraw: Redraw,
     shown: bool,
+    /// The count the line last drawn showed.
+    drawn: u64,
 }
 
 impl Meter {
@@ -34,10 +38,12 @@ impl Meter {
             started: Instant::now(),
             tty: std::io::stderr().is_terminal(),
             phase: None,
+            phase_began: Duration::ZERO,
             of: None,
             tally: Tally::default(),
             redraw: Redraw::default(),
             shown: false,
+            drawn: 0,
         }
     }
 
@@ -49,16 +55,25 @@ impl Meter {
 
     /// Starts a pass of its own (`checking`, `restoring`): counted from zero, drawn at once.
     pub fn phase(&mut self, phase: &'static str) {
-        self.flush();
+        // The pass on the line ends with its last count; one already put away stays away.
+        if self.shown {
+            self.flush();
+        }
         self.phase = Some(phase);
+        self.phase_began = self.started.elapsed();
         self.tally = Tally::default();
+        self.drawn = 0;
         self.redraw = Redraw::default();
     }
 
     /// Counts `n` more of `part`; redraws when a redraw is due.
     pub fn add(&mut self, part: &str, n: u64) {
+        // An empty batch (a tab with nothing to move) says nothing new.
+        if n == 0 {
+            return;
+        }
         self.tally.add(part, n);
-        if self.tty && self.redraw.due(self.started.elapsed()) {
+        if self.tty && self.redraw.due(self.started.elapsed() - self.phase_began) {
             self.draw();
         }
     }
@@ -68,20 +83,22 @@ impl Meter {
         |tab, n| self.add(tab, n)
     }
 
-    /// Draws what is counted now, due or not: the last count of a pass is shown.
+    /// Draws what is counted now, due or not, unless the line shows it already: the last count
+    /// of a pass is shown.
     pub fn flush(&mut self) {
-        if self.tty && self.tally.total() > 0 {
+        if self.tty && self.tally.total() > self.drawn {
             self.draw();
         }
     }
 
     fn draw(&mut self) {
-        let at = self.started.elapsed();
+        let at = self.started.elapsed() - self.phase_began;
         let line = progress::line(self.verb, self.phase, &self.tally, self.of, self.unit, at);
         let mut err = std::io::stderr().lock();
         // A progress line that cannot be written is not worth failing the verb for.
         let _ = write!(err, "{ERASE}{line}").and_then(|()| err.flush());
         self.shown = true;
+        self.drawn = self.tally.total();
     }
 
     /// Ends a pass: its last count drawn, then the line taken away for what is said next.
