@@ -198,3 +198,20 @@ fn x4_jobs_enqueue_from_a_file_sums_up_piped_and_redraws_on_a_terminal_with_ids_
     assert!(shown.contains("/2,500 jobs · "), "the line says how many of how many: {shown:?}");
     assert_eq!(summaries(&shown, "jobs enqueue").len(), 1, "{shown:?}");
 }
+
+#[test]
+fn x4_ledger_sync_keeps_its_report_alone_on_stdout_and_sums_up_on_stderr() {
+    let crate::ledger::Setup { s, _dir, .. } = crate::ledger::setup_with("30m", &[]);
+    let out = s.admin(&["ledger", "sync"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_no_progress(&out);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is the report alone");
+    assert_eq!(report["counts"]["added"], 2, "{report}");
+    let summary = summaries(&stderr(&out), "ledger sync");
+    assert_eq!(summary.len(), 1, "{}", stderr(&out));
+    assert!(
+        summary[0].starts_with("ledger sync: office: 2 added, 0 updated, 0 skipped — 2 items in "),
+        "{}",
+        summary[0]
+    );
+}
