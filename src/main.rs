@@ -6,6 +6,7 @@ mod commands;
 mod exit;
 mod logging;
 mod output;
+mod progress;
 
 use clap::Parser;
 

@@ -116,6 +116,7 @@ async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
         requests.push((job, n + 1, size));
     }
     let (mut created, mut answered) = (0, 0);
+    let mut meter = crate::progress::Meter::new("jobs enqueue", "jobs").of(requests.len() as u64);
     let mut rest = requests.as_slice();
     while !rest.is_empty() {
         let mut size = 0;
@@ -147,16 +148,20 @@ async fn enqueue_file(client: &Client, file: &str) -> anyhow::Result<()> {
                 created + answered
             )
         })?;
+        let mut ids = Vec::with_capacity(answers.len());
         for a in answers {
             if a.created {
                 created += 1
             } else {
                 answered += 1
             }
-            println!("{}", a.job.id);
+            ids.push(a.job.id);
         }
+        meter.add("sent", ids.len() as u64);
+        meter.println(ids);
     }
-    eprintln!("{created} job(s) enqueued, {answered} answered by a live job holding the same unique key");
+    let what = format!("{created} job(s) enqueued, {answered} answered by a live job holding the same unique key");
+    meter.finish(&what, created + answered, None);
     Ok(())
 }
 

@@ -90,10 +90,7 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
             println!("{answer}");
             return Ok(exit);
         }
-        LedgerCommand::Sync => {
-            let report: SyncReport = client.post("/api/v1/ledger/sync", &ProjectBody { project }).await?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        }
+        LedgerCommand::Sync => sync(client, project).await?,
         LedgerCommand::PurgeSource { source, yes } => {
             let report: PurgeReport =
                 client.post("/api/v1/ledger/purge", &PurgeRequest { project, source, yes }).await?;
@@ -113,4 +110,21 @@ pub async fn run(client: &Client, project: Option<String>, command: LedgerComman
         }
     }
     Ok(0)
+}
+
+/// `ledger sync`: the report alone on stdout (JSON); on stderr the wait on a terminal and the
+/// summary line (X4).
+async fn sync(client: &Client, project: Option<String>) -> anyhow::Result<()> {
+    let mut meter = crate::progress::Meter::new("ledger sync", "items");
+    let body = ProjectBody { project };
+    let report: SyncReport = meter.wait("merging the sources", client.post("/api/v1/ledger/sync", &body)).await?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    let c = &report.counts;
+    let unread = match report.errors.len() {
+        0 => String::new(),
+        n => format!(", {n} source(s) not read"),
+    };
+    let what = format!("{}: {} added, {} updated, {} skipped{unread}", report.project, c.added, c.updated, c.skipped);
+    meter.finish(&what, (c.added + c.updated + c.skipped) as u64, None);
+    Ok(())
 }

@@ -9,6 +9,7 @@ use pcmail_store::transfer::{self, FileSum, Moved};
 use pcmail_store::{AnyStore, SqliteStore, Store, StoreError, redact_url};
 
 use crate::args::{StoreArgs, StoreCommand, StorePair};
+use crate::progress::Meter;
 
 pub async fn backup(file: PathBuf, source: StoreArgs) -> anyhow::Result<i32> {
     // A name taken by anything, a dangling link included, is never written through.
@@ -25,7 +26,8 @@ pub async fn backup(file: PathBuf, source: StoreArgs) -> anyhow::Result<i32> {
     if held.try_lock().is_err() {
         bail!("another backup into {} is running", file.display());
     }
-    let outcome = write_backup(&from, &partial, &held).await;
+    let mut meter = Meter::new("backup", "rows");
+    let outcome = write_backup(&from, &partial, &held, &mut meter).await;
     let linked = outcome.and_then(|moved| {
         // A hard link fails if the name was taken meanwhile, where a rename would replace it.
         std::fs::hard_link(&partial, &file).with_context(|| format!("naming the backup {}", file.display()))?;
@@ -34,18 +36,23 @@ pub async fn backup(file: PathBuf, source: StoreArgs) -> anyhow::Result<i32> {
     remove_partial(&partial)?;
     drop(held);
     let moved = linked.context("backup failed; no backup file was written")?;
-    report("backed up", &moved, &file.display().to_string());
+    finish(meter, &moved, &file.display().to_string());
     Ok(0)
 }
 
-async fn write_backup(from: &AnyStore, partial: &Path, held: &std::fs::File) -> anyhow::Result<Moved> {
+async fn write_backup(
+    from: &AnyStore,
+    partial: &Path,
+    held: &std::fs::File,
+    meter: &mut Meter,
+) -> anyhow::Result<Moved> {
     // Whatever an earlier, stopped backup left under this name goes.
     for companion in ["-wal", "-shm", "-journal"] {
         remove_if_there(&with_suffix(partial, companion))?;
     }
     held.set_len(0).with_context(|| format!("emptying {}", partial.display()))?;
     let to = SqliteStore::open(partial).await.with_context(|| format!("creating {}", partial.display()))?;
-    let copied = transfer::copy(from, &to).await?;
+    let copied = transfer::copy_counted(from, &to, &mut meter.rows()).await?;
     // E14: the checksums of what it holds travel inside it; restore and verify check them.
     to.kv_set(transfer::BACKUP_DIGEST_KEY, &transfer::seal_digest(&copied)).await.context("sealing the backup")?;
     to.seal().await.context("closing the backup")?;
@@ -85,7 +92,11 @@ fn open_partial(partial: &Path) -> anyhow::Result<std::fs::File> {
 /// E14: opens a backup to read it, refused when its rows, its pages or its bytes changed since
 /// it was written: the tabs whose checksums differ are named, or "the file" when only the
 /// whole file's does.
-async fn open_backup(file: &Path, scratch: &Path) -> anyhow::Result<(SqliteStore, Option<Migrated>)> {
+async fn open_backup(
+    file: &Path,
+    scratch: &Path,
+    meter: &mut Meter,
+) -> anyhow::Result<(SqliteStore, Option<Migrated>)> {
     let whole = whole_file(file)?;
     if let Ok((found, known)) = pcmail_store::sqlite::schema::versions_at(file)
         && found > 0
@@ -102,7 +113,10 @@ async fn open_backup(file: &Path, scratch: &Path) -> anyhow::Result<(SqliteStore
         ),
         Err(e) => return Err(e).with_context(|| format!("reading the backup {}", file.display())),
     };
-    let sealed = transfer::verify_sealed(&from, whole).await.with_context(|| format!("checking {}", file.display()))?;
+    let sealed = transfer::verify_sealed_counted(&from, whole, &mut meter.rows())
+        .await
+        .with_context(|| format!("checking {}", file.display()))?;
+    meter.pause();
     from.integrity().await.with_context(|| format!("checking the backup {}", file.display()))?;
     if !sealed {
         eprintln!("{} carries no checksums (written before they were kept); its pages check out", file.display());
@@ -161,7 +175,9 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
     // A backup of an earlier schema is migrated on a copy in the data dir (private), else in
     // the system's temporary directory.
     let scratch = if target.data_dir.is_dir() { target.data_dir.clone() } else { std::env::temp_dir() };
-    let (from, _migrated) = open_backup(&file, &scratch).await?;
+    let mut meter = Meter::new("restore", "rows");
+    meter.phase("checking");
+    let (from, _migrated) = open_backup(&file, &scratch, &mut meter).await?;
     if target.store.is_none() {
         pcmail_store::private::make_private(&target.data_dir)
             .with_context(|| format!("making the data dir {}", target.data_dir.display()))?;
@@ -169,8 +185,8 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
     let url = target.url();
     let to = pcmail_store::open(&url, &target.data_dir).await.context("opening the target store")?;
     // E14: what comes back, what goes, and whether that needs --force.
-    let brings = transfer::survey(&from).await.context("reading the backup")?;
-    let held = transfer::survey(&to).await.context("reading the target store")?;
+    let brings = meter.wait("reading the backup", transfer::survey(&from)).await.context("reading the backup")?;
+    let held = meter.wait("reading the target", transfer::survey(&to)).await.context("reading the target store")?;
     let plan = plan_restore(&brings, &held);
     let shown = redact_url(&url);
     eprintln!("the backup brings back: {}", brings.describe());
@@ -181,20 +197,21 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
         }
         bail!("restore refused; nothing was changed (--force replaces what {shown} holds)");
     }
+    meter.phase("restoring");
     let moved = if plan.replaces {
         drop(to);
-        replace(&from, &url).await?
+        replace(&from, &url, &mut meter).await?
     } else {
-        copy(&from, &to, &url).await?
+        copy(&from, &to, &url, &mut meter).await?
     };
-    report("restored", &moved, &shown);
+    finish(meter, &moved, &shown);
     Ok(0)
 }
 
 /// E14: a restore over a SQLite store that holds rows: the backup is copied into a new file
 /// beside it, which then takes the store's name (its write-ahead log going with the old one),
 /// so the store is either all it was or all the backup. Other adapters are emptied by hand.
-async fn replace(from: &SqliteStore, url: &str) -> anyhow::Result<Moved> {
+async fn replace(from: &SqliteStore, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
     let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()).map(PathBuf::from) else {
         bail!(
             "{} holds data: a restore replaces a SQLite store only; empty it first and restore again",
@@ -204,7 +221,7 @@ async fn replace(from: &SqliteStore, url: &str) -> anyhow::Result<Moved> {
     let fresh = with_suffix(&path, ".restoring");
     remove_partial(&fresh)?;
     let into = SqliteStore::open(&fresh).await.with_context(|| format!("creating {}", fresh.display()))?;
-    let moved = copy(from, &into, &format!("sqlite:{}", fresh.display())).await?;
+    let moved = copy(from, &into, &format!("sqlite:{}", fresh.display()), meter).await?;
     into.seal().await.with_context(|| format!("closing {}", fresh.display()))?;
     for companion in ["-wal", "-shm", "-journal"] {
         remove_if_there(&with_suffix(&path, companion))?;
@@ -218,8 +235,9 @@ pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
         StoreCommand::Copy { ends } => {
             let from = pcmail_store::open_to_read(&ends.from, &ends.data_dir).await.context("opening --from")?;
             let to = pcmail_store::open(&ends.to, &ends.data_dir).await.context("opening --to")?;
-            let moved = copy(&from, &to, &ends.to).await?;
-            report("copied", &moved, &redact_url(&ends.to));
+            let mut meter = Meter::new("store copy", "rows");
+            let moved = copy(&from, &to, &ends.to, &mut meter).await?;
+            finish(meter, &moved, &redact_url(&ends.to));
             Ok(0)
         }
         // Like `diff`: 0 the same, 1 different, more than 1 when they could not be compared.
@@ -234,6 +252,7 @@ pub async fn run(command: StoreCommand) -> anyhow::Result<i32> {
 }
 
 async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
+    let mut meter = Meter::new("store verify", "rows");
     let from = open_end(&ends.from, &ends.data_dir).await.context("opening --from")?;
     let to = open_end(&ends.to, &ends.data_dir).await.context("opening --to")?;
     // E14: an end that is a backup must first match the checksums it was written with.
@@ -242,12 +261,18 @@ async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
             Some(path) => whole_file(Path::new(path))?,
             None => FileSum::Absent,
         };
-        if transfer::verify_sealed(store, whole).await.with_context(|| format!("checking {end}"))? {
+        meter.phase(if end == "--from" { "checking --from" } else { "checking --to" });
+        let sealed = transfer::verify_sealed_counted(store, whole, &mut meter.rows()).await;
+        meter.pause();
+        if sealed.with_context(|| format!("checking {end}"))? {
             eprintln!("{end} is a backup and matches the checksums it was written with");
         }
     }
-    let ours = transfer::digest(&from).await.context("reading --from")?;
-    let theirs = transfer::digest(&to).await.context("reading --to")?;
+    meter.phase("reading --from");
+    let ours = transfer::digest_counted(&from, &mut meter.rows()).await.context("reading --from")?;
+    meter.phase("reading --to");
+    let theirs = transfer::digest_counted(&to, &mut meter.rows()).await.context("reading --to")?;
+    meter.pause();
     println!("{:<16} {:>10} {:>10}  CHECKSUMS", "TAB", "FROM", "TO");
     for (a, b) in ours.iter().zip(&theirs) {
         let same = if a == b { "equal" } else { "DIFFER" };
@@ -259,6 +284,10 @@ async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
     } else {
         eprintln!("the stores differ in: {}", differ.join(", "));
     }
+    let rows = |d: &[transfer::TabDigest]| d.iter().map(|t| t.rows).sum::<u64>();
+    let (a, b) = (rows(&ours), rows(&theirs));
+    let read = format!("--from {}, --to {}", pcmail_core::progress::grouped(a), pcmail_core::progress::grouped(b));
+    meter.finish(&read, a + b, None);
     Ok(differ.is_empty())
 }
 
@@ -276,8 +305,8 @@ async fn open_end(url: &str, data_dir: &Path) -> anyhow::Result<AnyStore> {
     }
 }
 
-async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str) -> anyhow::Result<Moved> {
-    match transfer::copy(from, to).await {
+async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
+    match transfer::copy_counted(from, to, &mut meter.rows()).await {
         Ok(copied) => Ok(transfer::moved(&copied)),
         Err(e @ StoreError::NotEmpty(_)) => Err(e.into()),
         Err(e) => Err(e).with_context(|| {
@@ -290,9 +319,11 @@ async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str) -> anyhow
     }
 }
 
-fn report(what: &str, moved: &Moved, to: &str) {
-    let rows: Vec<String> = moved.iter().filter(|(_, n)| *n > 0).map(|(t, n)| format!("{t} {n}")).collect();
-    eprintln!("{what} into {to}: {}", if rows.is_empty() { "no rows".to_string() } else { rows.join(", ") });
+/// X4: the summary line of a backup, restore or copy: the rows of each tab, in all, how fast,
+/// and where to.
+fn finish(meter: Meter, moved: &Moved, to: &str) {
+    let rows = moved.iter().map(|(_, n)| n).sum();
+    meter.finish(&pcmail_core::progress::counts(moved), rows, Some(to));
 }
 
 fn with_suffix(file: &Path, suffix: &str) -> PathBuf {

@@ -32,6 +32,7 @@ mod operations;
 mod outage;
 mod pcside;
 mod process;
+mod progress;
 mod replicas;
 mod search;
 mod security;

@@ -28,6 +28,7 @@ pub mod manifest;
 pub mod names;
 pub mod page;
 pub mod present;
+pub mod progress;
 pub mod restore;
 pub mod retention;
 pub mod retry;
