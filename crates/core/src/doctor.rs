@@ -136,8 +136,12 @@ pub enum Login {
 /// environment name another server or token (the agent's service has neither).
 pub fn config(home: &str, config_file: &str, login: &Login, overridden: bool) -> Finding {
     match login {
-        Login::Missing => Finding::fail(Check::Config, format!("no login in PCMAIL_HOME {home} ({config_file} is missing)"), LOGIN),
-        Login::Unreadable(why) => Finding::fail(Check::Config, format!("{config_file}: {why}"), format!("{LOGIN} to write it again")),
+        Login::Missing => {
+            Finding::fail(Check::Config, format!("no login in PCMAIL_HOME {home} ({config_file} is missing)"), LOGIN)
+        }
+        Login::Unreadable(why) => {
+            Finding::fail(Check::Config, format!("{config_file}: {why}"), format!("{LOGIN} to write it again"))
+        }
         Login::Saved { server, .. } if !(server.starts_with("http://") || server.starts_with("https://")) => {
             Finding::fail(Check::Config, format!("the saved server URL {server:?} is not http:// or https://"), LOGIN)
         }
@@ -145,7 +149,8 @@ pub fn config(home: &str, config_file: &str, login: &Login, overridden: bool) ->
             Finding::fail(Check::Config, format!("{config_file} holds no token"), LOGIN)
         }
         Login::Saved { server, .. } => {
-            let note = if overridden { "; this run's --server/--token or PCMAIL_SERVER/PCMAIL_TOKEN override it" } else { "" };
+            let note =
+                if overridden { "; this run's --server/--token or PCMAIL_SERVER/PCMAIL_TOKEN override it" } else { "" };
             Finding::ok(Check::Config, format!("logged in to {server} ({config_file}){note}"))
         }
     }
@@ -155,12 +160,14 @@ pub fn config(home: &str, config_file: &str, login: &Login, overridden: bool) ->
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Contact {
     /// An HTTP answer; `date` is its `Date` header.
-    Answered { date: Option<Ts> },
+    Answered {
+        date: Option<Ts>,
+    },
     /// The TLS handshake met a certificate this PC does not trust: the server is there.
     Untrusted(String),
     Unreachable(String),
-    /// No client could be made (the config check says why).
-    NotTried,
+    /// No client could be made: no token, or a CA file that is not PEM.
+    NoClient(String),
 }
 
 impl Contact {
@@ -178,7 +185,11 @@ pub fn server(base: &str, contact: &Contact) -> Finding {
             format!("cannot reach {base}: {why}"),
             "start `pcmail-ctl serve` there, or check the URL (`pcmail-ctl login --server URL …`) and the network",
         ),
-        Contact::NotTried => Finding::skip(Check::Server, "not checked: no login to take the server from"),
+        Contact::NoClient(why) => Finding::fail(
+            Check::Server,
+            format!("not asked: {why}"),
+            "log in (`pcmail-ctl login --server URL --token TOKEN`), and give --ca or PCMAIL_CA only a PEM file",
+        ),
     }
 }
 
@@ -193,7 +204,9 @@ pub fn tls(base: &str, contact: &Contact) -> Finding {
             format!("the server's certificate is not trusted by this PC ({why})"),
             "give the CA that signed it: `pcmail-ctl login --server URL --token TOKEN --ca FILE` saves it, or set PCMAIL_CA=FILE (or pass --ca FILE)",
         ),
-        Contact::Unreachable(_) | Contact::NotTried => Finding::skip(Check::Tls, "not checked: the server did not answer"),
+        Contact::Unreachable(_) | Contact::NoClient(_) => {
+            Finding::skip(Check::Tls, "not checked: the server did not answer")
+        }
     }
 }
 
@@ -280,9 +293,10 @@ pub fn agent(service: &Service, polls: &Polls, machine: &str, server_now: Ts, st
     };
     let start_it = format!("start the agent (`{start}`, or `pcmail-ctl agent` by hand) and read its log if it stops");
     match polls {
-        Polls::NotChecked => {
-            Finding::skip(Check::Agent, format!("installed ({installed}); its polls not checked: the server did not answer"))
-        }
+        Polls::NotChecked => Finding::skip(
+            Check::Agent,
+            format!("installed ({installed}); its polls not checked: the server did not answer"),
+        ),
         Polls::Seen(None) => {
             Finding::fail(Check::Agent, format!("installed, but the server has no poll from {machine} yet"), start_it)
         }
@@ -293,7 +307,11 @@ pub fn agent(service: &Service, polls: &Polls, machine: &str, server_now: Ts, st
             } else {
                 Finding::fail(
                     Check::Agent,
-                    format!("not polling: the last poll from {machine} is {} old (over {})", human(age), human(MAX_POLL_AGE)),
+                    format!(
+                        "not polling: the last poll from {machine} is {} old (over {})",
+                        human(age),
+                        human(MAX_POLL_AGE)
+                    ),
                     start_it,
                 )
             }
@@ -306,7 +324,9 @@ pub fn agent(service: &Service, polls: &Polls, machine: &str, server_now: Ts, st
 pub fn hooked_events(settings: &serde_json::Value) -> Vec<&'static str> {
     let names_pcmail = |group: &serde_json::Value| {
         group["hooks"].as_array().is_some_and(|hooks| {
-            hooks.iter().any(|h| h["command"].as_str().is_some_and(|c| c.contains("pcmail-ctl") && c.contains(" hook ")))
+            hooks
+                .iter()
+                .any(|h| h["command"].as_str().is_some_and(|c| c.contains("pcmail-ctl") && c.contains(" hook ")))
         })
     };
     HOOK_EVENTS
@@ -342,12 +362,13 @@ pub struct HooksSeen {
     pub user_settings: String,
 }
 
-const INSTALL_PLUGIN: &str =
-    "install the plugin (in Claude Code: `/plugin marketplace add /path/to/pcmail`, then `/plugin install pcmail@pcmail`)";
+const INSTALL_PLUGIN: &str = "install the plugin (in Claude Code: `/plugin marketplace add /path/to/pcmail`, then `/plugin install pcmail@pcmail`)";
 
 pub fn hooks(seen: &HooksSeen) -> Finding {
     match &seen.plugin {
-        Some((id, true, true)) => return Finding::ok(Check::Hooks, format!("the plugin {id} is installed and enabled")),
+        Some((id, true, true)) => {
+            return Finding::ok(Check::Hooks, format!("the plugin {id} is installed and enabled"));
+        }
         Some((id, true, false)) => {
             return Finding::fail(
                 Check::Hooks,
@@ -417,7 +438,9 @@ pub enum Poller {
 pub fn telegram(poller: &Poller) -> Finding {
     match poller {
         Poller::NotConfigured => Finding::ok(Check::Telegram, "no bot configured on this PC (nothing to poll)"),
-        Poller::Held => Finding::ok(Check::Telegram, "the bot is polled by a process on this PC (it holds telegram.lock)"),
+        Poller::Held => {
+            Finding::ok(Check::Telegram, "the bot is polled by a process on this PC (it holds telegram.lock)")
+        }
         Poller::Free => Finding::fail(
             Check::Telegram,
             "a bot is configured but no process on this PC polls it (telegram.lock is free)",
