@@ -161,23 +161,21 @@ async fn start_mcp(command: &Path, home: &Path) -> McpStart {
     let answer = tokio::time::timeout(TIMEOUT, initialize(&mut child)).await;
     let _ = child.start_kill();
     let _ = child.wait().await;
-    match answer {
-        Ok(Ok((name, version))) => McpStart::Answered { name, version },
-        Ok(Err(why)) => McpStart::Failed(why),
-        Err(_) => McpStart::TimedOut { secs: TIMEOUT.as_secs() },
-    }
+    answer.unwrap_or(McpStart::TimedOut { secs: TIMEOUT.as_secs() })
 }
 
 /// Sends `initialize` and reads lines until its answer: the server's name and version, or why
 /// there is none (an error answer, or the first line the process wrote to stderr as it ended).
-async fn initialize(child: &mut tokio::process::Child) -> Result<(String, String), String> {
+async fn initialize(child: &mut tokio::process::Child) -> McpStart {
     let request = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "pcmail-ctl doctor", "version": env!("CARGO_PKG_VERSION")}}});
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        return Err("its stdio could not be opened".into());
+        return McpStart::Failed("its stdio could not be opened".into());
     };
-    stdin.write_all(format!("{request}\n").as_bytes()).await.map_err(|e| format!("writing to it: {e}"))?;
+    if let Err(e) = stdin.write_all(format!("{request}\n").as_bytes()).await {
+        return McpStart::Failed(format!("writing to it: {e}"));
+    }
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
@@ -185,18 +183,19 @@ async fn initialize(child: &mut tokio::process::Child) -> Result<(String, String
             continue;
         }
         if let Some(error) = message["error"]["message"].as_str() {
-            return Err(format!("initialize answered an error: {error}"));
+            return McpStart::Failed(format!("initialize answered an error: {error}"));
         }
         let info = &message["result"]["serverInfo"];
         let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
-        return Ok((text(&info["name"]), text(&info["version"])));
+        return McpStart::Answered { name: text(&info["name"]), version: text(&info["version"]) };
     }
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut stderr).await;
     }
     let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
-    Err(stderr.lines().find(|l| !l.trim().is_empty()).map_or_else(|| format!("it exited ({status})"), str::to_string))
+    let why = stderr.lines().find(|l| !l.trim().is_empty());
+    McpStart::Failed(why.map_or_else(|| format!("it exited ({status})"), str::to_string))
 }
 
 /// The Telegram poller, when this PC has a bot.
