@@ -211,3 +211,51 @@ fn libfaketime() -> String {
         .expect("libfaketime is installed (apt-get install faketime; scripts/test does)")
         .to_string()
 }
+
+/// The plugin as the real Claude Code installs it (skipped where `claude` is not installed):
+/// found in `~/.claude/plugins`, its launcher started as the MCP server — so a launcher that
+/// finds no pcmail-ctl fails the MCP check — and a disabled plugin fails the hooks check.
+#[test]
+fn x5_doctor_finds_the_plugin_claude_code_installed_and_starts_the_mcp_server_through_its_launcher() {
+    use crate::claude::{Habitat, in_own_netns, present};
+    if !present() {
+        return;
+    }
+    in_own_netns(|| {
+        let pcmail_home = tempfile::tempdir().expect("pcmail home");
+        let h = Habitat::new(pcmail_home.path(), false);
+        let doctor = |env: &[(&str, &str)]| {
+            let out = Command::new(BIN)
+                .arg("doctor")
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env("HOME", &h.home)
+                .env("PCMAIL_HOME", pcmail_home.path())
+                .envs(env.iter().copied())
+                .current_dir(&h.home)
+                .output()
+                .expect("doctor");
+            stdout(&out)
+        };
+        let report = doctor(&[("PCMAIL_CTL", BIN)]);
+        let hooks = line(&report, "hooks");
+        assert!(hooks.starts_with("ok ") && hooks.contains("pcmail@pcmail is installed and enabled"), "{report}");
+        let mcp = line(&report, "mcp");
+        assert!(
+            mcp.starts_with("ok ") && mcp.contains("/plugins/cache/pcmail/") && mcp.contains("pcmail "),
+            "{report}"
+        );
+
+        let report = doctor(&[]);
+        let mcp = line(&report, "mcp");
+        assert!(mcp.starts_with("FAIL ") && mcp.contains("pcmail-ctl is not installed"), "{report}");
+        assert!(mcp.contains(". Fix: run `"), "{report}");
+
+        let out = h.command().args(["plugin", "disable", "pcmail@pcmail"]).output().expect("claude plugin disable");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report = doctor(&[("PCMAIL_CTL", BIN)]);
+        let hooks = line(&report, "hooks");
+        assert!(hooks.starts_with("FAIL ") && hooks.contains("not enabled"), "{report}");
+        assert!(hooks.contains("Fix: enable it (`claude plugin enable pcmail@pcmail`"), "{report}");
+    });
+}
