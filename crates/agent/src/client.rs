@@ -240,7 +240,21 @@ impl Client {
     /// needed); `None` when the answer has none. Any HTTP answer counts as reached.
     pub async fn server_date(&self) -> Result<Option<pcmail_core::Ts>, ClientError> {
         let req = self.http.get(format!("{}/api/v1/version", self.base));
-        let resp = req.send().await.map_err(|e| self.transport_error(e))?;
+        let resp = req.send().await.map_err(|e| {
+            // The cause itself (connection refused, no such host), not only reqwest's summary.
+            let mut cause = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                cause = s.to_string();
+                source = s.source();
+            }
+            match self.transport_error(e) {
+                ClientError::Unreachable { base, message } => {
+                    ClientError::Unreachable { base, message: format!("{message}: {cause}") }
+                }
+                other => other,
+            }
+        })?;
         let date = resp.headers().get(reqwest::header::DATE).and_then(|v| v.to_str().ok());
         Ok(date.and_then(|d| chrono::DateTime::parse_from_rfc2822(d).ok()).map(|d| d.with_timezone(&chrono::Utc)))
     }
