@@ -290,6 +290,11 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Check this PC's setup, one line a check with its fix; exit 1 if any fails (X5)
+    Doctor {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// pcmail's own Telegram channel: this PC's bot, polled by `agent` (or `mcp`)
     Telegram {
         #[command(subcommand)]

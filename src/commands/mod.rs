@@ -2,6 +2,7 @@
 //! `exit` maps to one.
 
 mod agent;
+mod doctor;
 mod jobs;
 mod ledger;
 mod mail;
@@ -75,6 +76,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Telegram { command } => agent::telegram(command).await,
         Command::Completion { shell } => completion(shell),
+        Command::Doctor { output } => doctor::run(conn, output).await,
         Command::Version { output } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home());
             version(client.ok(), output).await
@@ -136,6 +138,7 @@ async fn run_with_client(client: &Client, command: Command) -> anyhow::Result<i3
         | Command::Mcp { .. }
         | Command::Telegram { .. }
         | Command::Completion { .. }
+        | Command::Doctor { .. }
         | Command::Backup { .. }
         | Command::Restore { .. }
         | Command::Store { .. }

@@ -254,7 +254,7 @@ impl Habitat {
         h
     }
 
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut c = Command::new("claude");
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")

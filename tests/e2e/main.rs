@@ -14,6 +14,7 @@ mod clock;
 mod console;
 mod deploy;
 mod disk;
+mod doctor;
 mod edge;
 mod endurance;
 mod faults;

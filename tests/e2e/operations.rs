@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::harness::*;
 
 /// A CA of its own in `dir/<name>-ca.pem` (and key), with openssl.
-fn ca(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn ca(dir: &Path, name: &str) -> PathBuf {
     let (pem, key) = (dir.join(format!("{name}-ca.pem")), dir.join(format!("{name}-ca.key")));
     openssl(&[
         "req",
@@ -31,7 +31,7 @@ fn ca(dir: &Path, name: &str) -> PathBuf {
 
 /// A server certificate for 127.0.0.2 signed by `ca`, written to `cert` and `key` (replacing
 /// them in one rename each, as a renewal does).
-fn server_cert(ca: &Path, cert: &Path, key: &Path) {
+pub(crate) fn server_cert(ca: &Path, cert: &Path, key: &Path) {
     let dir = cert.parent().expect("dir");
     let ext = dir.join("san.ext");
     std::fs::write(

@@ -225,6 +225,40 @@ impl Client {
         }
     }
 
+    /// A request that got no HTTP answer: a certificate the PC does not trust is not an outage,
+    /// so it is said as what to do about it.
+    fn transport_error(&self, e: reqwest::Error) -> ClientError {
+        let chain = format!("{e:?}");
+        if chain.contains("InvalidCertificate") || chain.contains("UnknownIssuer") {
+            let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            return ClientError::Untrusted { base: self.base.clone(), message: detail };
+        }
+        ClientError::Unreachable { base: self.base.clone(), message: e.to_string() }
+    }
+
+    /// X5: the server's clock, as the `Date` header of its version route says (no token
+    /// needed); `None` when the answer has none. Any HTTP answer counts as reached.
+    pub async fn server_date(&self) -> Result<Option<pcmail_core::Ts>, ClientError> {
+        let req = self.http.get(format!("{}/api/v1/version", self.base));
+        let resp = req.send().await.map_err(|e| {
+            // The cause itself (connection refused, no such host), not only reqwest's summary.
+            let mut cause = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                cause = s.to_string();
+                source = s.source();
+            }
+            match self.transport_error(e) {
+                ClientError::Unreachable { base, message } => {
+                    ClientError::Unreachable { base, message: format!("{message}: {cause}") }
+                }
+                other => other,
+            }
+        })?;
+        let date = resp.headers().get(reqwest::header::DATE).and_then(|v| v.to_str().ok());
+        Ok(date.and_then(|d| chrono::DateTime::parse_from_rfc2822(d).ok()).map(|d| d.with_timezone(&chrono::Utc)))
+    }
+
     async fn exchange<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
@@ -233,15 +267,7 @@ impl Client {
         if let Some(m) = &self.as_machine {
             req = req.header("x-pcmail-as", m);
         }
-        let unreachable = |e: reqwest::Error| {
-            // A certificate the PC does not trust is not an outage: say what to do about it.
-            let chain = format!("{e:?}");
-            if chain.contains("InvalidCertificate") || chain.contains("UnknownIssuer") {
-                let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-                return ClientError::Untrusted { base: self.base.clone(), message: detail };
-            }
-            ClientError::Unreachable { base: self.base.clone(), message: e.to_string() }
-        };
+        let unreachable = |e: reqwest::Error| self.transport_error(e);
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
         let headers = resp.headers().clone();

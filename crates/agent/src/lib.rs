@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod client;
+pub mod doctor;
 pub mod hooks;
 pub mod install;
 pub mod mail;

@@ -321,6 +321,12 @@ fn try_lock(home: &Path) -> std::io::Result<Option<std::fs::File>> {
     }
 }
 
+/// X5: whether a process on this PC polls the bot now (it holds the lock; the kernel drops a
+/// dead holder's lock). Taking the lock to look releases it at once.
+pub fn poller_running(home: &Path) -> std::io::Result<bool> {
+    Ok(try_lock(home)?.is_none())
+}
+
 /// What `telegram status` shows (never the token).
 pub fn status(home: &Path) -> Result<Vec<(&'static str, String)>, TelegramError> {
     let config = load(home)?;

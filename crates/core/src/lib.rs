@@ -14,6 +14,7 @@ pub mod channel;
 mod clock_jumps;
 pub mod conns;
 pub mod cron;
+pub mod doctor;
 pub mod duration;
 pub mod exec;
 pub mod health;
