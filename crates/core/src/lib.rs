@@ -27,6 +27,7 @@ pub mod mail;
 pub mod manifest;
 pub mod names;
 pub mod page;
+pub mod permission;
 pub mod present;
 pub mod restore;
 pub mod retention;
