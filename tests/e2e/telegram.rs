@@ -78,7 +78,7 @@ pub(crate) fn bot_pc(s: &Server, machine: &str, api: &BotApi) -> (String, PathBu
 }
 
 /// A CLI verb on the PC whose home is `home`, with only its own config.
-fn pc(home: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn pc(home: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
         .env("PCMAIL_HOME", home)
