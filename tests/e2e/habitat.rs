@@ -370,3 +370,89 @@ fn k7_a_photo_is_kept_on_the_pc_and_read_through_the_tool_a_document_over_the_bo
         h.assert_hooks_clean();
     });
 }
+
+/// The request id of the prompt pcmail relayed to `chat` about `command`, once it is there.
+fn relayed_prompt(api: &crate::botapi::BotApi, chat: i64, command: &str) -> String {
+    eventually(60, &format!("a permission prompt about {command:?} in chat {chat}"), || {
+        api.sent().iter().find_map(|m| {
+            let text = m["text"].as_str()?;
+            (m["chat_id"].as_i64() == Some(chat) && text.contains("asks to run Bash") && text.contains(command))
+                .then(|| text.split("\"yes ").nth(1)?.get(..5).map(String::from))?
+        })
+    })
+}
+
+#[test]
+fn k6_a_permission_prompt_is_relayed_to_the_owners_chat_a_yes_there_runs_the_tool_a_no_stops_it_a_foreign_answer_does_nothing()
+ {
+    use crate::botapi::BotApi;
+    use crate::telegram::{bot_pc, intents, server};
+    habitat(|| {
+        let api = BotApi::start();
+        let (s, _dir) = server("");
+        let (desk, home) = bot_pc(&s, "desk", &api);
+        let owner = 555;
+        bot_settings(&home, &s, &api, &["--owner-chat", &owner.to_string(), "--permission-timeout", "120"]);
+        ok(s.ctl(&s.token("laptop"), &["send", "--to", "desk", "--subject", "early", "--body", "hi"]));
+        ok(s.ctl(&desk, &["poll"]));
+        let model = Model::start();
+        let h = Habitat::new(&home, true);
+        h.seed(json!({"cachedGrowthBookFeatures": {"tengu_harbor_permissions": true}}));
+        let project = h.dir.path().join("project");
+        model.script(vec![
+            tool("Bash", json!({"command": "echo k6 > allowed.txt", "description": "Write allowed.txt"})),
+            text("written"),
+        ]);
+        let term = h.interactive(&model, &["--channels", "plugin:pcmail@pcmail", "--allowedTools", "mcp__plugin_pcmail_pcmail"]);
+        term.await_screen("for shortcuts");
+        term.type_line("write the file");
+        let id = relayed_prompt(&api, owner, "echo k6 > allowed.txt");
+
+        // T13: the same answer from another chat is an ordinary message (recorded), no verdict.
+        let foreign = api.message(-1001, "eve", &format!("yes {id}"));
+        eventually(30, "the foreign answer recorded as a message", || {
+            intents(&home).iter().any(|(k, _)| *k == format!("telegram--1001-{foreign}")).then_some(())
+        });
+        assert!(!project.join("allowed.txt").exists(), "T13: a foreign chat's yes runs nothing");
+        assert!(!api.sent().iter().any(|m| m["text"] == format!("{id}: allowed")), "{:?}", api.sent());
+
+        // The owner's yes: the tool runs, the model gets its result.
+        let asked = model.requests().len();
+        api.message(owner, "kim", &format!("yes {id}"));
+        eventually(60, "the allowed command ran", || project.join("allowed.txt").exists().then_some(()));
+        model.await_requests(asked + 1);
+        assert!(api.sent().iter().any(|m| m["chat_id"] == owner && m["text"] == format!("{id}: allowed")));
+        assert!(
+            !intents(&home).iter().any(|(k, _)| k.starts_with(&format!("telegram-{owner}-"))),
+            "a verdict is not a message to answer: {:?}",
+            intents(&home)
+        );
+
+        // The owner's no: the tool does not run, and the model is told.
+        term.await_screen("written");
+        model.script(vec![
+            tool("Bash", json!({"command": "echo k6 > denied.txt", "description": "Write denied.txt"})),
+            text("stopped"),
+        ]);
+        let asked = model.requests().len();
+        term.type_line("write the other file");
+        let id = relayed_prompt(&api, owner, "echo k6 > denied.txt");
+        api.message(owner, "kim", &format!("no {id}"));
+        model.await_requests(asked + 2);
+        let after = &model.requests()[asked + 1];
+        assert!(!project.join("denied.txt").exists(), "K6: a denial stops the tool call");
+        let result = after["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .rfind(|b| b["type"] == "tool_result")
+            .expect("the tool's result");
+        eprintln!("k6: the denied call's result: {result}");
+        assert_eq!(result["is_error"], true, "K6: the model is told the call was refused: {result}");
+        assert!(result["content"].to_string().contains("Denied via channel plugin:pcmail:pcmail"), "{result}");
+        assert!(api.sent().iter().any(|m| m["chat_id"] == owner && m["text"] == format!("{id}: denied")));
+        h.assert_hooks_clean();
+        drop(term);
+    });
+}
