@@ -453,7 +453,11 @@ impl Habitat {
         ] {
             script += &format!("export {k}={}\n", q(&v));
         }
-        script += &format!("cd {}\nexec claude --debug-file {}", q(&project.display()), q(&self.dir.path().join("debug.log").display()));
+        script += &format!(
+            "cd {}\nexec claude --debug-file {}",
+            q(&project.display()),
+            q(&self.dir.path().join("debug.log").display())
+        );
         for a in args {
             script += &format!(" {}", q(a));
         }

@@ -330,7 +330,7 @@ fn k7_a_photo_is_kept_on_the_pc_and_read_through_the_tool_a_document_over_the_bo
         // turn reads it through the tool.
         let asked = model.requests().len();
         model.script(vec![
-            tool(&format!("{TOOL_PREFIX}telegram_attachment"), json!({"chat_id": "-1001", "message_id": 1})),
+            tool(&format!("{TOOL_PREFIX}intents"), json!({"key": "telegram--1001-1"})),
             text("seen the photo"),
         ]);
         assert_eq!(api.photo(-1001, "kim", "the broken screen", PNG), 1);
@@ -341,13 +341,17 @@ fn k7_a_photo_is_kept_on_the_pc_and_read_through_the_tool_a_document_over_the_bo
         assert!(
             pushed.contains("the broken screen")
                 && pushed.contains(&format!("a photo, {} bytes, kept on this PC", PNG.len()))
-                && pushed.contains("telegram_attachment chat_id=-1001 message_id=1"),
+                && pushed.contains("the intents tool with key telegram--1001-1 reads it"),
             "K7: recorded like text, with its caption and a note: {pushed}"
         );
         let kept = home.join("telegram-files").join("-1001_1_photo.jpg");
         assert_eq!(std::fs::read(&kept).expect("the photo in the PC's cache"), PNG);
         let result = &requests[asked + 1];
-        assert!(shown(result).contains(&kept.display().to_string()), "the tool's result names the file: {}", shown(result));
+        assert!(
+            shown(result).contains(&kept.display().to_string()),
+            "the tool's result names the file: {}",
+            shown(result)
+        );
         use base64::Engine;
         let data = base64::engine::general_purpose::STANDARD.encode(PNG);
         assert!(result.to_string().contains(&data), "K7: the model is shown the photo itself: {}", result["messages"]);
@@ -403,7 +407,10 @@ fn k6_a_permission_prompt_is_relayed_to_the_owners_chat_a_yes_there_runs_the_too
             tool("Bash", json!({"command": "echo k6 > allowed.txt", "description": "Write allowed.txt"})),
             text("written"),
         ]);
-        let term = h.interactive(&model, &["--channels", "plugin:pcmail@pcmail", "--allowedTools", "mcp__plugin_pcmail_pcmail"]);
+        let term = h.interactive(
+            &model,
+            &["--channels", "plugin:pcmail@pcmail", "--allowedTools", "mcp__plugin_pcmail_pcmail"],
+        );
         term.await_screen("for shortcuts");
         term.type_line("write the file");
         let id = relayed_prompt(&api, owner, "echo k6 > allowed.txt");

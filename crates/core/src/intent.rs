@@ -257,8 +257,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mail::MailState;
     use crate::duration::Dur;
+    use crate::mail::MailState;
     use crate::mail::fixtures::at;
 
     fn policy() -> IntentPolicySpec {
@@ -353,16 +353,23 @@ mod tests {
     fn k8_an_edit_is_an_event_on_its_intent_never_a_second_intent_or_a_conflict() {
         let first = intent_mail(&msg("100", "7"), "desk", at(0), Dur::from_hours(1));
         let edit = InboundMessage { text: "deploy at 5".into(), edited: true, ..msg("100", "7") };
-        let Recording::Edited(event) = plan_edit(Some(&first), intent_mail(&edit, "desk", at(9), Dur::from_hours(1)), "desk", at(9))
+        let Recording::Edited(event) =
+            plan_edit(Some(&first), intent_mail(&edit, "desk", at(9), Dur::from_hours(1)), "desk", at(9))
         else {
             panic!("an event on the stored intent")
         };
-        assert_eq!((event.object.as_str(), event.reason.as_str()), (format!("mail/{}", first.id).as_str(), "IntentEdited"));
+        assert_eq!(
+            (event.object.as_str(), event.reason.as_str()),
+            (format!("mail/{}", first.id).as_str(), "IntentEdited")
+        );
         assert!(event.message.ends_with("now: deploy at 5"), "{}", event.message);
         let same = intent_mail(&msg("100", "7"), "desk", at(9), Dur::from_hours(1));
         assert_eq!(plan_edit(Some(&first), same, "desk", at(9)), Recording::Same, "the text it already says");
         let never = intent_mail(&edit, "desk", at(9), Dur::from_hours(1));
-        assert!(matches!(plan_edit(None, never, "desk", at(9)), Recording::New(_)), "an edit of an unrecorded message records it");
+        assert!(
+            matches!(plan_edit(None, never, "desk", at(9)), Recording::New(_)),
+            "an edit of an unrecorded message records it"
+        );
         let wire: InboundMessage = serde_json::from_str(
             r#"{"channel":"telegram","chat":"1","message":"2","from":"@k","text":"t","edited":true}"#,
         )

@@ -61,7 +61,9 @@ pub fn prompt(req: &Request, timeout_secs: u64) -> String {
     if !req.input_preview.trim().is_empty() {
         text += &format!("\n{}", cut(req.input_preview.trim(), 300));
     }
-    text + &format!("\n\nReply \"yes {id}\" to allow or \"no {id}\" to deny (denied after {timeout_secs} s unanswered).")
+    text + &format!(
+        "\n\nReply \"yes {id}\" to allow or \"no {id}\" to deny (denied after {timeout_secs} s unanswered)."
+    )
 }
 
 /// A chat message that answers a prompt: `yes <id>` / `no <id>` (also `y`, `allow`, `n`,

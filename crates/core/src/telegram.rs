@@ -247,7 +247,8 @@ pub fn file_note(a: &Attachment, chat: i64, message: i64, kept: &Kept) -> String
     let what = a.what();
     match kept {
         Kept::Saved(bytes) => format!(
-            "[{what}, {bytes} bytes, kept on this PC: telegram_attachment chat_id={chat} message_id={message} reads it]"
+            "[{what}, {bytes} bytes, kept on this PC: the intents tool with key {} reads it]",
+            crate::intent::external_key(CHANNEL, &chat.to_string(), &message.to_string())
         ),
         Kept::TooLarge { size, bound } => {
             format!("[{what} of {size} bytes, over the {bound}-byte bound: not downloaded]")
@@ -456,7 +457,10 @@ mod tests {
                 "photo": [{"file_id": "small", "file_size": 10}, {"file_id": "big", "file_size": 900}]}}"#,
         );
         let a = attachment(&photo).expect("a photo");
-        assert_eq!((a.kind, a.file_id.as_str(), a.name.as_str(), a.size), (AttachmentKind::Photo, "big", "photo.jpg", Some(900)));
+        assert_eq!(
+            (a.kind, a.file_id.as_str(), a.name.as_str(), a.size),
+            (AttachmentKind::Photo, "big", "photo.jpg", Some(900))
+        );
         assert_eq!(cached_name(-7, 3, &a), "-7_3_photo.jpg");
         let Intake::Record(msg) = intake(&photo, &IntentPolicySpec::default()) else { panic!("recorded") };
         assert_eq!(msg.text, "receipt", "the caption is its text");
@@ -468,14 +472,20 @@ mod tests {
         assert_eq!(d.name, "_.._etc_passwd", "one path segment, no leading dot");
         let Intake::Record(msg) = intake(&doc, &IntentPolicySpec::default()) else { panic!("recorded") };
         assert_eq!(msg.text, "[a document _.._etc_passwd]");
-        assert_eq!(attachment(&update(r#"{"update_id": 7, "message": {"message_id": 1, "chat": {"id": 1}, "text": "x"}}"#)), None);
+        assert_eq!(
+            attachment(&update(r#"{"update_id": 7, "message": {"message_id": 1, "chat": {"id": 1}, "text": "x"}}"#)),
+            None
+        );
         assert_eq!(safe_name("..."), "document");
         assert_eq!(within_bound(Some(10), 10), Ok(()));
         assert_eq!(within_bound(None, 10), Ok(()), "undeclared: the download itself is bounded");
         let over = within_bound(Some(11), 10).expect_err("over the bound");
         assert_eq!(over, Kept::TooLarge { size: 11, bound: 10 });
-        assert_eq!(file_note(&d, 1, 4, &over), "[a document _.._etc_passwd of 11 bytes, over the 10-byte bound: not downloaded]");
-        assert!(file_note(&a, -7, 3, &Kept::Saved(900)).contains("telegram_attachment chat_id=-7 message_id=3"));
+        assert_eq!(
+            file_note(&d, 1, 4, &over),
+            "[a document _.._etc_passwd of 11 bytes, over the 10-byte bound: not downloaded]"
+        );
+        assert!(file_note(&a, -7, 3, &Kept::Saved(900)).contains("intents tool with key telegram--7-3 reads it"));
         assert_eq!(image_type(&[0x89, b'P', b'N', b'G', 13]), Some("image/png"));
         assert_eq!(image_type(b"hello"), None);
     }

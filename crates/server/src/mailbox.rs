@@ -178,7 +178,11 @@ pub async fn record_intent(
             }
             let id = stored.map_or_else(|| mail.id.clone(), |m| m.id.clone());
             // K8: an edit is an event on its intent, never a second intent nor a conflict.
-            let plan = if edited { plan_edit(stored, mail, &recorder, now) } else { plan_record(stored, mail, &recorder, now) };
+            let plan = if edited {
+                plan_edit(stored, mail, &recorder, now)
+            } else {
+                plan_record(stored, mail, &recorder, now)
+            };
             let outcome = match plan {
                 Recording::New(mail) => {
                     moves.record(&mut writes, None, mail, &recorder, now);

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pcmail_core::channel;
+use rmcp::model::CustomNotification;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::model::CustomNotification;
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use tokio::sync::Notify;
@@ -30,7 +30,7 @@ const INSTRUCTIONS: &str = "New mail for this PC arrives as <channel> events wit
 attributes. It is shown, not done: answer with reply, or ack (no answer needed) or fail (cannot be done). \
 read shows a mail in full; inbox lists what is open. A Telegram message arrives as a <channel> event with \
 chat_id, message_id and user: answer it with telegram_reply (reply_to = its message_id), which closes it; \
-a telegram_react does not. A message with a photo or document says so; telegram_attachment reads its file.";
+a telegram_react does not. A message with a photo or document says so; intents with its key reads its file.";
 
 /// The poller waits at most this long between attempts while the server is away.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -100,8 +100,8 @@ impl ServerHandler for McpServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.unwrap_or_default();
-        if request.name == "telegram_attachment" {
-            let result = match tools::attachment(&self.home, &arguments) {
+        if let Some(key) = arguments.get("key").and_then(|k| k.as_str()).filter(|_| request.name == "intents") {
+            let result = match tools::attachment(&self.home, key) {
                 Ok(blocks) => CallToolResult::success(blocks),
                 Err(e) => CallToolResult::error(vec![ContentBlock::text(e.0)]),
             };

@@ -77,7 +77,11 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
             "Mail of this PC and ledger rows holding a text.",
             object(json!({"text": {"type": "string"}, "in": {"enum": ["mail", "ledger"]}}), &["text"]),
         ),
-        ("intents", "Telegram messages still waiting for a reply.", object(json!({}), &[])),
+        (
+            "intents",
+            "Telegram messages still waiting for a reply; key: one, with its file.",
+            object(json!({"key": {"type": "string"}}), &[]),
+        ),
         (
             "telegram_reply",
             "Reply on Telegram to one message; closes it.",
@@ -85,11 +89,6 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
                 json!({"chat_id": chat, "reply_to": chat, "text": {"type": "string"}}),
                 &["chat_id", "reply_to", "text"],
             ),
-        ),
-        (
-            "telegram_attachment",
-            "The photo or document of a Telegram message, as kept on this PC: its path and content.",
-            object(json!({"chat_id": chat, "message_id": chat}), &["chat_id", "message_id"]),
         ),
         (
             "telegram_react",
@@ -352,19 +351,23 @@ async fn telegram(client: Option<&Client>, home: &Path, name: &str, args: &Args<
 /// K7: a text file up to this size is handed over as text; larger, by its path only.
 const MAX_TEXT_FILE: usize = 100 * 1024;
 
-/// K7: the file a recorded message carried, from the PC's cache: where it is, and its content
+/// K7: `intents {key}`: the file the message recorded under `key` carried, from the PC's
+/// cache: where it is, and its content
 /// — an image as an image, text as text. Only messages recorded as intents of an allowed chat
 /// (T13's rule, as for answers).
-pub fn attachment(home: &Path, arguments: &Map<String, Value>) -> Result<Vec<rmcp::model::ContentBlock>, ToolError> {
+pub fn attachment(home: &Path, key: &str) -> Result<Vec<rmcp::model::ContentBlock>, ToolError> {
     use base64::Engine;
     use rmcp::model::ContentBlock;
-    let args = Args(arguments);
-    let (chat, message) = (args.chat_id("chat_id")?, args.chat_id("message_id")?);
+    let (chat, message) =
+        pcmail_core::intent::key_parts(key.trim(), pcmail_core::telegram::CHANNEL).ok_or_else(|| {
+            ToolError(format!("`key` must be a Telegram intent's key like telegram--1001-5, not {key:?}."))
+        })?;
     let target = {
         let cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
         let policy = cache.intent_policy()?;
         let recorded = |key: &str| cache.intent_by_key(key).ok().flatten().is_some();
-        pcmail_core::telegram::outbound(&policy, &chat, &message, recorded).map_err(|why| ToolError(format!("Refused: {why}.")))?
+        pcmail_core::telegram::outbound(&policy, &chat, &message, recorded)
+            .map_err(|why| ToolError(format!("Refused: {why}.")))?
     };
     let dir = crate::telegram::files_dir(home);
     let prefix = pcmail_core::telegram::cached_prefix(target.chat, target.message);
@@ -381,8 +384,7 @@ pub fn attachment(home: &Path, arguments: &Map<String, Value>) -> Result<Vec<rmc
         )));
     };
     let bytes = std::fs::read(&path).map_err(|e| ToolError(format!("{}: {e}", path.display())))?;
-    let mut blocks =
-        vec![ContentBlock::text(format!("{} bytes, kept at {}", bytes.len(), path.display()))];
+    let mut blocks = vec![ContentBlock::text(format!("{key}: {} bytes, kept at {}", bytes.len(), path.display()))];
     if let Some(media) = pcmail_core::telegram::image_type(&bytes) {
         blocks.push(ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&bytes), media));
     } else if let Ok(text) = std::str::from_utf8(&bytes).map(str::to_string)
