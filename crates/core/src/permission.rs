@@ -103,15 +103,18 @@ pub fn expired(pending: &[Pending], now: Ts) -> Vec<&Pending> {
     pending.iter().filter(|p| p.deadline <= now).collect()
 }
 
+/// K6/T13: the owner chat is outside `allowedChats`, so no prompt may go there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the owner chat {0} is not in the IntentPolicy's allowedChats (T13); add it there or change --owner-chat")]
+pub struct ChatNotAllowed(pub i64);
+
 /// K6/T13: where prompts are asked: the owner's chat, which `allowedChats` (when it lists any)
 /// must let in. None: no relay (the prompt stays on the terminal alone).
-pub fn relay_chat(owner_chat: Option<i64>, allowed_chats: &[i64]) -> Result<Option<i64>, String> {
+pub fn relay_chat(owner_chat: Option<i64>, allowed_chats: &[i64]) -> Result<Option<i64>, ChatNotAllowed> {
     match owner_chat {
         None => Ok(None),
         Some(c) if allowed_chats.is_empty() || allowed_chats.contains(&c) => Ok(Some(c)),
-        Some(c) => Err(format!(
-            "the owner chat {c} is not in the IntentPolicy's allowedChats (T13); add it there or change ownerChat"
-        )),
+        Some(c) => Err(ChatNotAllowed(c)),
     }
 }
 
@@ -176,6 +179,6 @@ mod tests {
         assert_eq!(relay_chat(None, &[1]), Ok(None));
         assert_eq!(relay_chat(Some(5), &[]), Ok(Some(5)));
         assert_eq!(relay_chat(Some(5), &[5, 6]), Ok(Some(5)));
-        assert!(relay_chat(Some(5), &[6]).expect_err("outside allowedChats").contains("T13"));
+        assert!(relay_chat(Some(5), &[6]).expect_err("outside allowedChats").to_string().contains("T13"));
     }
 }
