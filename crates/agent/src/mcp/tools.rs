@@ -366,7 +366,7 @@ pub fn attachment(home: &Path, key: &str) -> Result<Vec<rmcp::model::ContentBloc
         let cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
         let policy = cache.intent_policy()?;
         let recorded = |key: &str| cache.intent_by_key(key).ok().flatten().is_some();
-        pcmail_core::telegram::outbound(&policy, &chat, &message, recorded)
+        pcmail_core::telegram::outbound(&policy, chat, message, recorded)
             .map_err(|why| ToolError(format!("Refused: {why}.")))?
     };
     let dir = crate::telegram::files_dir(home);
