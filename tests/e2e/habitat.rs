@@ -459,6 +459,10 @@ fn k6_a_permission_prompt_is_relayed_to_the_owners_chat_a_yes_there_runs_the_too
         assert_eq!(result["is_error"], true, "K6: the model is told the call was refused: {result}");
         assert!(result["content"].to_string().contains("Denied via channel plugin:pcmail:pcmail"), "{result}");
         assert!(api.sent().iter().any(|m| m["chat_id"] == owner && m["text"] == format!("{id}: denied")));
+        let log = h.debug_log();
+        for line in log.lines().filter(|l| l.contains("hannel") && !l.contains("file permissions")).take(12) {
+            eprintln!("k6 debug log: {line}");
+        }
         h.assert_hooks_clean();
         drop(term);
     });

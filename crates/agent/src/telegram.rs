@@ -408,7 +408,9 @@ fn answer_prompt(cache: &mut Cache, msg: &pcmail_core::intent::InboundMessage) -
     let pending: Vec<Pending> = cache
         .states_with_prefix(PROMPT_PREFIX)?
         .into_iter()
-        .filter_map(|(_, v)| serde_json::from_str(&v).ok())
+        .filter_map(|(_, v)| serde_json::from_str::<Pending>(&v).ok())
+        // A prompt past its deadline (its session gone before it could deny) takes no answer.
+        .filter(|p| p.deadline > crate::now())
         .collect();
     let Ok(chat) = msg.chat.parse::<i64>() else { return Ok(false) };
     let Some((p, behavior)) = verdict(&pending, chat, &msg.text) else { return Ok(false) };
