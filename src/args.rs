@@ -363,6 +363,15 @@ pub enum TelegramCommand {
         /// The Bot API's address
         #[arg(long, default_value = "https://api.telegram.org", env = "PCMAIL_TELEGRAM_API")]
         api: String,
+        /// The chat Claude Code's permission prompts are asked in, the session owner's (K6)
+        #[arg(long, env = "PCMAIL_TELEGRAM_OWNER_CHAT", allow_hyphen_values = true)]
+        owner_chat: Option<i64>,
+        /// Seconds a relayed permission prompt waits for its answer before it is denied (K6)
+        #[arg(long, default_value_t = pcmail_core::permission::DEFAULT_TIMEOUT_SECS)]
+        permission_timeout: u64,
+        /// The largest photo or document downloaded into this PC's cache, in bytes (K7)
+        #[arg(long, default_value_t = pcmail_core::telegram::DEFAULT_MAX_FILE_BYTES)]
+        max_file_bytes: u64,
     },
     /// How this PC's bot is polled: offset, conflicts, drops (never the token)
     Status,

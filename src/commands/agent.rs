@@ -140,7 +140,7 @@ pub async fn record_intent(
     } else {
         text
     };
-    let msg = InboundMessage { channel, chat, message, from, text };
+    let msg = InboundMessage { channel, chat, message, from, text, edited: false };
     // The server's own checks, here first: a message the server would refuse is not recorded.
     pcmail_core::api::Validate::validate(&msg).map_err(|e| anyhow::anyhow!("--{}: {}", e.field, e.message))?;
     let home = home();
@@ -175,13 +175,14 @@ pub async fn telegram(command: TelegramCommand) -> anyhow::Result<i32> {
     use pcmail_agent::telegram::{self, Bot, BotConfig};
     let home = home();
     match command {
-        TelegramCommand::Login { token_file, api } => {
+        TelegramCommand::Login { token_file, api, owner_chat, permission_timeout, max_file_bytes } => {
             let token = match token_file {
                 Some(path) => std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
                 None => std::env::var("PCMAIL_TELEGRAM_TOKEN")
                     .context("pass --token-file FILE (or set PCMAIL_TELEGRAM_TOKEN)")?,
             };
-            let config = BotConfig { token: token.trim().to_string(), api };
+            let config =
+                BotConfig { token: token.trim().to_string(), api, owner_chat, permission_timeout, max_file_bytes };
             anyhow::ensure!(!config.token.is_empty(), "the bot token is empty");
             let me = Bot::new(&config)?.get_me().await.context("checking the token with Telegram")?;
             let path = telegram::save(&home, &config)?;

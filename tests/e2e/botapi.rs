@@ -4,7 +4,9 @@
 //! `getUpdates` long-polls up to its `timeout` and forgets every update below the `offset`; a
 //! new `getUpdates` ends the one still waiting with 409, as Telegram does when a second poller
 //! (or a restarted one) asks;
-//! `sendMessage` refuses a reply to a message it never delivered (400). It can check, at each
+//! `sendMessage` refuses a reply to a message it never delivered (400). Photos and documents
+//! (K7) are served as Telegram serves them: the message names a `file_id`, `getFile` answers
+//! its `file_path`, and `GET /file/bot<token>/<file_path>` its bytes. It can check, at each
 //! `getUpdates`, that every update its offset confirms is already in a PC's cache (I7).
 
 use std::collections::{BTreeSet, HashMap};
@@ -34,6 +36,9 @@ struct Inner {
     conflicts: usize,
     sent: Vec<Value>,
     reactions: Vec<Value>,
+    /// K7: files by file_id, and how often each was downloaded.
+    files: HashMap<String, Vec<u8>>,
+    downloads: usize,
     /// Answers to give the next calls instead of the real one: (status, body).
     /// Scripted answers by method, taken last first.
     script: std::collections::BTreeMap<String, Vec<(u16, Value)>>,
@@ -60,7 +65,10 @@ impl BotApi {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let app = axum::Router::new().route("/{bot}/{method}", axum::routing::post(call)).with_state(shared.clone());
+        let app = axum::Router::new()
+            .route("/{bot}/{method}", axum::routing::post(call))
+            .route("/file/{bot}/{*path}", axum::routing::get(download))
+            .with_state(shared.clone());
         runtime.spawn(async move { axum::serve(listener, app).await });
         BotApi { url, shared, _runtime: runtime }
     }
@@ -71,6 +79,44 @@ impl BotApi {
 
     /// Someone writes `text` in `chat`: a new update; answers the message id (per chat, from 1).
     pub fn message(&self, chat: i64, user: &str, text: &str) -> i64 {
+        self.post(chat, user, json!({"text": text}))
+    }
+
+    /// K7: someone sends a photo (`bytes`, in two sizes as Telegram makes them) with `caption`.
+    pub fn photo(&self, chat: i64, user: &str, caption: &str, bytes: &[u8]) -> i64 {
+        let n = self.with(|s| {
+            let n = s.files.len();
+            s.files.insert(format!("photo-{n}-small"), bytes[..bytes.len().min(8)].to_vec());
+            s.files.insert(format!("photo-{n}"), bytes.to_vec());
+            n
+        });
+        let sizes = json!([
+            {"file_id": format!("photo-{n}-small"), "file_unique_id": format!("u{n}s"), "width": 90, "height": 90,
+             "file_size": bytes.len().min(8)},
+            {"file_id": format!("photo-{n}"), "file_unique_id": format!("u{n}"), "width": 800, "height": 600,
+             "file_size": bytes.len()}
+        ]);
+        self.post(chat, user, json!({"photo": sizes, "caption": caption}))
+    }
+
+    /// K7: someone sends a file as a document.
+    pub fn document(&self, chat: i64, user: &str, name: &str, caption: &str, bytes: &[u8]) -> i64 {
+        let file_id = self.with(|s| {
+            let id = format!("doc-{}", s.files.len());
+            s.files.insert(id.clone(), bytes.to_vec());
+            id
+        });
+        let doc = json!({"file_id": file_id, "file_unique_id": format!("u-{file_id}"), "file_name": name,
+            "mime_type": "application/octet-stream", "file_size": bytes.len()});
+        self.post(chat, user, json!({"document": doc, "caption": caption}))
+    }
+
+    /// How many files were downloaded.
+    pub fn downloads(&self) -> usize {
+        self.with(|s| s.downloads)
+    }
+
+    fn post(&self, chat: i64, user: &str, content: Value) -> i64 {
         let id = self.with(|s| {
             let id = {
                 let n = s.next_message.entry(chat).or_insert(0);
@@ -78,15 +124,17 @@ impl BotApi {
                 *n
             };
             s.next_update += 1;
-            let update = json!({
+            let mut update = json!({
                 "update_id": 1000 + s.next_update,
                 "message": {
                     "message_id": id, "date": 1_764_547_200,
                     "chat": {"id": chat, "type": if chat < 0 { "supergroup" } else { "private" }},
                     "from": {"id": 42, "is_bot": false, "first_name": user, "username": user},
-                    "text": text,
                 }
             });
+            if let (Some(m), Value::Object(extra)) = (update["message"].as_object_mut(), content) {
+                m.extend(extra);
+            }
             s.updates.push(update);
             s.delivered.insert((chat, id));
             id
@@ -191,11 +239,40 @@ async fn call(
             let id = 90_000 + s.sent.len() as i64;
             answer((200, json!({"ok": true, "result": {"message_id": id, "chat": {"id": chat}, "text": body["text"]}})))
         }
+        "getFile" => {
+            let s = shared.inner.lock().expect("lock");
+            let id = body["file_id"].as_str().unwrap_or_default();
+            match s.files.get(id) {
+                Some(bytes) => answer((
+                    200,
+                    json!({"ok": true, "result": {"file_id": id, "file_unique_id": format!("u-{id}"),
+                        "file_size": bytes.len(), "file_path": format!("files/{id}")}}),
+                )),
+                None => answer(fail(400, "Bad Request: invalid file_id")),
+            }
+        }
         "setMessageReaction" => {
             shared.inner.lock().expect("lock").reactions.push(body);
             answer((200, json!({"ok": true, "result": true})))
         }
         other => answer(fail(404, &format!("Not Found: method {other}"))),
+    }
+}
+
+/// K7: a file's bytes, at the path `getFile` gave.
+async fn download(
+    State(shared): State<Arc<Shared>>,
+    Path((bot, path)): Path<(String, String)>,
+) -> axum::response::Response {
+    let mut s = shared.inner.lock().expect("lock");
+    let bytes = path.strip_prefix("files/").and_then(|id| s.files.get(id)).cloned();
+    match bytes {
+        Some(b) if bot == format!("bot{TOKEN}") => {
+            s.downloads += 1;
+            (StatusCode::OK, b).into_response()
+        }
+        Some(_) => StatusCode::UNAUTHORIZED.into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 

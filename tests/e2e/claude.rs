@@ -398,3 +398,114 @@ impl Drop for Session {
         let _ = self.child.wait();
     }
 }
+
+/// An interactive session in tmux (its own server socket, started inside the test's network
+/// namespace), driven by keys and read from the screen.
+pub struct Tmux {
+    socket: PathBuf,
+}
+
+impl Habitat {
+    /// Merges `extra` into `$HOME/.claude.json` (after the plugin's install wrote it).
+    pub fn seed(&self, extra: Value) {
+        let path = self.home.join(".claude.json");
+        let mut seeded: Value =
+            std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(json!({}));
+        fn merge(into: &mut Value, from: Value) {
+            match (into, from) {
+                (Value::Object(a), Value::Object(b)) => {
+                    for (k, v) in b {
+                        merge(a.entry(k).or_insert(Value::Null), v);
+                    }
+                }
+                (slot, v) => *slot = v,
+            }
+        }
+        merge(&mut seeded, extra);
+        std::fs::write(&path, seeded.to_string()).expect(".claude.json");
+    }
+
+    /// Starts `claude` interactively with `args` against `model`: onboarding done, the project
+    /// trusted, the key approved (what a person's first run would have answered).
+    pub fn interactive(&self, model: &Model, args: &[&str]) -> Tmux {
+        let project = self.dir.path().join("project");
+        let project = project.canonicalize().unwrap_or(project);
+        self.seed(json!({
+            "hasCompletedOnboarding": true, "theme": "dark", "numStartups": 3,
+            "customApiKeyResponses": {"approved": ["sk-ant-standin"], "rejected": []},
+            "projects": {project.display().to_string(): {"hasTrustDialogAccepted": true,
+                "hasCompletedProjectOnboarding": true, "allowedTools": []}},
+        }));
+        let q = |v: &dyn std::fmt::Display| format!("'{}'", v.to_string().replace('\'', "'\\''"));
+        let mut script = String::from("#!/bin/sh\n");
+        for (k, v) in [
+            ("PATH", "/usr/local/bin:/usr/bin:/bin".to_string()),
+            ("HOME", self.home.display().to_string()),
+            ("TERM", "xterm-256color".into()),
+            ("DISABLE_AUTOUPDATER", "1".into()),
+            ("DISABLE_ERROR_REPORTING", "1".into()),
+            ("CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL", "1".into()),
+            ("PCMAIL_CTL", self.dir.path().join("pcmail-ctl-timed").display().to_string()),
+            ("PCMAIL_HOME", self.pcmail_home.display().to_string()),
+            ("PCMAIL_LOG", "warn".into()),
+            ("ANTHROPIC_BASE_URL", model.url.clone()),
+            ("ANTHROPIC_API_KEY", "sk-ant-standin".into()),
+        ] {
+            script += &format!("export {k}={}\n", q(&v));
+        }
+        script += &format!(
+            "cd {}\nexec claude --debug-file {}",
+            q(&project.display()),
+            q(&self.dir.path().join("debug.log").display())
+        );
+        for a in args {
+            script += &format!(" {}", q(a));
+        }
+        let run = self.dir.path().join("run-claude.sh");
+        std::fs::write(&run, script + "\n").expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let t = Tmux { socket: self.dir.path().join("tmux.sock") };
+        let out = t.tmux(&["new-session", "-d", "-s", "k", "-x", "160", "-y", "50", &run.display().to_string()]);
+        assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+        t
+    }
+}
+
+impl Tmux {
+    fn tmux(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("TERM", "xterm-256color")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux (installed)")
+    }
+
+    /// What the terminal shows now.
+    pub fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p", "-t", "k"]).stdout).to_string()
+    }
+
+    /// Types `text` literally, then Enter.
+    pub fn type_line(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "k", "-l", text]);
+        self.tmux(&["send-keys", "-t", "k", "Enter"]);
+    }
+
+    /// Until the screen shows `needle`.
+    pub fn await_screen(&self, needle: &str) {
+        crate::harness::eventually(60, &format!("the screen shows {needle:?}"), || {
+            self.screen().contains(needle).then_some(())
+        });
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.tmux(&["kill-server"]);
+    }
+}

@@ -288,3 +288,182 @@ fn i8_k8_telegram_messages_before_and_during_a_session_reach_the_model_a_reply_c
         h.assert_hooks_clean();
     });
 }
+
+/// A 1×1 PNG: a photo the session's model can be shown.
+const PNG: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00,
+    0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4, 0x89, 0x00, 0x00, 0x00, 0x0D, 0x49,
+    0x44, 0x41, 0x54, 0x78, 0xDA, 0x63, 0xFC, 0xCF, 0xC0, 0xF0, 0x1F, 0x00, 0x05, 0x06, 0x02, 0x00, 0xA4, 0x5E, 0xC3,
+    0x8C, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+/// The PC's bot logged in again with K6/K7 settings (`telegram login` flags).
+fn bot_settings(home: &std::path::Path, s: &Server, api: &crate::botapi::BotApi, extra: &[&str]) {
+    let file = s.dir.path().join("settings.bot");
+    std::fs::write(&file, format!("{}\n", crate::botapi::TOKEN)).expect("token file");
+    let file = file.display().to_string();
+    let mut args = vec!["telegram", "login", "--token-file", &file, "--api", &api.url];
+    args.extend_from_slice(extra);
+    let out = crate::telegram::pc(home, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn k7_a_photo_is_kept_on_the_pc_and_read_through_the_tool_a_document_over_the_bound_is_recorded_not_downloaded() {
+    use crate::botapi::BotApi;
+    use crate::telegram::{bot_pc, intents, server};
+    habitat(|| {
+        let api = BotApi::start();
+        let (s, _dir) = server("");
+        let (desk, home) = bot_pc(&s, "desk", &api);
+        bot_settings(&home, &s, &api, &["--max-file-bytes", "1000"]);
+        // A mail waiting at the start, so the session-start hook has something to say (K2).
+        ok(s.ctl(&s.token("laptop"), &["send", "--to", "desk", "--subject", "early", "--body", "hi"]));
+        ok(s.ctl(&desk, &["poll"]));
+        let model = Model::start();
+        let h = Habitat::new(&home, true);
+        let mut session = h.session(&model, true, &[]);
+        session.say("hello");
+        session.await_turn();
+
+        // A photo while idle: pushed with its caption and where its file is read; the scripted
+        // turn reads it through the tool.
+        let asked = model.requests().len();
+        model.script(vec![
+            tool(&format!("{TOOL_PREFIX}intents"), json!({"key": "telegram--1001-1"})),
+            text("seen the photo"),
+        ]);
+        assert_eq!(api.photo(-1001, "kim", "the broken screen", PNG), 1);
+        session.await_turn();
+        let requests = model.requests();
+        assert!(requests.len() >= asked + 2, "the tool call and its result: {}", requests.len() - asked);
+        let pushed = shown(&requests[asked]);
+        assert!(
+            pushed.contains("the broken screen")
+                && pushed.contains(&format!("a photo, {} bytes, kept on this PC", PNG.len()))
+                && pushed.contains("the intents tool with key telegram--1001-1 reads it"),
+            "K7: recorded like text, with its caption and a note: {pushed}"
+        );
+        let kept = home.join("telegram-files").join("-1001_1_photo.jpg");
+        assert_eq!(std::fs::read(&kept).expect("the photo in the PC's cache"), PNG);
+        let result = &requests[asked + 1];
+        assert!(
+            shown(result).contains(&kept.display().to_string()),
+            "the tool's result names the file: {}",
+            shown(result)
+        );
+        use base64::Engine;
+        let data = base64::engine::general_purpose::STANDARD.encode(PNG);
+        assert!(result.to_string().contains(&data), "K7: the model is shown the photo itself: {}", result["messages"]);
+        assert_eq!(api.downloads(), 1, "the largest size only, once");
+
+        // A document over the bound: recorded with a note, not downloaded.
+        let asked = model.requests().len();
+        assert_eq!(api.document(-1001, "kim", "dump.bin", "the log", &[7u8; 5000]), 2);
+        session.await_turn();
+        let pushed = shown(&model.requests()[asked]);
+        assert!(
+            pushed.contains("the log")
+                && pushed.contains("a document dump.bin of 5000 bytes, over the 1000-byte bound: not downloaded"),
+            "K7: {pushed}"
+        );
+        assert_eq!(api.downloads(), 1, "nothing more downloaded");
+        assert!(!home.join("telegram-files").join("-1001_2_dump.bin").exists());
+        assert_eq!(intents(&home).len(), 2, "both recorded as intents");
+        session.finish();
+        h.assert_hooks_clean();
+    });
+}
+
+/// The request id of the prompt pcmail relayed to `chat` about `command`, once it is there.
+fn relayed_prompt(api: &crate::botapi::BotApi, chat: i64, command: &str) -> String {
+    eventually(60, &format!("a permission prompt about {command:?} in chat {chat}"), || {
+        api.sent().iter().find_map(|m| {
+            let text = m["text"].as_str()?;
+            (m["chat_id"].as_i64() == Some(chat) && text.contains("asks to run Bash") && text.contains(command))
+                .then(|| text.split("\"yes ").nth(1)?.get(..5).map(String::from))?
+        })
+    })
+}
+
+#[test]
+fn k6_a_permission_prompt_is_relayed_to_the_owners_chat_a_yes_there_runs_the_tool_a_no_stops_it_a_foreign_answer_does_nothing()
+ {
+    use crate::botapi::BotApi;
+    use crate::telegram::{bot_pc, intents, server};
+    habitat(|| {
+        let api = BotApi::start();
+        let (s, _dir) = server("");
+        let (desk, home) = bot_pc(&s, "desk", &api);
+        let owner = 555;
+        bot_settings(&home, &s, &api, &["--owner-chat", &owner.to_string(), "--permission-timeout", "120"]);
+        ok(s.ctl(&s.token("laptop"), &["send", "--to", "desk", "--subject", "early", "--body", "hi"]));
+        ok(s.ctl(&desk, &["poll"]));
+        let model = Model::start();
+        let h = Habitat::new(&home, true);
+        h.seed(json!({"cachedGrowthBookFeatures": {"tengu_harbor_permissions": true}}));
+        let project = h.dir.path().join("project");
+        model.script(vec![
+            tool("Bash", json!({"command": "echo k6 > allowed.txt", "description": "Write allowed.txt"})),
+            text("written"),
+        ]);
+        let term = h.interactive(
+            &model,
+            &["--channels", "plugin:pcmail@pcmail", "--allowedTools", "mcp__plugin_pcmail_pcmail"],
+        );
+        term.await_screen("for shortcuts");
+        term.type_line("write the file");
+        let id = relayed_prompt(&api, owner, "echo k6 > allowed.txt");
+
+        // T13: the same answer from another chat is an ordinary message (recorded), no verdict.
+        let foreign = api.message(-1001, "eve", &format!("yes {id}"));
+        eventually(30, "the foreign answer recorded as a message", || {
+            intents(&home).iter().any(|(k, _)| *k == format!("telegram--1001-{foreign}")).then_some(())
+        });
+        assert!(!project.join("allowed.txt").exists(), "T13: a foreign chat's yes runs nothing");
+        assert!(!api.sent().iter().any(|m| m["text"] == format!("{id}: allowed")), "{:?}", api.sent());
+
+        // The owner's yes: the tool runs, the model gets its result.
+        let asked = model.requests().len();
+        api.message(owner, "kim", &format!("yes {id}"));
+        eventually(60, "the allowed command ran", || project.join("allowed.txt").exists().then_some(()));
+        model.await_requests(asked + 1);
+        assert!(api.sent().iter().any(|m| m["chat_id"] == owner && m["text"] == format!("{id}: allowed")));
+        assert!(
+            !intents(&home).iter().any(|(k, _)| k.starts_with(&format!("telegram-{owner}-"))),
+            "a verdict is not a message to answer: {:?}",
+            intents(&home)
+        );
+
+        // The owner's no: the tool does not run, and the model is told.
+        term.await_screen("written");
+        model.script(vec![
+            tool("Bash", json!({"command": "echo k6 > denied.txt", "description": "Write denied.txt"})),
+            text("stopped"),
+        ]);
+        let asked = model.requests().len();
+        term.type_line("write the other file");
+        let id = relayed_prompt(&api, owner, "echo k6 > denied.txt");
+        api.message(owner, "kim", &format!("no {id}"));
+        model.await_requests(asked + 2);
+        let after = &model.requests()[asked + 1];
+        assert!(!project.join("denied.txt").exists(), "K6: a denial stops the tool call");
+        let result = after["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .rfind(|b| b["type"] == "tool_result")
+            .expect("the tool's result");
+        eprintln!("k6: the denied call's result: {result}");
+        assert_eq!(result["is_error"], true, "K6: the model is told the call was refused: {result}");
+        assert!(result["content"].to_string().contains("Denied via channel plugin:pcmail:pcmail"), "{result}");
+        assert!(api.sent().iter().any(|m| m["chat_id"] == owner && m["text"] == format!("{id}: denied")));
+        let log = h.debug_log();
+        for line in log.lines().filter(|l| l.contains("hannel") && !l.contains("file permissions")).take(12) {
+            eprintln!("k6 debug log: {line}");
+        }
+        h.assert_hooks_clean();
+        drop(term);
+    });
+}

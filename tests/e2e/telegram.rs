@@ -78,7 +78,7 @@ pub(crate) fn bot_pc(s: &Server, machine: &str, api: &BotApi) -> (String, PathBu
 }
 
 /// A CLI verb on the PC whose home is `home`, with only its own config.
-fn pc(home: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn pc(home: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
         .env("PCMAIL_HOME", home)
@@ -355,4 +355,29 @@ fn i9_a_second_poller_gets_409_said_and_alerted_once_a_foreign_chat_is_dropped_a
         let _ = a.kill();
         let _ = a.wait();
     }
+}
+
+#[test]
+fn k8_on_the_server_an_edit_is_an_event_on_its_intent_never_a_second_intent_nor_a_conflict() {
+    let api = BotApi::start();
+    let (s, _dir) = server("");
+    let (desk, home) = bot_pc(&s, "desk", &api);
+    let mut poller = agent(&home);
+    let id = api.message(-1001, "kim", "stop prod");
+    let first = eventually(20, "the intent on the server", || on_server(&s, &desk).into_iter().next());
+    let mail = first["id"].as_str().expect("id").to_string();
+    api.edit(-1001, id, "stop staging");
+    let events = eventually(20, "the edit as an event on the intent", || {
+        let status = json(s.ctl(&desk, &["status", &mail, "-o", "json"]));
+        let events = status["events"].as_array().cloned().unwrap_or_default();
+        events.iter().any(|e| e["reason"] == "IntentEdited").then_some(events)
+    });
+    let edit = events.iter().find(|e| e["reason"] == "IntentEdited").expect("the edit");
+    assert!(edit["message"].as_str().is_some_and(|m| m.ends_with("now: stop staging")), "{edit}");
+    assert!(!events.iter().any(|e| e["reason"] == "IntentConflict"), "K8: an edit is no T4 conflict: {events:?}");
+    let on = on_server(&s, &desk);
+    assert_eq!(on.len(), 1, "K8: never a second intent: {on:?}");
+    assert_eq!(on[0]["body"], "stop prod", "the intent keeps the text it was recorded with; the edit is its event");
+    let _ = poller.kill();
+    let _ = poller.wait();
 }

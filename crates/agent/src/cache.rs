@@ -266,6 +266,30 @@ impl Cache {
         })
     }
 
+    /// Every state value whose key starts with `prefix` (K6's prompts waiting for an answer).
+    pub fn states_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let run = || -> rusqlite::Result<Vec<(String, String)>> {
+            let mut stmt = self.conn.prepare("SELECT key, value FROM state WHERE substr(key, 1, length(?1)) = ?1")?;
+            let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        };
+        run().map_err(|e| self.wrap(e))
+    }
+
+    pub fn clear_state(&mut self, keys: &[&str]) -> Result<()> {
+        self.write(|tx| {
+            for k in keys {
+                tx.execute("DELETE FROM state WHERE key = ?1", [k])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// K8: tells the server of an edit of the intent under `key` (an event on it there).
+    pub fn queue_intent_edit(&mut self, key: &str, message: &serde_json::Value, now: Ts) -> Result<()> {
+        self.write(|tx| queue(tx, QueuedCall::Intent, key, message, now))
+    }
+
     fn select(&self, filter: &str, args: impl rusqlite::Params) -> Result<Vec<Mail>> {
         select_in(&self.conn, filter, args).map_err(|e| self.wrap(e))
     }
@@ -679,6 +703,7 @@ pub(crate) mod tests {
             message: message.into(),
             from: "kim".into(),
             text: format!("message {message} in {chat}"),
+            edited: false,
         };
         intent_mail(&msg, "me", now, pcmail_core::duration::Dur::from_hours(72))
     }

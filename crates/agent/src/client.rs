@@ -320,7 +320,7 @@ impl Client {
 }
 
 /// Writes a private file (0600 on Unix) atomically: a crash leaves the old file or the new one.
-pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
         pcmail_store::private::make_private(dir)?;
@@ -331,7 +331,7 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let mut f = options.open(&tmp)?;
-    f.write_all(contents.as_bytes())?;
+    f.write_all(contents.as_ref())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
 }

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use pcmail_core::duration::Dur;
 use pcmail_core::intent::intent_mail;
-use pcmail_core::telegram::{Answer, BotError, Intake, Update, confirm, failure, intake, wait_after};
+use pcmail_core::telegram::{
+    Answer, BotError, File, Intake, Kept, Update, attachment, cached_name, confirm, failure, file_note, intake,
+    wait_after, within_bound,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -36,15 +39,42 @@ pub struct BotConfig {
     pub token: String,
     #[serde(default = "default_api")]
     pub api: String,
+    /// K6: the chat Claude Code's permission prompts are asked in (the session owner's), and
+    /// the only one whose answer counts; none: no relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_chat: Option<i64>,
+    /// K6: seconds a relayed prompt waits before it is denied.
+    #[serde(default = "default_permission_timeout")]
+    pub permission_timeout: u64,
+    /// K7: the largest photo or document downloaded into the cache, in bytes.
+    #[serde(default = "default_max_file_bytes")]
+    pub max_file_bytes: u64,
 }
 
 fn default_api() -> String {
     DEFAULT_API.into()
 }
 
+fn default_permission_timeout() -> u64 {
+    pcmail_core::permission::DEFAULT_TIMEOUT_SECS
+}
+
+fn default_max_file_bytes() -> u64 {
+    pcmail_core::telegram::DEFAULT_MAX_FILE_BYTES
+}
+
+/// Where downloaded photos and documents are kept (K7), 0700 like the rest of the home.
+pub fn files_dir(home: &Path) -> PathBuf {
+    home.join("telegram-files")
+}
+
 impl std::fmt::Debug for BotConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BotConfig").field("token", &"<hidden>").field("api", &self.api).finish()
+        f.debug_struct("BotConfig")
+            .field("token", &"<hidden>")
+            .field("api", &self.api)
+            .field("owner_chat", &self.owner_chat)
+            .finish()
     }
 }
 
@@ -58,23 +88,48 @@ pub enum TelegramError {
     Cache(#[from] CacheError),
 }
 
-/// The bot: `PCMAIL_TELEGRAM_TOKEN` (and `PCMAIL_TELEGRAM_API`), else `$PCMAIL_HOME/telegram.json`.
+/// The bot: `PCMAIL_TELEGRAM_TOKEN` (and `PCMAIL_TELEGRAM_API`), else `$PCMAIL_HOME/telegram.json`;
+/// `PCMAIL_TELEGRAM_OWNER_CHAT`, `PCMAIL_TELEGRAM_PERMISSION_TIMEOUT` (seconds) and
+/// `PCMAIL_TELEGRAM_MAX_FILE_BYTES` override what either says.
 pub fn load(home: &Path) -> Result<Option<BotConfig>, TelegramError> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    if let Some(token) = env("PCMAIL_TELEGRAM_TOKEN") {
-        return Ok(Some(BotConfig {
+    let mut config = if let Some(token) = env("PCMAIL_TELEGRAM_TOKEN") {
+        BotConfig {
             token: token.trim().into(),
             api: env("PCMAIL_TELEGRAM_API").unwrap_or_else(default_api),
-        }));
+            owner_chat: None,
+            permission_timeout: default_permission_timeout(),
+            max_file_bytes: default_max_file_bytes(),
+        }
+    } else {
+        let path = home.join(CONFIG_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| TelegramError::Config { path, message: format!("not a valid Telegram config: {e}") })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(TelegramError::Config { path, message: e.to_string() }),
+        }
+    };
+    let number = |name: &str| -> Result<Option<i64>, TelegramError> {
+        env(name)
+            .map(|v| {
+                v.trim().parse::<i64>().map_err(|_| TelegramError::Config {
+                    path: PathBuf::from(format!("${name}")),
+                    message: format!("{v:?} is not a whole number; set it to a Telegram chat id or a count"),
+                })
+            })
+            .transpose()
+    };
+    if let Some(chat) = number("PCMAIL_TELEGRAM_OWNER_CHAT")? {
+        config.owner_chat = Some(chat);
     }
-    let path = home.join(CONFIG_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|e| TelegramError::Config { path, message: format!("not a valid Telegram config: {e}") }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TelegramError::Config { path, message: e.to_string() }),
+    if let Some(secs) = number("PCMAIL_TELEGRAM_PERMISSION_TIMEOUT")? {
+        config.permission_timeout = secs.clamp(1, 86_400) as u64;
     }
+    if let Some(bytes) = number("PCMAIL_TELEGRAM_MAX_FILE_BYTES")? {
+        config.max_file_bytes = bytes.max(0) as u64;
+    }
+    Ok(Some(config))
 }
 
 /// Saves the bot's config, private to this user (0600).
@@ -91,6 +146,10 @@ pub fn save(home: &Path, config: &BotConfig) -> Result<PathBuf, TelegramError> {
 pub struct Bot {
     http: reqwest::Client,
     base: String,
+    /// Where files are downloaded from: `<api>/file/bot<token>`.
+    files: String,
+    /// K7: the largest file downloaded.
+    pub max_file_bytes: u64,
 }
 
 impl Bot {
@@ -100,7 +159,13 @@ impl Bot {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| BotError::Unreachable(e.without_url().to_string()))?;
-        Ok(Bot { http, base: format!("{}/bot{}", config.api.trim_end_matches('/'), config.token) })
+        let api = config.api.trim_end_matches('/');
+        Ok(Bot {
+            http,
+            base: format!("{api}/bot{}", config.token),
+            files: format!("{api}/file/bot{}", config.token),
+            max_file_bytes: config.max_file_bytes,
+        })
     }
 
     async fn call<T: DeserializeOwned>(&self, method: &str, body: serde_json::Value) -> Result<T, BotError> {
@@ -126,7 +191,7 @@ impl Bot {
     /// I7: updates from `offset` on, waiting up to the long-poll time for one to come. The
     /// offset confirms every update below it.
     pub async fn get_updates(&self, offset: Option<i64>) -> Result<Vec<Update>, BotError> {
-        let mut body = json!({"timeout": LONG_POLL_SECS, "allowed_updates": ["message"]});
+        let mut body = json!({"timeout": LONG_POLL_SECS, "allowed_updates": ["message", "edited_message"]});
         if let Some(o) = offset {
             body["offset"] = json!(o);
         }
@@ -142,6 +207,41 @@ impl Bot {
         });
         let sent: serde_json::Value = self.call("sendMessage", body).await?;
         Ok(sent["message_id"].as_i64().unwrap_or_default())
+    }
+
+    /// K6: a message of pcmail's own to `chat` (a permission prompt, its outcome).
+    pub async fn say(&self, chat: i64, text: &str) -> Result<i64, BotError> {
+        let sent: serde_json::Value = self.call("sendMessage", json!({"chat_id": chat, "text": text})).await?;
+        Ok(sent["message_id"].as_i64().unwrap_or_default())
+    }
+
+    /// K7: a message's file, at most `bound` bytes: `getFile`, then the download, stopped as
+    /// soon as it passes the bound.
+    pub async fn download(&self, file_id: &str, bound: u64) -> Result<Result<Vec<u8>, Kept>, BotError> {
+        let file: File = self.call("getFile", json!({"file_id": file_id})).await?;
+        if let Err(over) = within_bound(file.file_size, bound) {
+            return Ok(Err(over));
+        }
+        let Some(path) = file.file_path.filter(|p| !p.is_empty()) else {
+            return Ok(Err(Kept::Failed("Telegram gave no file_path for it".into())));
+        };
+        let unreachable = |e: reqwest::Error| BotError::Unreachable(format!("file download: {}", e.without_url()));
+        let mut response = self.http.get(format!("{}/{path}", self.files)).send().await.map_err(unreachable)?;
+        let status = response.status().as_u16();
+        if status >= 500 {
+            return Err(BotError::Unreachable(format!("file download: HTTP {status}")));
+        }
+        if status >= 400 {
+            return Ok(Err(Kept::Failed(format!("the file download answered HTTP {status}"))));
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() as u64 > bound {
+                return Ok(Err(Kept::TooLarge { size: bytes.len() as u64, bound }));
+            }
+        }
+        Ok(Ok(bytes))
     }
 
     /// I8: a reaction on one message (it says "seen", never "answered").
@@ -233,8 +333,16 @@ pub async fn poll_once(home: &Path, bot: &Bot, client: Option<&Client>) -> Resul
     let (mut recorded, mut dropped) = (0, 0u64);
     for update in &updates {
         match intake(update, &policy) {
-            Intake::Record(msg) => {
+            // K6: the owner's answer to a prompt is a verdict, not a message to answer.
+            Intake::Record(msg) if answer_prompt(&mut cache, &msg)? => {}
+            Intake::Record(mut msg) => {
                 let now = crate::now();
+                let key = pcmail_core::intent::external_key(&msg.channel, &msg.chat, &msg.message);
+                if cache.intent_by_key(&key)?.is_none()
+                    && let Some(note) = keep_file(home, bot, update, &msg).await?
+                {
+                    msg.text = if msg.text.starts_with('[') { note } else { format!("{}\n{note}", msg.text) };
+                }
                 let mail = intent_mail(&msg, &me, now, Dur::from_hours(72));
                 let message = serde_json::to_value(&msg).unwrap_or_default();
                 // Recorded (FULL sync) before the offset below moves past it (I7).
@@ -242,23 +350,7 @@ pub async fn poll_once(home: &Path, bot: &Bot, client: Option<&Client>) -> Resul
                     recorded += 1;
                 }
             }
-            // K8: an event on its intent; the intent itself if the original was never recorded.
-            Intake::Edit(msg) => {
-                let now = crate::now();
-                let mail = intent_mail(&msg, &me, now, Dur::from_hours(72));
-                let key = mail.external_key.clone().unwrap_or_default();
-                let before = cache.get(&mail.id)?.map(|m| m.body);
-                match cache.edit_intent(&key, &msg.text)? {
-                    Some(m) if before.as_deref() != Some(m.body.as_str()) => recorded += 1,
-                    Some(_) => {}
-                    None => {
-                        let message = serde_json::to_value(&msg).unwrap_or_default();
-                        if cache.record_intent(&mail, &message, now)? {
-                            recorded += 1;
-                        }
-                    }
-                }
-            }
+            Intake::Edit(msg) => recorded += record_edit(&mut cache, &msg, &me)?,
             Intake::Dropped { chat } => {
                 tracing::info!(chat, "Telegram message from a chat outside allowedChats dropped");
                 dropped += 1;
@@ -280,6 +372,77 @@ pub async fn poll_once(home: &Path, bot: &Bot, client: Option<&Client>) -> Resul
         tracing::info!(error = %e, "recorded; the server will be told at the next poll");
     }
     Ok(recorded)
+}
+
+/// K8: an event on its intent (here its text history; on the server an event, told through the
+/// queue); the intent itself if the original was never recorded. Answers 1 when the session
+/// has something new to hear.
+fn record_edit(cache: &mut Cache, msg: &pcmail_core::intent::InboundMessage, me: &str) -> Result<usize, TelegramError> {
+    let now = crate::now();
+    let mail = intent_mail(msg, me, now, Dur::from_hours(72));
+    let key = mail.external_key.clone().unwrap_or_default();
+    let before = cache.get(&mail.id)?.map(|m| m.body);
+    let message = serde_json::to_value(msg).unwrap_or_default();
+    Ok(match cache.edit_intent(&key, &msg.text)? {
+        Some(m) if before.as_deref() != Some(m.body.as_str()) => {
+            cache.queue_intent_edit(&key, &message, now)?;
+            1
+        }
+        Some(_) => 0,
+        None => usize::from(cache.record_intent(&mail, &message, now)?),
+    })
+}
+
+/// K6: the cache key of a prompt waiting for its answer, and of the verdict given.
+pub const PROMPT_PREFIX: &str = "permission:";
+pub const VERDICT_PREFIX: &str = "permission-verdict:";
+
+/// K6/T13: when `msg` is the answer to a prompt asked in its chat, keeps the verdict for the
+/// session that asked (which tells Claude Code) and answers true; an answer from any other
+/// chat, or to no prompt, is an ordinary message.
+fn answer_prompt(cache: &mut Cache, msg: &pcmail_core::intent::InboundMessage) -> Result<bool, TelegramError> {
+    use pcmail_core::permission::{Pending, parse_answer, verdict};
+    if parse_answer(&msg.text).is_none() {
+        return Ok(false);
+    }
+    let pending: Vec<Pending> = cache
+        .states_with_prefix(PROMPT_PREFIX)?
+        .into_iter()
+        .filter_map(|(_, v)| serde_json::from_str::<Pending>(&v).ok())
+        // A prompt past its deadline (its session gone before it could deny) takes no answer.
+        .filter(|p| p.deadline > crate::now())
+        .collect();
+    let Ok(chat) = msg.chat.parse::<i64>() else { return Ok(false) };
+    let Some((p, behavior)) = verdict(&pending, chat, &msg.text) else { return Ok(false) };
+    cache.set_state(&[(&format!("{VERDICT_PREFIX}{}", p.request_id), behavior.as_str().to_string())])?;
+    Ok(true)
+}
+
+/// K7: downloads the file `update`'s message carries into the cache's files (0600), within
+/// the bot's bound; answers the note its intent's text gets. A Telegram that cannot be
+/// reached is an error (the update is read again); a refusal is said in the note.
+async fn keep_file(
+    home: &Path,
+    bot: &Bot,
+    update: &Update,
+    msg: &pcmail_core::intent::InboundMessage,
+) -> Result<Option<String>, TelegramError> {
+    let Some(a) = attachment(update) else { return Ok(None) };
+    let (chat, message) = (msg.chat.parse::<i64>().unwrap_or_default(), msg.message.parse::<i64>().unwrap_or_default());
+    let kept = match within_bound(a.size, bot.max_file_bytes) {
+        Err(over) => over,
+        Ok(()) => match bot.download(&a.file_id, bot.max_file_bytes).await {
+            Ok(Ok(bytes)) => {
+                let path = files_dir(home).join(cached_name(chat, message, &a));
+                write_private(&path, &bytes).map_err(|e| TelegramError::Config { path, message: e.to_string() })?;
+                Kept::Saved(bytes.len() as u64)
+            }
+            Ok(Err(kept)) => kept,
+            Err(e @ BotError::Refused(_)) => Kept::Failed(e.to_string()),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    Ok(Some(file_note(&a, chat, message, &kept)))
 }
 
 /// Tells the server how the poller is (I9): a conflict raises the `channel-conflict` alert, the

@@ -195,6 +195,7 @@ mod tests {
             message: "2604".into(),
             from: "@kim".into(),
             text: "本番を止めて".into(),
+            edited: false,
         };
         let m = crate::intent::intent_mail(&msg, "desk", at(0), crate::duration::Dur::from_hours(1));
         let p = push_intent(&m);

@@ -32,6 +32,10 @@ pub struct InboundMessage {
     /// The sender as the chat names them.
     pub from: String,
     pub text: String,
+    /// K8: the message was edited after it was recorded: an event on its intent, never a
+    /// second intent (and never a T4 conflict).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub edited: bool,
 }
 
 impl crate::validate::Validate for InboundMessage {
@@ -119,6 +123,25 @@ pub enum Recording {
     /// is kept in an event and raised as an `intent-conflict` alert, so a forged first record
     /// can never silently swallow the real message.
     Conflict { event: crate::api::Event, alert: crate::alert::Alert },
+    /// K8: an edit of the stored intent's message: an event holding the new text (the
+    /// history is the intent's events); the intent and its state stay.
+    Edited(crate::api::Event),
+}
+
+/// K8: an edit recorded as an event on its intent; the intent itself when its original was
+/// never recorded; nothing when the text is what the intent already says (a resent edit).
+pub fn plan_edit(stored: Option<&Mail>, incoming: Mail, recorder: &str, now: Ts) -> Recording {
+    let Some(first) = stored else { return Recording::New(incoming) };
+    if first.body.split(EDITED).next() == Some(incoming.body.as_str()) {
+        return Recording::Same;
+    }
+    Recording::Edited(crate::api::Event {
+        at: now,
+        object: format!("mail/{}", first.id),
+        reason: "IntentEdited".into(),
+        message: format!("edited on {} by {}; now: {}", first.channel, incoming.from, cut(&incoming.body, 2000)),
+        actor: recorder.to_string(),
+    })
 }
 
 /// T4: the first record of a key stores it; a repeat changes nothing; a record that differs
@@ -234,6 +257,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::duration::Dur;
     use crate::mail::MailState;
     use crate::mail::fixtures::at;
 
@@ -248,6 +272,7 @@ mod tests {
             message: message.into(),
             from: "kim".into(),
             text: "本番を止めて".into(),
+            edited: false,
         }
     }
 
@@ -322,6 +347,35 @@ mod tests {
         p.recorders = vec!["laptop".into()];
         assert!(may_record(&machine("laptop"), &p, "desk"));
         assert!(!may_record(&machine("desk"), &p, "desk"), "recorders replace the owner");
+    }
+
+    #[test]
+    fn k8_an_edit_is_an_event_on_its_intent_never_a_second_intent_or_a_conflict() {
+        let first = intent_mail(&msg("100", "7"), "desk", at(0), Dur::from_hours(1));
+        let edit = InboundMessage { text: "deploy at 5".into(), edited: true, ..msg("100", "7") };
+        let Recording::Edited(event) =
+            plan_edit(Some(&first), intent_mail(&edit, "desk", at(9), Dur::from_hours(1)), "desk", at(9))
+        else {
+            panic!("an event on the stored intent")
+        };
+        assert_eq!(
+            (event.object.as_str(), event.reason.as_str()),
+            (format!("mail/{}", first.id).as_str(), "IntentEdited")
+        );
+        assert!(event.message.ends_with("now: deploy at 5"), "{}", event.message);
+        let same = intent_mail(&msg("100", "7"), "desk", at(9), Dur::from_hours(1));
+        assert_eq!(plan_edit(Some(&first), same, "desk", at(9)), Recording::Same, "the text it already says");
+        let never = intent_mail(&edit, "desk", at(9), Dur::from_hours(1));
+        assert!(
+            matches!(plan_edit(None, never, "desk", at(9)), Recording::New(_)),
+            "an edit of an unrecorded message records it"
+        );
+        let wire: InboundMessage = serde_json::from_str(
+            r#"{"channel":"telegram","chat":"1","message":"2","from":"@k","text":"t","edited":true}"#,
+        )
+        .expect("edited on the wire");
+        assert!(wire.edited);
+        assert!(!serde_json::to_string(&msg("1", "2")).expect("json").contains("edited"), "absent when false");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod mail;
 pub mod manifest;
 pub mod names;
 pub mod page;
+pub mod permission;
 pub mod present;
 pub mod progress;
 pub mod restore;

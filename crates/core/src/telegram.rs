@@ -35,6 +35,40 @@ pub struct Message {
     pub text: Option<String>,
     #[serde(default)]
     pub caption: Option<String>,
+    /// K7: a photo, in every size Telegram made of it (the largest last).
+    #[serde(default)]
+    pub photo: Vec<PhotoSize>,
+    /// K7: a file sent as a document.
+    #[serde(default)]
+    pub document: Option<Document>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct PhotoSize {
+    pub file_id: String,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Document {
+    pub file_id: String,
+    #[serde(default)]
+    pub file_name: Option<String>,
+    #[serde(default)]
+    pub mime_type: Option<String>,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+}
+
+/// `getFile`'s answer: where the file is to be downloaded from (`<api>/file/bot<token>/<path>`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct File {
+    pub file_id: String,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+    #[serde(default)]
+    pub file_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -99,15 +133,139 @@ pub fn intake(update: &Update, policy: &IntentPolicySpec) -> Intake {
     if !policy.allowed_chats.is_empty() && !policy.allowed_chats.contains(&m.chat.id) {
         return Intake::Dropped { chat: m.chat.id };
     }
-    let text = m.text.clone().or_else(|| m.caption.clone()).unwrap_or_else(|| "[a message without text]".into());
+    let bare = match attachment_of(m) {
+        Some(a) => format!("[{}]", a.what()),
+        None => "[a message without text]".into(),
+    };
+    let text = m.text.clone().or_else(|| m.caption.clone()).unwrap_or(bare);
     let msg = InboundMessage {
         channel: CHANNEL.into(),
         chat: m.chat.id.to_string(),
         message: m.message_id.to_string(),
         from: m.from.as_ref().map_or_else(|| format!("chat {}", m.chat.id), sender),
         text: crate::text::sanitize(&text),
+        edited: edit,
     };
     if edit { Intake::Edit(msg) } else { Intake::Record(msg) }
+}
+
+/// K7: the most a photo or document may weigh to be downloaded into the PC's cache (10 MiB;
+/// Telegram's own `getFile` serves at most 20 MB). A heavier one is recorded with a note.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentKind {
+    Photo,
+    Document,
+}
+
+/// K7: the file a message carries, as pcmail keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub kind: AttachmentKind,
+    pub file_id: String,
+    /// A name safe as the last part of a path: the document's own, cleaned, or `photo.jpg`.
+    pub name: String,
+    /// The size Telegram declared, if it did.
+    pub size: Option<u64>,
+}
+
+impl Attachment {
+    fn what(&self) -> String {
+        match self.kind {
+            AttachmentKind::Photo => "a photo".into(),
+            AttachmentKind::Document => format!("a document {}", self.name),
+        }
+    }
+}
+
+/// K7: the photo (its largest size) or document of an update's message, if it has one.
+pub fn attachment(update: &Update) -> Option<Attachment> {
+    attachment_of(update.message.as_ref().or(update.edited_message.as_ref())?)
+}
+
+fn attachment_of(m: &Message) -> Option<Attachment> {
+    if let Some(p) = m.photo.iter().max_by_key(|p| p.file_size.unwrap_or(0)).or(m.photo.last()) {
+        return Some(Attachment {
+            kind: AttachmentKind::Photo,
+            file_id: p.file_id.clone(),
+            name: "photo.jpg".into(),
+            size: p.file_size,
+        });
+    }
+    let d = m.document.as_ref()?;
+    Some(Attachment {
+        kind: AttachmentKind::Document,
+        file_id: d.file_id.clone(),
+        name: safe_name(d.file_name.as_deref().unwrap_or("document")),
+        size: d.file_size,
+    })
+}
+
+/// A file name that stays one path segment: letters, digits, `.`, `-`, `_` (others become
+/// `_`), no leading dot, at most 100 characters.
+pub fn safe_name(name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .take(100)
+        .collect();
+    let clean = clean.trim_start_matches('.');
+    if clean.is_empty() { "document".into() } else { clean.to_string() }
+}
+
+/// K7: the name a message's file has in the PC's cache; [`cached_prefix`] finds it again.
+pub fn cached_name(chat: i64, message: i64, a: &Attachment) -> String {
+    format!("{}{}", cached_prefix(chat, message), a.name)
+}
+
+pub fn cached_prefix(chat: i64, message: i64) -> String {
+    format!("{chat}_{message}_")
+}
+
+/// K7: what became of a message's file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// Downloaded into the cache, this many bytes.
+    Saved(u64),
+    /// Over the bound: recorded, not downloaded.
+    TooLarge { size: u64, bound: u64 },
+    /// Telegram refused it (gone, too big for `getFile`): recorded with why.
+    Failed(String),
+}
+
+/// K7: whether a file of `size` (as declared, when Telegram declared it) is downloaded.
+pub fn within_bound(size: Option<u64>, bound: u64) -> Result<(), Kept> {
+    match size {
+        Some(size) if size > bound => Err(Kept::TooLarge { size, bound }),
+        _ => Ok(()),
+    }
+}
+
+/// K7: the line an intent's text gets about its file, saying how the session reads it.
+pub fn file_note(a: &Attachment, chat: i64, message: i64, kept: &Kept) -> String {
+    let what = a.what();
+    match kept {
+        Kept::Saved(bytes) => format!(
+            "[{what}, {bytes} bytes, kept on this PC: the intents tool with key {} reads it]",
+            crate::intent::external_key(CHANNEL, &chat.to_string(), &message.to_string())
+        ),
+        Kept::TooLarge { size, bound } => {
+            format!("[{what} of {size} bytes, over the {bound}-byte bound: not downloaded]")
+        }
+        Kept::Failed(why) => format!("[{what}, not downloaded: {}]", crate::present::cut(why, 200)),
+    }
+}
+
+/// The media type of an image by its first bytes (what the session's model can be shown).
+pub fn image_type(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0xFF, 0xD8, 0xFF, ..] => Some("image/jpeg"),
+        [0x89, b'P', b'N', b'G', ..] => Some("image/png"),
+        [b'G', b'I', b'F', b'8', ..] => Some("image/gif"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some("image/webp"),
+        _ => None,
+    }
 }
 
 /// A sender as people read them: `@username`, else the name, else the id.
@@ -290,6 +448,46 @@ mod tests {
         let bare = update(r#"{"update_id": 4, "message": {"message_id": 9, "chat": {"id": 4}}}"#);
         let Intake::Record(msg) = intake(&bare, &IntentPolicySpec::default()) else { panic!("recorded") };
         assert_eq!((msg.from.as_str(), msg.text.as_str()), ("chat 4", "[a message without text]"));
+    }
+
+    #[test]
+    fn k7_a_photo_or_document_is_found_named_safely_and_bounded() {
+        let photo = update(
+            r#"{"update_id": 5, "message": {"message_id": 3, "chat": {"id": -7}, "caption": "receipt",
+                "photo": [{"file_id": "small", "file_size": 10}, {"file_id": "big", "file_size": 900}]}}"#,
+        );
+        let a = attachment(&photo).expect("a photo");
+        assert_eq!(
+            (a.kind, a.file_id.as_str(), a.name.as_str(), a.size),
+            (AttachmentKind::Photo, "big", "photo.jpg", Some(900))
+        );
+        assert_eq!(cached_name(-7, 3, &a), "-7_3_photo.jpg");
+        let Intake::Record(msg) = intake(&photo, &IntentPolicySpec::default()) else { panic!("recorded") };
+        assert_eq!(msg.text, "receipt", "the caption is its text");
+        let doc = update(
+            r#"{"update_id": 6, "message": {"message_id": 4, "chat": {"id": 1},
+                "document": {"file_id": "d", "file_name": "../../etc/passwd", "mime_type": "text/plain", "file_size": 30}}}"#,
+        );
+        let d = attachment(&doc).expect("a document");
+        assert_eq!(d.name, "_.._etc_passwd", "one path segment, no leading dot");
+        let Intake::Record(msg) = intake(&doc, &IntentPolicySpec::default()) else { panic!("recorded") };
+        assert_eq!(msg.text, "[a document _.._etc_passwd]");
+        assert_eq!(
+            attachment(&update(r#"{"update_id": 7, "message": {"message_id": 1, "chat": {"id": 1}, "text": "x"}}"#)),
+            None
+        );
+        assert_eq!(safe_name("..."), "document");
+        assert_eq!(within_bound(Some(10), 10), Ok(()));
+        assert_eq!(within_bound(None, 10), Ok(()), "undeclared: the download itself is bounded");
+        let over = within_bound(Some(11), 10).expect_err("over the bound");
+        assert_eq!(over, Kept::TooLarge { size: 11, bound: 10 });
+        assert_eq!(
+            file_note(&d, 1, 4, &over),
+            "[a document _.._etc_passwd of 11 bytes, over the 10-byte bound: not downloaded]"
+        );
+        assert!(file_note(&a, -7, 3, &Kept::Saved(900)).contains("intents tool with key telegram--7-3 reads it"));
+        assert_eq!(image_type(&[0x89, b'P', b'N', b'G', 13]), Some("image/png"));
+        assert_eq!(image_type(b"hello"), None);
     }
 
     #[test]

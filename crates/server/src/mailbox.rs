@@ -8,7 +8,7 @@ use pcmail_core::agent::{REFUSALS_PER_HOUR, Report};
 use pcmail_core::alert::{arrival_notice, poller_alert};
 use pcmail_core::api::{Event, PollResponse, PollerReport, RefusedCall, SendRequest, SendResponse};
 use pcmail_core::ids;
-use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_record};
+use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_edit, plan_record};
 use pcmail_core::mail::{
     Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view,
     deliver_or_expire, plan_send, poll_start, send_ids,
@@ -155,6 +155,7 @@ pub async fn record_intent(
     }
     let recorder = caller.machine().unwrap_or("admin").to_string();
     let mail = intent_mail(&msg, &owner, now, rt.mail_policy.ttl);
+    let edited = msg.edited;
     let key = mail.external_key.clone();
     let legacy = ids::legacy_intent_id(key.as_deref().unwrap_or_default());
     let (outcome, moves) = app
@@ -176,12 +177,22 @@ pub async fn record_intent(
                 return (writes, (Err(e), moves));
             }
             let id = stored.map_or_else(|| mail.id.clone(), |m| m.id.clone());
-            let outcome = match plan_record(stored, mail, &recorder, now) {
+            // K8: an edit is an event on its intent, never a second intent nor a conflict.
+            let plan = if edited {
+                plan_edit(stored, mail, &recorder, now)
+            } else {
+                plan_record(stored, mail, &recorder, now)
+            };
+            let outcome = match plan {
                 Recording::New(mail) => {
                     moves.record(&mut writes, None, mail, &recorder, now);
                     (id, true, false)
                 }
                 Recording::Same => (id, false, false),
+                Recording::Edited(event) => {
+                    writes.events.push(event);
+                    (id, false, false)
+                }
                 Recording::Conflict { event, alert } => {
                     writes.events.push(event);
                     writes.alerts.push(alert);

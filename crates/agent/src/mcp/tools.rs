@@ -77,7 +77,11 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
             "Mail of this PC and ledger rows holding a text.",
             object(json!({"text": {"type": "string"}, "in": {"enum": ["mail", "ledger"]}}), &["text"]),
         ),
-        ("intents", "Telegram messages still waiting for a reply.", object(json!({}), &[])),
+        (
+            "intents",
+            "Telegram messages still waiting for a reply; key: one, with its file.",
+            object(json!({"key": {"type": "string"}}), &[]),
+        ),
         (
             "telegram_reply",
             "Reply on Telegram to one message; closes it.",
@@ -342,6 +346,55 @@ async fn telegram(client: Option<&Client>, home: &Path, name: &str, args: &Args<
         Some(state) => format!("{verb} chat {chat} message {message}; its intent is {state}"),
         None => format!("{verb} chat {chat} message {message}; no pending intent had that key"),
     })
+}
+
+/// K7: a text file up to this size is handed over as text; larger, by its path only.
+const MAX_TEXT_FILE: usize = 100 * 1024;
+
+/// K7: `intents {key}`: the file the message recorded under `key` carried, from the PC's
+/// cache: where it is, and its content
+/// — an image as an image, text as text. Only messages recorded as intents of an allowed chat
+/// (T13's rule, as for answers).
+pub fn attachment(home: &Path, key: &str) -> Result<Vec<rmcp::model::ContentBlock>, ToolError> {
+    use base64::Engine;
+    use rmcp::model::ContentBlock;
+    let (chat, message) =
+        pcmail_core::intent::key_parts(key.trim(), pcmail_core::telegram::CHANNEL).ok_or_else(|| {
+            ToolError(format!("`key` must be a Telegram intent's key like telegram--1001-5, not {key:?}."))
+        })?;
+    let target = {
+        let cache = Cache::open(home, crate::hooks::HOOK_BUSY)?;
+        let policy = cache.intent_policy()?;
+        let recorded = |key: &str| cache.intent_by_key(key).ok().flatten().is_some();
+        pcmail_core::telegram::outbound(&policy, chat, message, recorded)
+            .map_err(|why| ToolError(format!("Refused: {why}.")))?
+    };
+    let dir = crate::telegram::files_dir(home);
+    let prefix = pcmail_core::telegram::cached_prefix(target.chat, target.message);
+    let found = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)));
+    let Some(path) = found else {
+        return Err(ToolError(format!(
+            "No file is kept for chat {} message {}: it had none, or it was over the bound (its text says).",
+            target.chat, target.message
+        )));
+    };
+    let bytes = std::fs::read(&path).map_err(|e| ToolError(format!("{}: {e}", path.display())))?;
+    let mut blocks = vec![ContentBlock::text(format!("{key}: {} bytes, kept at {}", bytes.len(), path.display()))];
+    if let Some(media) = pcmail_core::telegram::image_type(&bytes) {
+        blocks.push(ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&bytes), media));
+    } else if let Ok(text) = std::str::from_utf8(&bytes).map(str::to_string)
+        && bytes.len() <= MAX_TEXT_FILE
+    {
+        blocks.push(ContentBlock::text(text));
+    } else {
+        blocks.push(ContentBlock::text("Not text or an image, or too long to show: read it at the path."));
+    }
+    Ok(blocks)
 }
 
 /// I5's listing, from the local cache: intents are recorded on this PC first (I1).

@@ -662,6 +662,7 @@ mod tests {
             message: "2".into(),
             from: "kim".into(),
             text: "hi".into(),
+            edited: false,
         };
         let intent = crate::intent::intent_mail(&msg, "pc2", at(0), crate::duration::Dur::from_hours(72));
         assert!(plan(std::slice::from_ref(&intent), &[], at(599)).upsert.is_empty());
