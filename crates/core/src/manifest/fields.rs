@@ -42,6 +42,10 @@ pub enum Ty {
     List(&'static Ty),
     /// A list of at least one element.
     NonEmptyList(&'static Ty),
+    /// Five cron fields: minute hour day-of-month month day-of-week.
+    Cron,
+    /// An IANA time zone name (`Asia/Tokyo`, `UTC`).
+    TimeZone,
     /// A mapping of keys (no '=' or NUL) to values of this type.
     Map(&'static Ty),
 }
@@ -242,7 +246,7 @@ const FUNCTION: &[Field] = &[
     def("env", Ty::Map(&Ty::Text), "{}", "Environment variables set for the command."),
 ];
 
-const AGGREGATE: &[Field] = &[req("title", Ty::Word, "The title of the one row the source's items are folded into.")];
+const AGGREGATE: &[Field] = &[req("title", Ty::Text, "The title of the one row the source's items are folded into.")];
 
 const SOURCE: &[Field] = &[
     req("name", Ty::Word, "The source's name, unique in the Ledger; push:… names are a machine's own pushes."),
@@ -280,7 +284,7 @@ const ENTRY: &[Field] = &[
         Ty::Enum(&["execute-checked", "sync", "auto-execute", "rebuild-view", "mail-sweep"]),
         "What runs at each time the cron names.",
     ),
-    req("cron", Ty::Word, "Five cron fields: minute hour day-of-month month day-of-week."),
+    req("cron", Ty::Cron, "Five cron fields: minute hour day-of-month month day-of-week."),
     opt(
         "maxPerRun",
         Ty::Count { min: 1, max: MAX_COUNT },
@@ -289,7 +293,7 @@ const ENTRY: &[Field] = &[
 ];
 
 const SCHEDULE: &[Field] = &[
-    def("timezone", Ty::Word, "UTC", "The IANA time zone the crons are read in (e.g. Asia/Tokyo)."),
+    def("timezone", Ty::TimeZone, "UTC", "The IANA time zone the crons are read in (e.g. Asia/Tokyo)."),
     req("entries", Ty::NonEmptyList(&Ty::Object(ENTRY)), "The roles to run and when."),
 ];
 
@@ -351,7 +355,9 @@ impl Ty {
     /// kubectl explain's notation: `<string>`, `<[]Object>`, `<map[string]string>`.
     pub fn type_name(&self) -> String {
         match self {
-            Ty::Line | Ty::Word | Ty::Text | Ty::Name | Ty::Url | Ty::Enum(_) => "string".into(),
+            Ty::Line | Ty::Word | Ty::Text | Ty::Name | Ty::Url | Ty::Enum(_) | Ty::Cron | Ty::TimeZone => {
+                "string".into()
+            }
             Ty::Count { .. } | Ty::Integer => "integer".into(),
             Ty::Duration { .. } => "duration".into(),
             Ty::Bool => "boolean".into(),
@@ -379,6 +385,8 @@ impl Ty {
                 _ => format!("{min} to {max}, written like 30s, 10m, 2h, 3d or 1h30m"),
             },
             Ty::Bool => "true or false".into(),
+            Ty::Cron => "five cron fields (minute hour day-of-month month day-of-week), e.g. \"0 2 * * *\"".into(),
+            Ty::TimeZone => "an IANA time zone name, e.g. Asia/Tokyo or UTC".into(),
             Ty::Enum(values) => format!("one of {}", values.join(", ")),
             Ty::Object(_) => String::new(),
             Ty::List(t) => t.allowed(),
@@ -400,9 +408,11 @@ mod tests {
     use super::*;
 
     /// A value of `ty` that every rule of `check_object` accepts.
-    fn sample(field: &Field, ty: &Ty) -> String {
+    fn sample(ty: &Ty) -> String {
         match ty {
-            Ty::Line | Ty::Word => format!("\"{}\"", if field.name == "timezone" { "Asia/Tokyo" } else { "x y" }),
+            Ty::Line | Ty::Word => "\"x y\"".into(),
+            Ty::Cron => "\"0 2 * * *\"".into(),
+            Ty::TimeZone => "Asia/Tokyo".into(),
             Ty::Text => "echo".into(),
             Ty::Name => "desk".into(),
             Ty::Url => "https://example.invalid/hook".into(),
@@ -412,21 +422,15 @@ mod tests {
             Ty::Bool => "true".into(),
             Ty::Enum(values) => values[values.len() - 1].into(),
             Ty::Object(fields) => object(fields, |_| true),
-            Ty::List(t) | Ty::NonEmptyList(t) => format!("[{}]", sample(field, t)),
-            Ty::Map(t) => format!("{{K: {}}}", sample(field, t)),
+            Ty::List(t) | Ty::NonEmptyList(t) => format!("[{}]", sample(t)),
+            Ty::Map(t) => format!("{{K: {}}}", sample(t)),
         }
     }
 
     /// A flow mapping of the fields `keep` keeps, each with its sample value.
     fn object(fields: &[Field], keep: impl Fn(&Field) -> bool) -> String {
-        let items: Vec<String> = fields
-            .iter()
-            .filter(|f| keep(f))
-            .map(|f| {
-                let value = if f.name == "cron" { "\"0 2 * * *\"".to_string() } else { sample(f, &f.ty) };
-                format!("{}: {value}", f.name)
-            })
-            .collect();
+        let items: Vec<String> =
+            fields.iter().filter(|f| keep(f)).map(|f| format!("{}: {}", f.name, sample(&f.ty))).collect();
         format!("{{{}}}", items.join(", "))
     }
 
@@ -498,7 +502,7 @@ mod tests {
                 .spec
                 .iter()
                 .filter_map(|f| match (f.required, f.default) {
-                    (true, _) => Some(format!("{}: {}", f.name, sample(f, &f.ty))),
+                    (true, _) => Some(format!("{}: {}", f.name, sample(&f.ty))),
                     (false, Some(d)) => Some(format!("{}: {d}", f.name)),
                     (false, None) => None,
                 })
@@ -529,7 +533,7 @@ mod tests {
                         .spec
                         .iter()
                         .filter(|g| g.required && g.name != f.name)
-                        .map(|g| format!("{}: {}", g.name, sample(g, &g.ty)))
+                        .map(|g| format!("{}: {}", g.name, sample(&g.ty)))
                         .collect();
                     fields.push(format!("{}: {value}", f.name));
                     if f.name == "leaseDuration" {

@@ -12,6 +12,10 @@ pub const NAME_PATTERN: &str = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
 const LINE_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]*$";
 /// The manifest notation of a duration (`duration::Dur`'s parser).
 const DURATION_PATTERN: &str = "^\\s*([0-9]+(ms|s|m|h|d))+\\s*$";
+/// A duration with a digit other than 0: longer than 0s.
+const POSITIVE_DURATION_PATTERN: &str = "^\\s*([0-9]+(ms|s|m|h|d))*0*[1-9][0-9]*(ms|s|m|h|d)([0-9]+(ms|s|m|h|d))*\\s*$";
+/// Five fields apart (`cron::Cron`'s parser splits on whitespace).
+const CRON_PATTERN: &str = "^\\s*\\S+(\\s+\\S+){4}\\s*$";
 
 /// The JSON Schema (draft 2020-12) of every manifest document: `kind` picks its spec's schema.
 pub fn json_schema() -> Value {
@@ -47,6 +51,7 @@ pub fn json_schema() -> Value {
                     "name": {"type": "string", "pattern": NAME_PATTERN, "description": "The object's name, unique within its kind."},
                     "labels": {
                         "type": "object",
+                        "propertyNames": {"minLength": 1, "maxLength": 63, "pattern": "^[^\\s\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]*$"},
                         "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LINE_PATTERN},
                         "description": "Labels: keys and values of one line of at most 63 characters.",
                     },
@@ -93,7 +98,15 @@ fn of(ty: &Ty) -> Value {
         }
         Ty::Count { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
         Ty::Integer => json!({"type": "integer"}),
+        Ty::Duration { min, .. } if min.as_millis() > 0 => {
+            json!({"type": "string", "pattern": POSITIVE_DURATION_PATTERN})
+        }
         Ty::Duration { .. } => json!({"type": "string", "pattern": DURATION_PATTERN}),
+        Ty::Cron => json!({"type": "string", "pattern": CRON_PATTERN}),
+        Ty::TimeZone => {
+            let names: Vec<&str> = chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name()).collect();
+            json!({"type": "string", "enum": names})
+        }
         Ty::Bool => json!({"type": "boolean"}),
         Ty::Enum(values) => json!({"type": "string", "enum": values}),
         Ty::Object(fields) => object(fields),
