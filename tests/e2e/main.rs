@@ -33,6 +33,7 @@ mod outage;
 mod pcside;
 mod process;
 mod replicas;
+mod schema;
 mod search;
 mod security;
 mod sheets;
