@@ -242,23 +242,28 @@ fn invalid() -> Vec<(&'static str, String, &'static str)> {
         ("no machine", doc("Roster", m, "  owner: a\n  machines: []\n"), "spec.machines"),
         (
             "machine label",
-            doc("Roster", m, "  owner: a\n  machines:\n  - number: 1\n    label: \"a\\u202E\"\n"),
-            "spec.machines[0].label",
+            doc("Roster", m, "  owner: a\n  machines:\n  - number: 1\n    label: a\n  - number: 2\n    label: B_2\n"),
+            "spec.machines[1].label",
         ),
     ]
 }
 
-/// The lines apply's error may be on: the field's own key; for a missing field, its parent's
-/// key or the parent mapping's first line (where serde places a missing field).
+/// The lines apply's error may be on: the field's own key (`spec.machines[1].label`: the
+/// second `label:`); for a missing field, its parent's key or the parent mapping's first line
+/// (where serde places a missing field).
 fn lines_of(text: &str, field: &str) -> Vec<usize> {
-    let keys: Vec<&str> = field.split(['.', '[']).filter(|k| !k.ends_with(']')).collect();
-    let line = |k: &str| {
-        text.lines().position(|l| l.trim_start().trim_start_matches("- ").starts_with(&format!("{k}:"))).map(|i| i + 1)
+    let segments: Vec<&str> = field.split('.').collect();
+    let key = |s: &str| s.split('[').next().unwrap_or_default().to_string();
+    let index = |s: &str| s.split_once('[').and_then(|(_, i)| i.trim_end_matches(']').parse::<usize>().ok());
+    let line = |k: &str, nth: usize| {
+        let written = |l: &&str| l.trim_start().trim_start_matches("- ").starts_with(&format!("{k}:"));
+        text.lines().enumerate().filter(|(_, l)| written(l)).nth(nth).map(|(i, _)| i + 1)
     };
-    match keys.split_last() {
-        Some((last, _)) if line(last).is_some() => line(last).into_iter().collect(),
-        Some((_, parents)) => parents.iter().rev().find_map(|k| line(k)).map_or(vec![], |l| vec![l, l + 1]),
-        None => vec![],
+    let Some((last, parents)) = segments.split_last() else { return vec![] };
+    let nth = parents.last().and_then(|p| index(p)).unwrap_or(0);
+    match line(&key(last), nth) {
+        Some(l) => vec![l],
+        None => parents.iter().rev().find_map(|p| line(&key(p), 0)).map_or(vec![], |l| vec![l, l + 1]),
     }
 }
 
