@@ -404,6 +404,8 @@ impl Ty {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::super::{Spec, parse_file};
     use super::*;
 
@@ -518,39 +520,68 @@ mod tests {
         }
     }
 
-    #[test]
-    fn x2_every_count_and_duration_range_of_the_table_is_what_apply_refuses() {
-        for k in KINDS {
-            for f in k.spec {
-                let (inside, outside) = match f.ty {
-                    Ty::Count { max, .. } if max < u64::from(u32::MAX) => (max.to_string(), (max + 1).to_string()),
-                    Ty::Count { min, .. } if min > 0 => (min.to_string(), (min - 1).to_string()),
-                    Ty::Duration { max, .. } => (max.to_string(), Dur::from_millis(max.as_millis() + 1000).to_string()),
-                    _ => continue,
-                };
-                let set = |value: &str| {
-                    let mut fields: Vec<String> = k
-                        .spec
-                        .iter()
-                        .filter(|g| g.required && g.name != f.name)
-                        .map(|g| format!("{}: {}", g.name, sample(&g.ty)))
-                        .collect();
-                    fields.push(format!("{}: {value}", f.name));
-                    if f.name == "leaseDuration" {
-                        fields.push("maxLease: 1d".into());
+    /// Every count and duration of `fields`, nested ones too, with its JSON pointer (the first
+    /// element of a list).
+    fn ranged(fields: &'static [Field], at: &str, out: &mut Vec<(String, &'static Field)>) {
+        for f in fields {
+            let pointer = format!("{at}/{}", f.name);
+            match f.ty {
+                Ty::Count { .. } | Ty::Duration { .. } => out.push((pointer, f)),
+                Ty::Object(inner) => ranged(inner, &pointer, out),
+                Ty::List(t) | Ty::NonEmptyList(t) => {
+                    if let Ty::Object(inner) = t {
+                        ranged(inner, &format!("{pointer}/0"), out);
                     }
-                    let spec = spec_of(k.kind, &format!("{{{}}}", fields.join(", "))).expect("parses");
-                    super::super::check_object("x", &spec)
-                };
-                assert_eq!(set(&inside), vec![], "{}.{} = {inside} is in range", k.kind, f.name);
-                let refused = set(&outside);
-                assert!(
-                    refused.len() == 1 && refused[0].needle == f.name && refused[0].message.contains(&outside),
-                    "{}.{} = {outside}: {refused:?}",
-                    k.kind,
-                    f.name
-                );
+                }
+                _ => {}
             }
         }
+    }
+
+    #[test]
+    fn x2_every_count_and_duration_range_of_the_table_is_what_apply_refuses() {
+        let mut checked = 0;
+        for k in KINDS {
+            // Every field set (nested ones too), each with a value in range.
+            let full = spec_of(k.kind, &object(k.spec, |_| true)).expect("parses").to_json();
+            let mut fields = Vec::new();
+            ranged(k.spec, "", &mut fields);
+            for (pointer, f) in fields {
+                let bounds = match f.ty {
+                    Ty::Count { max, .. } if max == u64::from(u32::MAX) => vec![],
+                    Ty::Count { min: 0, max } => vec![(json!(max), json!(max + 1))],
+                    Ty::Count { min, max } => vec![(json!(max), json!(max + 1)), (json!(min), json!(min - 1))],
+                    Ty::Duration { max, .. } => {
+                        vec![(json!(max.to_string()), json!(Dur::from_millis(max.as_millis() + 1000).to_string()))]
+                    }
+                    _ => vec![],
+                };
+                checked += bounds.len();
+                for (inside, outside) in bounds {
+                    let at_field = |value: &serde_json::Value| {
+                        let mut v = full.clone();
+                        if let Some(slot) = v.pointer_mut(&pointer) {
+                            *slot = value.clone();
+                        }
+                        if f.name == "leaseDuration" {
+                            v["maxLease"] = json!("1d");
+                        }
+                        let spec = Spec::from_json(k.kind, v).expect("a spec");
+                        let mut problems = super::super::check_object("x", &spec);
+                        problems.retain(|p| p.needle == f.name);
+                        problems
+                    };
+                    assert_eq!(at_field(&inside), vec![], "{}{pointer} = {inside} is in range", k.kind);
+                    let refused = at_field(&outside);
+                    let shown = outside.as_str().map_or(outside.to_string(), str::to_string);
+                    assert!(
+                        refused.len() == 1 && refused[0].message.contains(&format!(" {shown} is out of range")),
+                        "{}{pointer} = {outside}: {refused:?}",
+                        k.kind
+                    );
+                }
+            }
+        }
+        assert!(checked > 30, "every bound is tried: {checked}");
     }
 }
