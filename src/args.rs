@@ -295,6 +295,14 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// A manifest field's type, default, range and meaning (X2), as kubectl explain:
+    /// `explain workerpool`, `explain workerpool.spec.rateLimit`
+    Explain {
+        /// KIND[.spec][.field…], in any case
+        path: String,
+    },
+    /// The JSON Schema (draft 2020-12) of every manifest kind on stdout, for editors (X2)
+    Schema,
     /// pcmail's own Telegram channel: this PC's bot, polled by `agent` (or `mcp`)
     Telegram {
         #[command(subcommand)]

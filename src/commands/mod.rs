@@ -75,7 +75,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await
         }
         Command::Telegram { command } => agent::telegram(command).await,
-        Command::Completion { shell } => completion(shell),
+        command @ (Command::Completion { .. } | Command::Explain { .. } | Command::Schema) => offline(command),
         Command::Doctor { output } => doctor::run(conn, output).await,
         Command::Version { output } => {
             let client = Client::resolve(conn.server, conn.token, conn.as_machine, conn.ca.as_deref(), &home());
@@ -139,11 +139,32 @@ async fn run_with_client(client: &Client, command: Command) -> anyhow::Result<i3
         | Command::Telegram { .. }
         | Command::Completion { .. }
         | Command::Doctor { .. }
+        | Command::Explain { .. }
+        | Command::Schema
         | Command::Backup { .. }
         | Command::Restore { .. }
         | Command::Store { .. }
         | Command::Version { .. }
         | Command::Intent { .. }) => Err(anyhow::anyhow!("internal: {other:?} is dispatched before a client is made")),
+    }
+}
+
+/// The verbs that need neither a server nor a login: X1's completion, X2's explain and schema.
+fn offline(command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Completion { shell } => completion(shell),
+        Command::Explain { path } => {
+            let text = pcmail_core::manifest::schema::explain(&path)
+                .map_err(|e| crate::exit::CliError::new(crate::exit::Exit::Error, e.to_string()))?;
+            print!("{text}");
+            Ok(0)
+        }
+        Command::Schema => {
+            let schema = pcmail_core::manifest::schema::json_schema();
+            println!("{}", serde_json::to_string_pretty(&schema).context("writing the schema")?);
+            Ok(0)
+        }
+        other => Err(anyhow::anyhow!("internal: {other:?} is not an offline verb")),
     }
 }
 

@@ -35,6 +35,7 @@ mod pcside;
 mod process;
 mod progress;
 mod replicas;
+mod schema;
 mod search;
 mod security;
 mod sheets;

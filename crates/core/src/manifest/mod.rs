@@ -1,11 +1,14 @@
 //! Declarative objects (`apiVersion: pcmail/v1`): their kinds, stored records and status.
 //!
 //! `parse` turns YAML text into typed documents with file/line/column errors, `validate` checks
-//! what serde cannot (cross-field and cross-object rules), and `plan` computes what `apply`,
+//! what serde cannot (ranges from `fields`' table, cross-field and cross-object rules), `schema`
+//! writes the JSON Schema and `explain` from the same table, and `plan` computes what `apply`,
 //! `diff` and `delete` would change — the one diff path used at start-up and for every change.
 
+pub mod fields;
 mod parse;
 mod plan;
+pub mod schema;
 pub mod spec;
 mod validate;
 

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::fields::{self, Field, Ty};
 use super::spec::*;
 use super::{Document, Kind, ManifestError, Spec, SpecRecord};
 use crate::duration::Dur;
@@ -159,182 +160,195 @@ impl Problem {
 /// Every rule one object must hold on its own (T5 ranges, T6 names and texts, T7 crons, time
 /// zones and argv, and the field rules), whether it arrives in an apply or was stored by an
 /// older build: the same list refuses an apply and fences a stored object off at start-up.
+/// The range of every count and duration is the field table's (X2), as `schema` and `explain`
+/// show it; the rules no schema can say follow, kind by kind.
 pub fn check_object(name: &str, spec: &Spec) -> Vec<Problem> {
     let mut problems = Vec::new();
     if !text::is_name(name) {
         problems.push(Problem::at("name:", format!("metadata.name {name:?} is not a valid name: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit")));
     }
-    for (field, d) in durations(spec) {
-        let max = if field == "ttl" { bounds::MAX_TTL } else { bounds::MAX_DURATION };
-        if let Err(e) = bounds::duration(field, d, Dur::default(), max) {
-            problems.push(Problem::at(field, e.to_string()));
-        }
-    }
+    let mut seen = BTreeMap::new();
+    check_ranges(fields::kind_fields(spec.kind()).spec, &spec.to_json(), "", &mut seen, &mut problems);
     let mut err =
         |needle: &str, nth: usize, m: String| problems.push(Problem { needle: needle.to_string(), nth, message: m });
     match spec {
-        Spec::Roster(r) => {
-            for m in &r.machines {
-                name_of("label", &m.label, &mut err);
-                for a in &m.aliases {
-                    name_of("alias", a, &mut err);
-                }
-                if let Some(h) = &m.hostname
-                    && let Err(e) = text::check_line(h)
-                {
-                    err(h, 0, format!("hostname {e}"));
-                }
-            }
-        }
-        Spec::MailPolicy(p) => {
-            if let Err(e) = bounds::count("maxHop", u64::from(p.max_hop), 1, 100) {
-                err("maxHop", 0, e.to_string());
-            }
-            if p.ttl.as_millis() == 0 {
-                err("ttl", 0, "ttl must be longer than 0s".into());
-            }
-            for (field, d) in [("retention", p.retention), ("eventRetention", p.event_retention)] {
-                if d < bounds::MIN_LEASE {
-                    err(field, 0, format!("{field} must be at least 1s"));
-                }
-            }
-            if let Some(n) = &p.notify
-                && (!(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
-                    || text::check_line(&n.webhook).is_err())
-            {
-                err("webhook", 0, format!("notify.webhook {:?} must be an http:// or https:// URL", n.webhook));
-            }
-        }
-        Spec::IntentPolicy(p) => {
-            if p.remind_every.as_millis() == 0 {
-                err("remindEvery", 0, "remindEvery must be longer than 0s".into());
-            }
-            name_of("channel", &p.channel, &mut err);
-            for r in &p.recorders {
-                name_of("recorders", r, &mut err);
-            }
-            for (field, tool) in [("replyTool", &p.reply_tool), ("reactTool", &p.react_tool)] {
-                if tool.is_empty() || text::check_line(tool).is_err() {
-                    err(field, 0, format!("{field} {tool:?} must be a tool name on one line"));
-                }
-            }
-        }
-        Spec::WorkerPool(w) => {
-            if let Err(e) = bounds::count("workers", u64::from(w.workers), 0, 256) {
-                err("workers", 0, e.to_string());
-            }
-            let max_lease = w.max_lease.unwrap_or(bounds::DEFAULT_MAX_LEASE);
-            if let Err(e) = bounds::duration("maxLease", max_lease, bounds::MIN_LEASE, bounds::MAX_MAX_LEASE) {
-                err("maxLease", 0, e.to_string());
-            } else if let Err(e) = bounds::duration("leaseDuration", w.lease_duration, bounds::MIN_LEASE, max_lease) {
-                err("leaseDuration", 0, format!("{e} (the pool's maxLease)"));
-            }
-            if let Err(e) = bounds::count("maxAttempts", u64::from(w.max_attempts), 1, bounds::MAX_ATTEMPTS) {
-                err("maxAttempts", 0, e.to_string());
-            }
-            if w.retention < bounds::MIN_LEASE {
-                err("retention", 0, "retention must be at least 1s".into());
-            }
-            for q in &w.queues {
-                name_of("queues", q, &mut err);
-            }
-            for m in &w.external_workers {
-                name_of("externalWorkers", m, &mut err);
-            }
-            check_rate(w.rate_limit, &mut err);
-        }
-        Spec::Function(f) => {
-            if f.command.first().is_none_or(|c| c.trim().is_empty()) {
-                err("command", 0, "command must name a program as its first element".into());
-            }
-            if let Some(i) = f.command.iter().position(|a| a.contains('\0')) {
-                err("command", 0, format!("command[{i}] contains NUL, which no program can receive"));
-            }
-            for (k, v) in &f.env {
-                if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-                    err("env", 0, format!("env {k:?} must be a name without '=' or NUL, and its value without NUL"));
-                }
-            }
-            if f.timeout.as_millis() == 0 {
-                err("timeout", 0, "timeout must be longer than 0s".into());
-            }
-            check_rate(f.rate_limit, &mut err);
-        }
-        Spec::Ledger(l) => {
-            name_of("project", &l.project, &mut err);
-            if let Err(e) = bounds::count("viewCap", u64::from(l.view_cap), 1, bounds::MAX_COUNT) {
-                err("viewCap", 0, e.to_string());
-            }
-            for p in &l.pushers {
-                name_of("pushers", &p.machine, &mut err);
-                if let Some(s) = p.sources.iter().find(|s| s.is_empty() || text::check_line(s).is_err()) {
-                    err("sources", 0, format!("pushers: source name {s:?} must be one line"));
-                }
-            }
-            let mut names = BTreeSet::new();
-            for s in &l.sources {
-                if !names.insert(&s.name) {
-                    err(&s.name, 1, format!("source name {:?} is used twice", s.name));
-                }
-                if s.name.is_empty() || text::check_line(&s.name).is_err() {
-                    err(&s.name, 0, format!("source name {:?} must be one line", s.name));
-                }
-                if s.file.is_some() == s.command.is_some() {
-                    err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
-                }
-                if s.name.starts_with("push:") {
-                    err(&s.name, 0, format!("source name {:?}: push: names a machine's own pushes", s.name));
-                }
-                let argv = s.command.iter().flatten().chain(&s.file);
-                if argv.into_iter().any(|a| a.contains('\0')) {
-                    err(&s.name, 0, format!("source {:?}: file and command must not contain NUL", s.name));
-                }
-            }
-        }
-        Spec::Schedule(s) => {
-            if let Err(e) = crate::cron::parse_tz(&s.timezone) {
-                err("timezone", 0, format!("timezone: {e}"));
-            }
-            if s.entries.is_empty() {
-                err("entries", 0, "a Schedule needs at least one entry".into());
-            }
-            for e in &s.entries {
-                if let Err(problem) = e.cron.parse::<crate::cron::Cron>() {
-                    err(&e.cron, 0, problem.to_string());
-                }
-                if let Some(n) = e.max_per_run
-                    && let Err(problem) = bounds::count("maxPerRun", u64::from(n), 1, bounds::MAX_COUNT)
-                {
-                    err("maxPerRun", 0, problem.to_string());
-                }
-            }
-        }
+        Spec::Roster(r) => check_roster(r, &mut err),
+        Spec::MailPolicy(p) => check_mail_policy(p, &mut err),
+        Spec::IntentPolicy(p) => check_intent_policy(p, &mut err),
+        Spec::WorkerPool(w) => check_worker_pool(w, &mut err),
+        Spec::Function(f) => check_function(f, &mut err),
+        Spec::Ledger(l) => check_ledger(l, &mut err),
+        Spec::Schedule(s) => check_schedule(s, &mut err),
     }
     problems
 }
 
-fn durations(spec: &Spec) -> Vec<(&'static str, Dur)> {
-    match spec {
-        Spec::MailPolicy(p) => {
-            let mut v = vec![
-                ("ttl", p.ttl),
-                ("urgent", p.unread_sla.urgent),
-                ("normal", p.unread_sla.normal),
-                ("undeliveredAfter", p.undelivered_after),
-                ("receiverDownAfter", p.receiver_down_after),
-            ];
-            v.extend(p.notify.as_ref().map(|n| ("minInterval", n.min_interval)));
-            v.extend([("retention", p.retention), ("eventRetention", p.event_retention)]);
-            v
+/// T5 from the field table: each count and duration of `value` (a spec's canonical JSON) in
+/// its field's range, named by its path (`rateLimit.perMinute`, `entries[1].maxPerRun`) and
+/// placed at the field's `seen`-th occurrence.
+fn check_ranges<'a>(
+    fields: &'a [Field],
+    value: &serde_json::Value,
+    path: &str,
+    seen: &mut BTreeMap<&'a str, usize>,
+    problems: &mut Vec<Problem>,
+) {
+    for f in fields {
+        let Some(v) = value.get(f.name) else { continue };
+        let path = if path.is_empty() { f.name.to_string() } else { format!("{path}.{}", f.name) };
+        check_value(f, &f.ty, v, &path, seen, problems);
+    }
+}
+
+fn check_value<'a>(
+    f: &'a Field,
+    ty: &'a Ty,
+    v: &serde_json::Value,
+    path: &str,
+    seen: &mut BTreeMap<&'a str, usize>,
+    problems: &mut Vec<Problem>,
+) {
+    let mut problem = |seen: &mut BTreeMap<&'a str, usize>, message: String| {
+        let nth = seen.get(f.name).copied().unwrap_or(0);
+        problems.push(Problem { needle: f.name.to_string(), nth, message });
+    };
+    match ty {
+        Ty::Count { min, max } => {
+            if let Some(Err(e)) = v.as_u64().map(|n| bounds::count(path, n, *min, *max)) {
+                problem(seen, e.to_string());
+            }
         }
-        Spec::IntentPolicy(p) => {
-            vec![("remindAfter", p.remind_after), ("remindEvery", p.remind_every), ("escalateAfter", p.escalate_after)]
+        Ty::Duration { min, max } => {
+            let Some(d) = v.as_str().and_then(|s| s.parse::<Dur>().ok()) else { return };
+            if let Err(e) = bounds::duration(path, d, Dur::default(), *max) {
+                problem(seen, e.to_string());
+            } else if d < *min && min.as_millis() == 1 {
+                problem(seen, format!("{path} must be longer than 0s"));
+            } else if d < *min {
+                problem(seen, format!("{path} must be at least {min}"));
+            }
         }
-        Spec::WorkerPool(w) => {
-            vec![("leaseDuration", w.lease_duration), ("staleAfter", w.stale_after), ("retention", w.retention)]
+        Ty::Object(inner) => check_ranges(inner, v, path, seen, problems),
+        Ty::List(t) | Ty::NonEmptyList(t) => {
+            for (i, item) in v.as_array().into_iter().flatten().enumerate() {
+                check_value(f, t, item, &format!("{path}[{i}]"), seen, problems);
+            }
+            return;
         }
-        Spec::Function(f) => vec![("timeout", f.timeout)],
-        Spec::Roster(_) | Spec::Ledger(_) | Spec::Schedule(_) => vec![],
+        _ => {}
+    }
+    *seen.entry(f.name).or_default() += 1;
+}
+
+type Sink<'e> = dyn FnMut(&str, usize, String) + 'e;
+
+fn check_roster(r: &RosterSpec, err: &mut Sink) {
+    for m in &r.machines {
+        name_of("label", &m.label, err);
+        for a in &m.aliases {
+            name_of("alias", a, err);
+        }
+        if let Some(h) = &m.hostname
+            && let Err(e) = text::check_line(h)
+        {
+            err(h, 0, format!("hostname {e}"));
+        }
+    }
+}
+
+fn check_mail_policy(p: &MailPolicySpec, err: &mut Sink) {
+    if let Some(n) = &p.notify
+        && (!(n.webhook.starts_with("http://") || n.webhook.starts_with("https://"))
+            || text::check_line(&n.webhook).is_err())
+    {
+        err("webhook", 0, format!("notify.webhook {:?} must be an http:// or https:// URL", n.webhook));
+    }
+}
+
+fn check_intent_policy(p: &IntentPolicySpec, err: &mut Sink) {
+    name_of("channel", &p.channel, err);
+    for r in &p.recorders {
+        name_of("recorders", r, err);
+    }
+    for (field, tool) in [("replyTool", &p.reply_tool), ("reactTool", &p.react_tool)] {
+        if tool.is_empty() || text::check_line(tool).is_err() {
+            err(field, 0, format!("{field} {tool:?} must be a tool name on one line"));
+        }
+    }
+}
+
+fn check_worker_pool(w: &WorkerPoolSpec, err: &mut Sink) {
+    // The table bounds each lease on its own; a lease is also at most the pool's maxLease.
+    let max_lease = w.max_lease.unwrap_or(bounds::DEFAULT_MAX_LEASE);
+    let within = |d: Dur| (bounds::MIN_LEASE..=bounds::MAX_MAX_LEASE).contains(&d);
+    if within(max_lease)
+        && within(w.lease_duration)
+        && let Err(e) = bounds::duration("leaseDuration", w.lease_duration, bounds::MIN_LEASE, max_lease)
+    {
+        err("leaseDuration", 0, format!("{e} (the pool's maxLease)"));
+    }
+    for q in &w.queues {
+        name_of("queues", q, err);
+    }
+    for m in &w.external_workers {
+        name_of("externalWorkers", m, err);
+    }
+}
+
+fn check_function(f: &FunctionSpec, err: &mut Sink) {
+    if f.command.first().is_none_or(|c| c.trim().is_empty()) {
+        err("command", 0, "command must name a program as its first element".into());
+    }
+    if let Some(i) = f.command.iter().position(|a| a.contains('\0')) {
+        err("command", 0, format!("command[{i}] contains NUL, which no program can receive"));
+    }
+    for (k, v) in &f.env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            err("env", 0, format!("env {k:?} must be a name without '=' or NUL, and its value without NUL"));
+        }
+    }
+}
+
+fn check_ledger(l: &LedgerSpec, err: &mut Sink) {
+    name_of("project", &l.project, err);
+    for p in &l.pushers {
+        name_of("pushers", &p.machine, err);
+        if let Some(s) = p.sources.iter().find(|s| s.is_empty() || text::check_line(s).is_err()) {
+            err("sources", 0, format!("pushers: source name {s:?} must be one line"));
+        }
+    }
+    let mut names = BTreeSet::new();
+    for s in &l.sources {
+        if !names.insert(&s.name) {
+            err(&s.name, 1, format!("source name {:?} is used twice", s.name));
+        }
+        if s.name.is_empty() || text::check_line(&s.name).is_err() {
+            err(&s.name, 0, format!("source name {:?} must be one line", s.name));
+        }
+        if s.file.is_some() == s.command.is_some() {
+            err(&s.name, 0, format!("source {:?} needs exactly one of `file` or `command`", s.name));
+        }
+        if s.name.starts_with("push:") {
+            err(&s.name, 0, format!("source name {:?}: push: names a machine's own pushes", s.name));
+        }
+        let argv = s.command.iter().flatten().chain(&s.file);
+        if argv.into_iter().any(|a| a.contains('\0')) {
+            err(&s.name, 0, format!("source {:?}: file and command must not contain NUL", s.name));
+        }
+    }
+}
+
+fn check_schedule(s: &ScheduleSpec, err: &mut Sink) {
+    if let Err(e) = crate::cron::parse_tz(&s.timezone) {
+        err("timezone", 0, format!("timezone: {e}"));
+    }
+    if s.entries.is_empty() {
+        err("entries", 0, "a Schedule needs at least one entry".into());
+    }
+    for e in &s.entries {
+        if let Err(problem) = e.cron.parse::<crate::cron::Cron>() {
+            err(&e.cron, 0, problem.to_string());
+        }
     }
 }
 
@@ -395,18 +409,9 @@ fn validate_roster(doc: &Document, r: &RosterSpec) -> Vec<ManifestError> {
 }
 
 /// T6 for a name inside a spec (a label, a queue, a project), pointed at where it is written.
-fn name_of(field: &str, value: &str, err: &mut impl FnMut(&str, usize, String)) {
+fn name_of(field: &str, value: &str, err: &mut Sink) {
     if let Err(e) = text::check_name(value) {
         err(value, 0, format!("{field}: {e}"));
-    }
-}
-
-fn check_rate(rate: Option<RateLimit>, err: &mut impl FnMut(&str, usize, String)) {
-    let Some(r) = rate else { return };
-    for (field, n) in [("perMinute", r.per_minute), ("burst", r.burst)] {
-        if let Err(e) = bounds::count(field, u64::from(n), 1, bounds::MAX_COUNT) {
-            err(field, 0, format!("rateLimit.{e}"));
-        }
     }
 }
 
