@@ -62,8 +62,16 @@ fn build() -> PathBuf {
     }
     let started = std::time::Instant::now();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    // Not the variables `cargo test` gives this process (a crate's CARGO_PKG_*): the build sees
+    // what one from a shell sees, so either reuses the other's crates.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "OUT_DIR") {
+            build.env_remove(k);
+        }
+    }
     run(
-        Command::new(cargo)
+        build
             .args(["build", "--locked", "--bin", "pcmail-ctl"])
             .env("CARGO_TARGET_DIR", &dir)
             .env_remove("RUSTC_WRAPPER")
