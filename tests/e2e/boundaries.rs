@@ -667,8 +667,9 @@ fn v2_outside_the_window_both_sides_say_so_with_both_versions() {
 
 #[test]
 fn v1_version_against_the_previous_release_either_way_and_the_roster_names_each_pcs_client() {
-    use crate::previous::{RELEASE, binary};
-    let previous = binary();
+    let previous = crate::previous::binary();
+    let release = crate::previous::release();
+    let release = release.as_str();
     let ours = env!("CARGO_PKG_VERSION");
 
     // An older server: the previous release serves, this build asks.
@@ -677,11 +678,11 @@ fn v1_version_against_the_previous_release_either_way_and_the_roster_names_each_
     assert_eq!(code(&out), 0, "the previous release is inside the window: {}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains(&format!("client: pcmail-ctl {ours}")), "{text}");
-    assert!(text.contains(&format!("server: pcmail-ctl {RELEASE}")), "{text}");
+    assert!(text.contains(&format!("server: pcmail-ctl {release}")), "{text}");
     let answer = json(old.admin(&["version", "-o", "json"]));
     assert_eq!(
         (answer["client"]["version"].as_str(), answer["server"]["version"].as_str()),
-        (Some(ours), Some(RELEASE))
+        (Some(ours), Some(release))
     );
 
     // A newer server: this build serves, the previous release's client asks.
@@ -690,7 +691,7 @@ fn v1_version_against_the_previous_release_either_way_and_the_roster_names_each_
     let answer = json(s.ctl_via(&previous, &s.url, &admin, &["version", "-o", "json"], None));
     assert_eq!(
         (answer["client"]["version"].as_str(), answer["server"]["version"].as_str()),
-        (Some(RELEASE), Some(ours))
+        (Some(release), Some(ours))
     );
     assert_eq!(answer["server"]["apiLevel"], pcmail_core::api::API_LEVEL);
 
@@ -706,10 +707,10 @@ fn v1_version_against_the_previous_release_either_way_and_the_roster_names_each_
         let line = wide.lines().find(|l| l.split_whitespace().nth(1) == Some(label));
         line.and_then(|l| l.split_whitespace().last()).map(str::to_string)
     };
-    assert_eq!(client("desk").as_deref(), Some(RELEASE), "{wide}");
+    assert_eq!(client("desk").as_deref(), Some(release), "{wide}");
     assert_eq!(client("laptop").as_deref(), Some(ours), "{wide}");
     assert_eq!(client("builder").as_deref(), Some("-"), "a client that does not say: {wide}");
-    assert_eq!(s.metric(&format!("pcmail_client_info{{machine=\"desk\",version=\"{RELEASE}\"}}")), Some(1.0));
+    assert_eq!(s.metric(&format!("pcmail_client_info{{machine=\"desk\",version=\"{release}\"}}")), Some(1.0));
 
     // The previous release's server keeps this build's version the same way.
     let desk_there = old.token("desk");

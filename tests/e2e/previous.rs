@@ -83,8 +83,16 @@ fn build() -> PathBuf {
     cached
 }
 
-/// The previous release's `pcmail-ctl`, built on first use (minutes on a fresh machine).
+/// The previous release's `pcmail-ctl`, built on first use (minutes on a fresh machine);
+/// `PCMAIL_PREVIOUS_BIN` names another build to use instead (one of an earlier commit).
 pub fn binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(build).clone()
+    BUILT.get_or_init(|| std::env::var_os("PCMAIL_PREVIOUS_BIN").map_or_else(build, PathBuf::from)).clone()
+}
+
+/// The release [`binary`] says it is (`pcmail-ctl --version`).
+pub fn release() -> String {
+    let out = Command::new(binary()).arg("--version").output().expect("the previous release runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().nth(1).unwrap_or_else(|| panic!("a version in {text:?}")).to_string()
 }

@@ -216,7 +216,7 @@ fn v5_replicas_of_the_previous_and_this_release_share_one_postgres_through_leade
     let theirs = pg.query("SELECT version FROM pcmail_schema");
     let new = Server::replica_on(&old, this);
     let ours = pg.query("SELECT version FROM pcmail_schema");
-    eprintln!("V5: schema {theirs:?} from {}, {ours:?} once this build joined", crate::previous::RELEASE);
+    eprintln!("V5: schema {theirs:?} from {}, {ours:?} once this build joined", crate::previous::release());
     let mut servers = vec![old, new];
     let tokens = [servers[0].token("desk"), servers[1].token("builder"), servers[0].admin_token()];
     let laptop = servers[1].token("laptop");
