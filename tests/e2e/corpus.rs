@@ -5,9 +5,9 @@
 //! `tests/corpus/RELEASE/NN-verb.json` holds one verb's exchanges: method, path, query, the
 //! headers that matter (`User-Agent`, `Authorization`, `X-Pcmail-As`, `Content-Type`), the body,
 //! and the answer its own release's server gave (status, body, whether `x-pcmail-more` came).
-//! Secrets and ids are normalised to placeholders (`{{pcm_#2}}`, `{{mail--#1}}`): on replay, a
-//! placeholder is bound from the answer where the recording first met it, or made up fresh
-//! where the client made it up. An answer passes when its status class is the recorded one,
+//! Secrets, ids and paths are normalised to placeholders (`{{pcm_#2}}`, `{{mail--#1}}`,
+//! `{{repo}}`): on replay, a placeholder is bound from the answer where the recording first met
+//! it, or made up fresh where the client made it up. An answer passes when its status class is the recorded one,
 //! its `Server` release is one the recorded client serves (V2), and its JSON keeps the recorded
 //! answer's shape (tests/e2e/golden.rs: a lost or retyped field fails, a new one passes).
 //!
@@ -310,6 +310,9 @@ fn record(s: &Server, bin: &Path) -> Vec<Step> {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut names = Names::default();
     names.of.insert(s.admin_token(), "{{admin}}".into());
+    // Where the manifests were read from: the replaying machine's checkout and a dir of its own.
+    names.of.insert(env!("CARGO_MANIFEST_DIR").into(), "{{repo}}".into());
+    names.of.insert(dir.path().display().to_string(), "{{dir}}".into());
     let mut tokens: HashMap<&str, String> = HashMap::from([("admin", s.admin_token())]);
     let (mut mail, mut row, mut job) = (Vec::<String>::new(), String::new(), String::new());
     let mut steps = Vec::new();
@@ -339,7 +342,7 @@ fn record(s: &Server, bin: &Path) -> Vec<Step> {
             _ => {}
         }
         let exchanges: Vec<Exchange> = recorder.take().into_iter().map(|x| names.exchange(x)).collect();
-        let verb = args.iter().map(|a| names.normalise(&a.replace(&*dir.path().to_string_lossy(), "$DIR"))).collect();
+        let verb = args.iter().map(|a| names.normalise(a)).collect();
         steps.push(Step { by: by.into(), verb, exchanges });
     }
     steps
@@ -351,7 +354,7 @@ fn write(release: &str, steps: &[Step]) {
     std::fs::create_dir_all(&dir).expect("corpus dir");
     for (n, step) in steps.iter().enumerate() {
         let words: Vec<&str> =
-            step.verb.iter().take(2).filter(|w| !w.starts_with(['-', '{', '$'])).map(|w| w.as_str()).collect();
+            step.verb.iter().take(2).filter(|w| !w.starts_with(['-', '{'])).map(|w| w.as_str()).collect();
         let name = format!("{:02}-{}.json", n + 1, words.join("-"));
         let text = serde_json::to_string_pretty(step).expect("json") + "\n";
         std::fs::write(dir.join(name), text).expect("write a corpus file");
@@ -428,7 +431,13 @@ fn replay(s: &Server, client: &str, steps: &[Step]) -> Vec<String> {
     use pcmail_core::version::{Release, server_release, serves};
     let client_release = Release::parse(client).expect("a corpus is named by its release");
     let http = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("http");
-    let mut bound = Bound { of: HashMap::from([("{{admin}}".to_string(), s.admin_token())]), made: 0 };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let of = HashMap::from([
+        ("{{admin}}".to_string(), s.admin_token()),
+        ("{{repo}}".to_string(), env!("CARGO_MANIFEST_DIR").to_string()),
+        ("{{dir}}".to_string(), dir.path().display().to_string()),
+    ]);
+    let mut bound = Bound { of, made: 0 };
     let mut problems = Vec::new();
     for step in steps {
         for (i, x) in step.exchanges.iter().enumerate() {
