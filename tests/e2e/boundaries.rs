@@ -664,3 +664,58 @@ fn v2_outside_the_window_both_sides_say_so_with_both_versions() {
     let told = format!("the server ({old}) is older than this pcmail-ctl ({ours}) serves");
     assert!(said.contains(&told), "{said}");
 }
+
+#[test]
+fn v1_version_against_the_previous_release_either_way_and_the_roster_names_each_pcs_client() {
+    let previous = crate::previous::binary();
+    let release = crate::previous::release();
+    let release = release.as_str();
+    let ours = env!("CARGO_PKG_VERSION");
+
+    // An older server: the previous release serves, this build asks.
+    let old = Server::start_bin(&previous, Some(examples()), &[]);
+    let out = old.admin(&["version"]);
+    assert_eq!(code(&out), 0, "the previous release is inside the window: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains(&format!("client: pcmail-ctl {ours}")), "{text}");
+    assert!(text.contains(&format!("server: pcmail-ctl {release}")), "{text}");
+    let answer = json(old.admin(&["version", "-o", "json"]));
+    assert_eq!(
+        (answer["client"]["version"].as_str(), answer["server"]["version"].as_str()),
+        (Some(ours), Some(release))
+    );
+
+    // A newer server: this build serves, the previous release's client asks.
+    let s = Server::start();
+    let admin = s.admin_token();
+    let answer = json(s.ctl_via(&previous, &s.url, &admin, &["version", "-o", "json"], None));
+    assert_eq!(
+        (answer["client"]["version"].as_str(), answer["server"]["version"].as_str()),
+        (Some(release), Some(ours))
+    );
+    assert_eq!(answer["server"]["apiLevel"], pcmail_core::api::API_LEVEL);
+
+    // Each PC's client as its polls said it: desk the previous release, laptop this one,
+    // builder one that sends no User-Agent.
+    let (desk, laptop, builder) = (s.token("desk"), s.token("laptop"), s.token("builder"));
+    ok(s.ctl_via(&previous, &s.url, &desk, &["poll"], None));
+    ok(s.ctl(&laptop, &["poll"]));
+    let (status, _) = raw(&s, "GET", "/api/v1/poll", Some(&builder), json!(null));
+    assert_eq!(status, 200);
+    let wide = ok(s.admin(&["get", "roster", "-o", "wide"]));
+    let client = |label: &str| {
+        let line = wide.lines().find(|l| l.split_whitespace().nth(1) == Some(label));
+        line.and_then(|l| l.split_whitespace().last()).map(str::to_string)
+    };
+    assert_eq!(client("desk").as_deref(), Some(release), "{wide}");
+    assert_eq!(client("laptop").as_deref(), Some(ours), "{wide}");
+    assert_eq!(client("builder").as_deref(), Some("-"), "a client that does not say: {wide}");
+    assert_eq!(s.metric(&format!("pcmail_client_info{{machine=\"desk\",version=\"{release}\"}}")), Some(1.0));
+
+    // The previous release's server keeps this build's version the same way.
+    let desk_there = old.token("desk");
+    ok(old.ctl(&desk_there, &["poll"]));
+    let wide = ok(old.admin(&["get", "roster", "-o", "wide"]));
+    let line = wide.lines().find(|l| l.split_whitespace().nth(1) == Some("desk")).unwrap_or_default();
+    assert!(line.trim_end().ends_with(ours), "{wide}");
+}

@@ -18,7 +18,7 @@ fn golden_dir() -> PathBuf {
 }
 
 /// The shape of `v`; `literal` keeps this string as it is (an `apiVersion`).
-fn shape(v: &Value, literal: bool) -> Value {
+pub(crate) fn shape(v: &Value, literal: bool) -> Value {
     match v {
         Value::Null => json!("null"),
         Value::Bool(_) => json!("bool"),
@@ -58,7 +58,7 @@ fn merge(a: Value, b: Value) -> Value {
 }
 
 /// What `now` lost of `golden`'s shape, one line each (empty: compatible).
-fn lost(golden: &Value, now: &Value, path: &str) -> Vec<String> {
+pub(crate) fn lost(golden: &Value, now: &Value, path: &str) -> Vec<String> {
     let null = json!("null");
     if golden == &null || now == &null {
         return vec![]; // an optional field, set in one run and not in the other

@@ -24,6 +24,8 @@ pub struct Server {
     pub ca: Option<PathBuf>,
     /// More variables in serve's environment.
     env: Vec<(String, String)>,
+    /// The `pcmail-ctl` that serves, when not this build's (the previous release's, V5).
+    bin: Option<PathBuf>,
 }
 
 impl Server {
@@ -50,6 +52,7 @@ impl Server {
             nofile: None,
             ca: None,
             env: vec![],
+            bin: None,
         };
         s.spawn();
         s
@@ -69,6 +72,7 @@ impl Server {
             nofile: None,
             ca: None,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            bin: None,
         };
         s.spawn();
         s
@@ -90,6 +94,7 @@ impl Server {
             nofile: Some(nofile),
             ca: None,
             env: vec![],
+            bin: None,
         };
         s.spawn();
         s
@@ -112,6 +117,7 @@ impl Server {
             nofile: None,
             ca: Some(ca.to_path_buf()),
             env: vec![],
+            bin: None,
         };
         s.spawn();
         s
@@ -142,6 +148,7 @@ impl Server {
             nofile: None,
             ca: None,
             env: vec![],
+            bin: None,
         };
         s.spawn();
         s
@@ -171,9 +178,47 @@ impl Server {
             nofile: first.nofile,
             ca: first.ca.clone(),
             env: vec![],
+            bin: first.bin.clone(),
         };
         s.spawn();
         s
+    }
+
+    /// [`Server::start_opts`] served by another build's `pcmail-ctl` (the previous release's).
+    pub fn start_bin(bin: &Path, apply: Option<PathBuf>, extra: &[&str]) -> Server {
+        let mut s = Server::start_opts_unstarted(apply, extra);
+        s.bin = Some(bin.to_path_buf());
+        s.spawn();
+        s
+    }
+
+    /// [`Server::replica_of`] served by `bin` (a replica of another release, V5).
+    pub fn replica_on(first: &Server, bin: &Path) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("data")).expect("data dir");
+        std::fs::copy(first.dir.path().join("data/admin.token"), dir.path().join("data/admin.token"))
+            .expect("share the admin token");
+        let mut s = Server::start_opts_unstarted(first.apply.clone(), &[]);
+        s.dir = dir;
+        s.extra = first.extra.clone();
+        s.bin = Some(bin.to_path_buf());
+        s.spawn();
+        s
+    }
+
+    fn start_opts_unstarted(apply: Option<PathBuf>, extra: &[&str]) -> Server {
+        Server {
+            dir: tempfile::tempdir().expect("tempdir"),
+            url: String::new(),
+            child: None,
+            apply,
+            listen: "127.0.0.1:0".into(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            nofile: None,
+            ca: None,
+            env: vec![],
+            bin: None,
+        }
     }
 
     /// Whether this replica holds the leader lease, as its `/metrics` says.
@@ -223,7 +268,7 @@ impl Server {
 
     /// Starts `serve` again on the same data dir (and the same port, if it was fixed).
     pub fn spawn(&mut self) {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(self.bin.as_deref().unwrap_or(Path::new(BIN)));
         cmd.args(["serve", "--listen", &self.listen])
             .args(&self.extra)
             .arg("--data-dir")
@@ -330,15 +375,21 @@ impl Server {
     }
 
     pub fn ctl_stdin(&self, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        self.ctl_via(Path::new(BIN), &self.url, token, args, stdin)
+    }
+
+    /// Runs `bin` (another release's `pcmail-ctl`) as `token` against `url` (this server, or a
+    /// proxy in front of it), in the same home [`Server::ctl`] uses for `token`.
+    pub fn ctl_via(&self, bin: &Path, url: &str, token: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let home = self.home_of(token);
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin);
         match &self.ca {
             Some(ca) => cmd.env("PCMAIL_CA", ca),
             None => cmd.env_remove("PCMAIL_CA"),
         };
         let mut child = cmd
             .args(args)
-            .env("PCMAIL_SERVER", &self.url)
+            .env("PCMAIL_SERVER", url)
             .env("PCMAIL_TOKEN", token)
             .env("PCMAIL_HOME", home)
             .env_remove("PCMAIL_AS")
