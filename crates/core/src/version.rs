@@ -78,6 +78,30 @@ pub fn server_outside_window(client: Release, server: Release) -> String {
     )
 }
 
+/// V5: what a build that knows `known` migrations does with a store at schema `found`, whose
+/// newest build recorded that builds knowing `readable_by` migrations or more can use it (the
+/// migrations after that only add). None: the store says nothing, so a newer one is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaFit {
+    /// Older: this build runs the migrations the store lacks.
+    Migrate,
+    Current,
+    /// Newer by migrations that only add: used as it is, never migrated, so a replica of the
+    /// previous release restarts beside a newer one on one PostgreSQL.
+    Newer,
+    /// Newer by a migration this build cannot live with, or newer and silent about it.
+    Refused,
+}
+
+pub fn schema_fit(found: usize, known: usize, readable_by: Option<usize>) -> SchemaFit {
+    match found.cmp(&known) {
+        std::cmp::Ordering::Less => SchemaFit::Migrate,
+        std::cmp::Ordering::Equal => SchemaFit::Current,
+        std::cmp::Ordering::Greater if readable_by.is_some_and(|r| r <= known) => SchemaFit::Newer,
+        std::cmp::Ordering::Greater => SchemaFit::Refused,
+    }
+}
+
 /// V5: the sentence refusing a store whose schema is newer than this build's.
 pub fn newer_schema(found: usize, known: usize) -> String {
     format!(
@@ -131,6 +155,16 @@ mod tests {
             told,
             "the server (0.2.0) is older than this pcmail-ctl (0.4.1) serves (0.3.0+); upgrade the server"
         );
+    }
+
+    #[test]
+    fn v5_a_store_newer_only_by_migrations_that_add_is_used_as_it_is_and_any_other_newer_refused() {
+        assert_eq!(schema_fit(7, 8, Some(0)), SchemaFit::Migrate);
+        assert_eq!(schema_fit(8, 8, None), SchemaFit::Current);
+        assert_eq!(schema_fit(9, 8, Some(0)), SchemaFit::Newer);
+        assert_eq!(schema_fit(9, 8, Some(8)), SchemaFit::Newer);
+        assert_eq!(schema_fit(9, 8, Some(9)), SchemaFit::Refused, "migration 9 dropped or renamed");
+        assert_eq!(schema_fit(9, 8, None), SchemaFit::Refused, "a store that says nothing");
     }
 
     #[test]

@@ -708,6 +708,13 @@ pub fn contracting(sql: &str) -> Option<&'static str> {
     ["DROP TABLE", "DROP COLUMN", "RENAME", "ALTER COLUMN"].into_iter().find(|phrase| words.contains(phrase))
 }
 
+/// V5: how many of `migrations` a build must know to use a store they built: up to the last
+/// one that contracts (every later one only adds, so a build that lacks them still finds all it
+/// reads). Recorded in the store by the build that migrates it, since only that build has them.
+pub fn readable_by(migrations: &[&str]) -> usize {
+    migrations.iter().rposition(|sql| contracting(sql).is_some()).map_or(0, |i| i + 1)
+}
+
 #[cfg(test)]
 mod expand_only_tests {
     #[test]
@@ -719,5 +726,13 @@ mod expand_only_tests {
         assert_eq!(super::contracting("ALTER TABLE jobs RENAME COLUMN a TO b;"), Some("RENAME"));
         assert_eq!(super::contracting("ALTER TABLE jobs DROP COLUMN a;"), Some("DROP COLUMN"));
         assert_eq!(super::contracting("ALTER TABLE jobs ALTER COLUMN a TYPE TEXT;"), Some("ALTER COLUMN"));
+    }
+
+    #[test]
+    fn v5_a_build_must_know_the_migrations_up_to_the_last_that_contracts() {
+        let add = "ALTER TABLE t ADD COLUMN c TEXT";
+        assert_eq!(super::readable_by(&[add, add]), 0);
+        assert_eq!(super::readable_by(&[add, "DROP TABLE t", add, add]), 2);
+        assert_eq!(super::readable_by(&[]), 0);
     }
 }

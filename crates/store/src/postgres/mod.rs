@@ -955,14 +955,20 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn i6_v5_newer_schema_is_refused_naming_both_versions_and_reopening_migrates_nothing_twice() {
+    async fn i6_v5_a_newer_schema_that_only_adds_is_used_any_other_refused_naming_both_versions() {
         let (_scratch, url) = scratch_url().await;
         drop(PgStore::open(&url).await.expect("open"));
         drop(PgStore::open(&url).await.expect("reopen"));
         let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
-        c.batch("UPDATE pcmail_schema SET version = 99").await.expect("bump");
-        let err = PgStore::open(&url).await.err().expect("must refuse");
         let known = schema::MIGRATIONS.len();
+        // A next release's store whose migrations after this build's only add: used as it is.
+        c.batch(&format!("UPDATE pcmail_schema SET version = 99, readable_by = {known}")).await.expect("bump");
+        drop(PgStore::open(&url).await.expect("newer by migrations that add"));
+        let version: i64 = c.query("SELECT version FROM pcmail_schema", &[]).await.expect("v")[0].get(0);
+        assert_eq!(version, 99, "never migrated back");
+        // One whose migration 99 dropped or renamed something: refused.
+        c.batch("UPDATE pcmail_schema SET readable_by = 99").await.expect("contract");
+        let err = PgStore::open(&url).await.err().expect("must refuse");
         let told = err.to_string();
         assert!(told.contains("schema is version 99") && told.contains(&format!("knows (version {known})")), "{told}");
     }

@@ -1,6 +1,8 @@
 //! Forward-only migrations (I6) for PostgreSQL: the same tabs and columns as SQLite's, in
 //! PostgreSQL's types, plus the triggers that announce changes to the other replicas.
 
+use pcmail_core::version::{SchemaFit, newer_schema, schema_fit};
+
 use super::conn::Conn;
 use crate::codec::REQUIRED;
 use crate::{Result, StoreError};
@@ -252,26 +254,40 @@ pub async fn migrate(conn: &mut Conn) -> Result<()> {
 }
 
 /// Runs the `migrations` not yet applied, each in its own transaction (V5's fixtures run
-/// only the first k of [`MIGRATIONS`]).
+/// only the first k of [`MIGRATIONS`]), and records how many a build must know to use the
+/// result. A store newer only by migrations that add is used as it is (V5).
 pub(super) async fn run_migrations(conn: &mut Conn, migrations: &[&str]) -> Result<()> {
-    conn.batch("CREATE TABLE IF NOT EXISTS pcmail_schema (version BIGINT NOT NULL)").await?;
-    let rows = conn.query("SELECT version FROM pcmail_schema", &[]).await?;
-    let version = match rows.first() {
-        Some(r) => r.try_get::<_, i64>(0).map_err(super::conn::map_err)?,
+    conn.batch(
+        "CREATE TABLE IF NOT EXISTS pcmail_schema (version BIGINT NOT NULL); \
+         ALTER TABLE pcmail_schema ADD COLUMN IF NOT EXISTS readable_by BIGINT",
+    )
+    .await?;
+    let rows = conn.query("SELECT version, readable_by FROM pcmail_schema", &[]).await?;
+    let (version, readable_by) = match rows.first() {
+        Some(r) => (
+            r.try_get::<_, i64>(0).map_err(super::conn::map_err)?,
+            r.try_get::<_, Option<i64>>(1).map_err(super::conn::map_err)?,
+        ),
         None => {
             conn.execute("INSERT INTO pcmail_schema (version) VALUES (0)", &[]).await?;
-            0
+            (0, None)
         }
     };
     let version = usize::try_from(version).unwrap_or(usize::MAX);
-    if version > migrations.len() {
-        return Err(StoreError::Schema(pcmail_core::version::newer_schema(version, migrations.len())));
+    let readable_by = readable_by.map(|r| usize::try_from(r).unwrap_or(usize::MAX));
+    match schema_fit(version, migrations.len(), readable_by) {
+        SchemaFit::Refused => return Err(StoreError::Schema(newer_schema(version, migrations.len()))),
+        SchemaFit::Current | SchemaFit::Newer => return Ok(()),
+        SchemaFit::Migrate => {}
     }
+    let readable_by = i64::try_from(crate::readable_by(migrations)).unwrap_or(i64::MAX);
     for (i, sql) in migrations.iter().enumerate().skip(version) {
         conn.begin().await?;
         let step = async {
             conn.batch(sql).await?;
-            conn.execute("UPDATE pcmail_schema SET version = $1", &[&((i + 1) as i64)]).await.map(|_| ())
+            conn.execute("UPDATE pcmail_schema SET version = $1, readable_by = $2", &[&((i + 1) as i64), &readable_by])
+                .await
+                .map(|_| ())
         }
         .await;
         conn.finish(step).await?;

@@ -1149,13 +1149,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn i6_v5_newer_schema_is_refused_naming_both_versions() {
+    async fn i6_v5_a_newer_schema_that_only_adds_is_used_any_other_refused_naming_both_versions() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("pcmail.db");
         drop(SqliteStore::open(&path).await.expect("open"));
-        Connection::open(&path).expect("raw").pragma_update(None, "user_version", 99).expect("bump");
-        let err = SqliteStore::open(&path).await.err().expect("must refuse");
         let known = schema::MIGRATIONS.len();
+        let raw = Connection::open(&path).expect("raw");
+        raw.pragma_update(None, "user_version", 99).expect("bump");
+        // A next release's store whose migrations after this build's only add: used as it is.
+        raw.execute("UPDATE pcmail_schema SET readable_by = ?1", [known as i64]).expect("readable");
+        drop(SqliteStore::open(&path).await.expect("newer by migrations that add"));
+        assert_eq!(schema::versions_at(&path).expect("versions"), (99, known), "never migrated back");
+        // One whose migration 99 dropped or renamed something: refused.
+        raw.execute("UPDATE pcmail_schema SET readable_by = 99", []).expect("contract");
+        drop(raw);
+        let err = SqliteStore::open(&path).await.err().expect("must refuse");
         let told = err.to_string();
         assert!(told.contains("schema is version 99") && told.contains(&format!("knows (version {known})")), "{told}");
     }

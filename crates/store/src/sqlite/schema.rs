@@ -1,5 +1,6 @@
 //! Forward-only migrations (I6) and the check that every column the code reads exists.
 
+use pcmail_core::version::{SchemaFit, newer_schema, schema_fit};
 use rusqlite::Connection;
 
 use crate::codec::REQUIRED;
@@ -328,26 +329,52 @@ pub fn copy_rows_as_at(
 }
 
 /// Runs the `migrations` not yet applied (counted by `PRAGMA user_version`) in one transaction,
-/// then checks that every `required` column exists (I6: fail closed, naming it).
+/// then checks that every `required` column exists (I6: fail closed, naming it). A store newer
+/// only by migrations that add is used as it is (V5).
 pub fn migrate_with(conn: &mut Connection, migrations: &[&str], required: &[(&str, &[&str])]) -> Result<()> {
-    let version = |c: &Connection| -> Result<usize> {
+    let fit = |c: &Connection| -> Result<(usize, SchemaFit)> {
         let v: usize = c.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(super::map_err)?;
-        if v > migrations.len() {
-            return Err(StoreError::Schema(pcmail_core::version::newer_schema(v, migrations.len())));
+        match schema_fit(v, migrations.len(), recorded_readable_by(c)?) {
+            SchemaFit::Refused => Err(StoreError::Schema(newer_schema(v, migrations.len()))),
+            fit => Ok((v, fit)),
         }
-        Ok(v)
     };
-    if version(conn)? < migrations.len() {
+    if fit(conn)?.1 == SchemaFit::Migrate {
         // Another process may be migrating the same file right now (a hook and the poller on a
         // fresh cache): the write lock comes first, then the version is read again under it.
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(super::map_err)?;
-        for sql in migrations.iter().skip(version(&tx)?) {
-            tx.execute_batch(sql).map_err(super::map_err)?;
+        let (version, fit) = fit(&tx)?;
+        if fit == SchemaFit::Migrate {
+            for sql in migrations.iter().skip(version) {
+                tx.execute_batch(sql).map_err(super::map_err)?;
+            }
+            tx.pragma_update(None, "user_version", migrations.len()).map_err(super::map_err)?;
+            let readable_by = i64::try_from(crate::readable_by(migrations)).unwrap_or(i64::MAX);
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS pcmail_schema (readable_by INTEGER NOT NULL); DELETE FROM pcmail_schema;",
+            )
+            .map_err(super::map_err)?;
+            tx.execute("INSERT INTO pcmail_schema (readable_by) VALUES (?1)", [readable_by]).map_err(super::map_err)?;
         }
-        tx.pragma_update(None, "user_version", migrations.len()).map_err(super::map_err)?;
         tx.commit().map_err(super::map_err)?;
     }
     verify(conn, required)
+}
+
+/// V5: how many migrations a build must know to use this store, as its newest build recorded
+/// it ([`crate::readable_by`]); None for a store that recorded nothing.
+fn recorded_readable_by(c: &Connection) -> Result<Option<usize>> {
+    let recorded: bool = c
+        .query_row("SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'pcmail_schema'", [], |r| {
+            r.get(0)
+        })
+        .map_err(super::map_err)?;
+    if !recorded {
+        return Ok(None);
+    }
+    let n: Option<i64> =
+        c.query_row("SELECT max(readable_by) FROM pcmail_schema", [], |r| r.get(0)).map_err(super::map_err)?;
+    Ok(n.and_then(|n| usize::try_from(n).ok()))
 }
 
 /// A store opened only to be read must be of this build's schema: older ones are migrated by
@@ -364,8 +391,8 @@ pub fn check_current(conn: &Connection) -> Result<()> {
              (or on a copy of it) once to migrate it, then try again"
         )));
     }
-    if version > current {
-        return Err(StoreError::Schema(pcmail_core::version::newer_schema(version, current)));
+    if schema_fit(version, current, recorded_readable_by(conn)?) == SchemaFit::Refused {
+        return Err(StoreError::Schema(newer_schema(version, current)));
     }
     verify(conn, REQUIRED)
 }
