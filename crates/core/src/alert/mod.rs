@@ -33,6 +33,10 @@ pub enum AlertKind {
     IntentConflict,
     /// I9: a PC's chat poller and another poller of the same bot take each other's updates.
     ChannelConflict,
+    /// E15: the store refuses writes for want of space. Kept in memory and posted from there
+    /// (`health::Unwritable`), never a row of the alerts tab (the store cannot take one), so it
+    /// is not among [`AlertKind::ALL`], the kinds the tab holds.
+    StoreUnwritable,
 }
 
 impl AlertKind {
@@ -55,6 +59,7 @@ impl AlertKind {
             AlertKind::IntentUnanswered => "intent-unanswered",
             AlertKind::IntentConflict => "intent-conflict",
             AlertKind::ChannelConflict => "channel-conflict",
+            AlertKind::StoreUnwritable => "store-unwritable",
         }
     }
 
@@ -80,6 +85,7 @@ impl AlertKind {
             AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
             AlertKind::IntentConflict => "PcmailIntentConflict",
             AlertKind::ChannelConflict => "PcmailChannelConflict",
+            AlertKind::StoreUnwritable => "PcmailStoreRefusingWrites",
         }
     }
 }
@@ -419,6 +425,9 @@ fn title(m: &Mail) -> String {
 
 /// O6: how loud an alert is — `critical` for urgent mail, `warning` for everything else.
 pub fn severity(a: &Alert) -> &'static str {
+    if a.kind == AlertKind::StoreUnwritable {
+        return "critical";
+    }
     if a.labels.get("urgency").is_some_and(|u| u == Urgency::Urgent.as_str()) { "critical" } else { "warning" }
 }
 
