@@ -181,11 +181,7 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
         }
         bail!("restore refused; nothing was changed (--force replaces what {shown} holds)");
     }
-    let moved = if plan.replaces {
-        replace(&from, to, &url).await?
-    } else {
-        copy(&from, &to, &url).await?
-    };
+    let moved = if plan.replaces { replace(&from, to, &url).await? } else { copy(&from, &to, &url).await? };
     report("restored", &moved, &shown);
     Ok(0)
 }

@@ -192,3 +192,51 @@ fn e15_a_full_postgresql_disk_is_a_503_a_readiness_reason_and_a_metric_and_nothi
     drop(pg);
     drop(disk);
 }
+
+/// E15's alert on the MailPolicy's webhook: posted from memory (the store cannot record it),
+/// one firing for the episode however many writes it refuses, one resolution when it ends.
+#[test]
+fn e15_a_full_disk_posts_one_store_unwritable_firing_and_one_resolution_to_the_webhook() {
+    let receiver = crate::webhook::Receiver::start(vec![]);
+    let m = crate::monitoring::manifests(&receiver.url);
+    let mut disk = None;
+    let mut s = Server::start_logged_on(Some(m.path().to_path_buf()), &["--resync", "300ms"], |data| {
+        disk = Some(SmallDisk::mount(data, "16m"));
+    });
+    let desk = s.token("desk");
+    assert!(send(&s, &desk, "before the disk filled").0 < 300);
+    let posted = || -> Vec<(String, String)> {
+        let alerts = receiver.alerts().into_iter();
+        alerts
+            .filter(|(name, ..)| name == "PcmailStoreRefusingWrites")
+            .map(|(_, subject, status)| (subject, status))
+            .collect()
+    };
+
+    let filler = fill(&s.dir.path().join("data"));
+    assert_eq!(send(&s, &desk, "on a full disk").0, 503);
+    let fired = eventually(20, "the store-unwritable firing on the webhook", || {
+        let p = posted();
+        (!p.is_empty()).then_some(p)
+    });
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0].1, "firing");
+    assert!(!fired[0].0.is_empty(), "it names the replica");
+    // The episode goes on: hundreds more refusals, over some seconds, post nothing more.
+    for n in 0..300 {
+        assert_eq!(send(&s, &desk, &format!("refused {n}")).0, 503);
+    }
+    assert_eq!(posted(), fired, "one firing for the episode");
+
+    std::fs::remove_file(filler).expect("free the disk");
+    let both = eventually(30, "the resolution on the webhook", || {
+        let p = posted();
+        (p.len() >= 2).then_some(p)
+    });
+    let states: Vec<&str> = both.iter().map(|(_, status)| status.as_str()).collect();
+    assert_eq!(states, ["firing", "resolved"], "{both:?}");
+    assert!(send(&s, &desk, "after space returned").0 < 300);
+    assert_eq!(posted().len(), 2, "nothing more once resolved");
+    s.kill9();
+    drop(disk);
+}

@@ -263,7 +263,10 @@ mod tests {
         assert_eq!(post(&mut u, at(0)), None, "nothing while the store takes writes");
         u.observe(Some("database or disk is full"), at(1));
         let firing = u.due("replica-1", None, at(1)).expect("due");
-        assert_eq!((firing.kind, firing.state, firing.firing_since), (AlertKind::StoreUnwritable, AlertState::Firing, at(1)));
+        assert_eq!(
+            (firing.kind, firing.state, firing.firing_since),
+            (AlertKind::StoreUnwritable, AlertState::Firing, at(1))
+        );
         assert!(firing.summary.contains("disk is full"), "{}", firing.summary);
         assert_eq!(crate::alert::severity(&firing), "critical");
         // A post that failed is due again; one that succeeded is not, however long it lasts.

@@ -35,6 +35,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
         None => {}
     }
     tokio::spawn(watch_health(app.clone()));
+    tokio::spawn(controller::notifier::watch_unwritable(app.clone()));
     // Before the first sync, so a sole replica writes statuses from its first moment. E15: on
     // a full disk neither can write; serve starts anyway and serves reads (the leader task
     // tries again, the resync writes the statuses once there is room).

@@ -189,15 +189,11 @@ pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec
         let mut sums = Sums::new();
         each_batch(from, async |batch: Batch| {
             sums.add(&batch);
-            tx.send(Incoming::Rows(batch))
-                .await
-                .map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))
+            tx.send(Incoming::Rows(batch)).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))
         })
         .await?;
         // Only a whole export is committed: `End` is sent after its last row.
-        tx.send(Incoming::End)
-            .await
-            .map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
+        tx.send(Incoming::End).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
         Ok(sums.finish())
     };
     let (fed, replaced) = tokio::join!(feed, to.replace_tabs(rx));

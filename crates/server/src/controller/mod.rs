@@ -7,7 +7,7 @@
 
 pub mod indexer;
 pub mod mail_sweep;
-mod notifier;
+pub(crate) mod notifier;
 pub mod pools;
 mod prune;
 pub mod schedules;
