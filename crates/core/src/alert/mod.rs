@@ -3,6 +3,7 @@
 //! its states was last notified, which is what makes every state notified exactly once.
 
 mod notify;
+mod unwritable;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -15,6 +16,7 @@ use crate::health::silent_since;
 use crate::mail::{Mail, MailKind, MailState};
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 pub use notify::{alertmanager_api_body, chat_text, webhook_body};
+pub use unwritable::Unwritable;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

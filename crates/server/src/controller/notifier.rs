@@ -87,11 +87,11 @@ fn body_for(app: &App, notify: &Notify, alerts: &[Alert], now: Ts) -> (String, s
 }
 
 /// E15: posts the `store-unwritable` alert of each episode of refusals for space to the
-/// MailPolicy's webhook, from memory (`core::health::Unwritable`): the store that would record
+/// MailPolicy's webhook, from memory (`core::alert::Unwritable`): the store that would record
 /// it is the one refusing. One task, so a post is never made twice at once; a failed post is
 /// tried again at the next tick. The alert names this replica.
 pub async fn watch_unwritable(app: App) {
-    let mut alert = pcmail_core::health::Unwritable::default();
+    let mut alert = pcmail_core::alert::Unwritable::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutdown = app.watch_shutdown();
