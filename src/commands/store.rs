@@ -199,8 +199,7 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
     }
     meter.phase("restoring");
     let moved = if plan.replaces {
-        drop(to);
-        replace(&from, &url, &mut meter).await?
+        replace(&from, to, &url, &mut meter).await?
     } else {
         copy(&from, &to, &url, &mut meter).await?
     };
@@ -208,16 +207,18 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
     Ok(0)
 }
 
-/// E14: a restore over a SQLite store that holds rows: the backup is copied into a new file
-/// beside it, which then takes the store's name (its write-ahead log going with the old one),
-/// so the store is either all it was or all the backup. Other adapters are emptied by hand.
-async fn replace(from: &SqliteStore, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
+/// E14: a restore over a store that holds rows, so that the store is either all it was or all
+/// the backup. SQLite: the backup is copied into a new file beside it, which then takes the
+/// store's name (its write-ahead log going with the old one). PostgreSQL: emptied and filled in
+/// one transaction. Sheets: the working copy likewise, then the spreadsheet in one cycle.
+async fn replace(from: &SqliteStore, to: AnyStore, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
     let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()).map(PathBuf::from) else {
-        bail!(
-            "{} holds data: a restore replaces a SQLite store only; empty it first and restore again",
-            redact_url(url)
-        );
+        let replaced = transfer::replace(from, &to)
+            .await
+            .with_context(|| format!("the restore into {} did not finish", redact_url(url)))?;
+        return Ok(transfer::moved(&replaced));
     };
+    drop(to);
     let fresh = with_suffix(&path, ".restoring");
     remove_partial(&fresh)?;
     let into = SqliteStore::open(&fresh).await.with_context(|| format!("creating {}", fresh.display()))?;

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::harness::{BIN, Server, ok, stderr};
+use crate::harness::{BIN, PgScratch, Server, eventually, examples, ok, stderr};
 
 /// `pcmail-ctl` with no server or token: the store verbs need neither.
 fn offline(args: &[&str]) -> Output {
@@ -197,4 +197,99 @@ fn v5_restore_of_a_backup_of_each_earlier_schema_works_directly() {
     });
     let inbox = crate::harness::json(s1.ctl(&s1.token("laptop"), &["inbox", "-o", "json"]));
     assert_eq!(inbox["items"][0]["subject"], "from an earlier release", "{inbox}");
+}
+
+/// `backup` or `restore` of the store `url` names, its working copy (a spreadsheet's) in `data`.
+fn with_store(verb: &str, file: &Path, url: &str, data: &Path, force: bool) -> Output {
+    let (file, data) = (file.display().to_string(), data.display().to_string());
+    let mut args = vec![verb, file.as_str(), "--store", url, "--data-dir", data.as_str()];
+    if force {
+        args.push("--force");
+    }
+    offline(&args)
+}
+
+/// A server on `url` that sent one mail, was backed up into `backup`, sent two more and
+/// stopped: the store now runs further than its backup.
+fn ahead_of_its_backup(url: &str, backup: &Path) -> (Server, String) {
+    let s = Server::start_opts(Some(examples()), "127.0.0.1:0", &["--store", url]);
+    let desk = s.token("desk");
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "before the backup", "--body", "b"]));
+    let data = s.dir.path().join("data");
+    ok(with_store("backup", backup, url, &data, false));
+    for n in 1..=2 {
+        ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", &format!("after the backup {n}"), "--body", "b"]));
+    }
+    (s, desk)
+}
+
+/// What `restore` says before it changes anything: what comes back and what goes.
+fn says_what_it_brings_and_drops(said: &str) {
+    assert!(said.contains("the backup brings back:") && said.contains("mail 1"), "{said}");
+    assert!(said.contains("holds, and the restore drops:") && said.contains("mail 3"), "{said}");
+}
+
+#[test]
+fn e14_restore_force_replaces_a_postgresql_store_in_one_transaction_after_saying_what_it_drops() {
+    let pg = PgScratch::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = dir.path().join("older.db");
+    let (mut s, desk) = ahead_of_its_backup(&pg.url, &backup);
+    s.terminate();
+    let identity = pg.query("SELECT value FROM kv WHERE key = 'store/identity'");
+    let data = s.dir.path().join("data");
+
+    let out = with_store("restore", &backup, &pg.url, &data, false);
+    let said = stderr(&out);
+    assert!(!out.status.success(), "going back in time needs --force: {said}");
+    says_what_it_brings_and_drops(&said);
+    assert!(said.contains("refused: the target holds newer mail than the backup"), "{said}");
+    assert_eq!(pg.query("SELECT count(*) FROM mail"), [["3"]], "nothing was changed");
+
+    let out = with_store("restore", &backup, &pg.url, &data, true);
+    let said = stderr(&out);
+    assert!(out.status.success(), "--force replaces what PostgreSQL held: {said}");
+    says_what_it_brings_and_drops(&said);
+    assert!(said.contains("restored into") && said.contains("mail 1"), "{said}");
+    assert_eq!(pg.query("SELECT subject FROM mail"), [["before the backup"]], "the store is the backup's");
+    assert_ne!(pg.query("SELECT value FROM kv WHERE key = 'store/identity'"), identity, "E5: another store");
+    s.spawn();
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "after the restore", "--body", "b"]));
+    let seqs = pg.query("SELECT seq FROM mail ORDER BY seq");
+    assert_eq!(seqs.len(), 2, "{seqs:?}");
+    assert!(seqs[1][0].parse::<i64>().unwrap() > seqs[0][0].parse::<i64>().unwrap(), "numbered after: {seqs:?}");
+}
+
+#[test]
+fn e14_restore_force_replaces_a_spreadsheets_rows_and_the_sheet_shows_the_backups() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let standin = rt.block_on(crate::standin::Standin::start());
+    let url = standin.store_url("");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = dir.path().join("older.db");
+    let (mut s, desk) = ahead_of_its_backup(&url, &backup);
+    let subjects = || -> Vec<String> {
+        let cells = standin.cells("mail");
+        let column = cells.first().and_then(|h| h.iter().position(|c| c == "subject")).unwrap_or(usize::MAX);
+        cells.iter().skip(1).filter_map(|r| r.get(column).and_then(|v| v.as_str()).map(String::from)).collect()
+    };
+    eventually(30, "the three mails on the sheet", || (subjects().len() == 3).then_some(()));
+    s.terminate();
+    let data = s.dir.path().join("data");
+
+    let out = with_store("restore", &backup, &url, &data, false);
+    let said = stderr(&out);
+    assert!(!out.status.success() && said.contains("refused: the target holds newer mail"), "{said}");
+    assert_eq!(subjects().len(), 3, "nothing was changed");
+
+    let out = with_store("restore", &backup, &url, &data, true);
+    let said = stderr(&out);
+    assert!(out.status.success(), "--force replaces what the spreadsheet held: {said}");
+    says_what_it_brings_and_drops(&said);
+    assert_eq!(subjects(), ["before the backup"], "the sheet shows the backup's mail once restore ends");
+    s.spawn();
+    ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "after the restore", "--body", "b"]));
+    eventually(30, "the new mail on the sheet beside the restored one", || {
+        (subjects() == ["before the backup", "after the restore"]).then_some(())
+    });
 }

@@ -111,3 +111,132 @@ fn e15_the_store_unwritable_rule_fires_while_the_disk_is_full_in_promtool() {
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).contains("SUCCESS"), "{}", stdout(&out));
 }
+
+/// Runs `sql` on the PostgreSQL `url` names.
+fn pg_run(url: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.expect(sql);
+    });
+}
+
+fn count_mail(url: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(conn);
+        client.query_one("SELECT count(*) FROM mail", &[]).await.expect("count").get(0)
+    })
+}
+
+/// E15 on PostgreSQL: the database's files on a small tmpfs of the test's own (a tablespace;
+/// its write-ahead log stays on the large disk, as a full data volume meets it), filled under
+/// sends. The server's refusals (SQLSTATE 53100) are 503s naming the disk, readiness and the
+/// metric say so, and once space is freed sends are taken again with nothing acknowledged lost.
+#[test]
+fn e15_a_full_postgresql_disk_is_a_503_a_readiness_reason_and_a_metric_and_nothing_acknowledged_is_lost() {
+    let pg = crate::outage::OwnPostgres::start();
+    let small = pg.dir.path().join("small");
+    let disk = SmallDisk::mount(&small, "32m");
+    let spaces = small.join("tablespace");
+    std::fs::create_dir(&spaces).expect("tablespace dir");
+    let chown = Command::new("chown").args(["postgres:postgres"]).arg(&spaces).status().expect("chown");
+    assert!(chown.success());
+    pg_run(&pg.url(), &format!("CREATE TABLESPACE small LOCATION '{}'", spaces.display()));
+    pg_run(&pg.url(), "CREATE DATABASE pcmail TABLESPACE small");
+    let url = format!("{}/pcmail", pg.url().rsplit_once('/').map_or("", |(base, _)| base));
+    let mut s = Server::start_logged_opts(Some(examples()), &["--store", &url]);
+    let desk = s.token("desk");
+    assert!(send(&s, &desk, "before the disk filled").0 < 300);
+
+    let filler = fill(&small);
+    // Pages with room left may take a few more; each one answered 2xx must survive.
+    let mut acknowledged = 1;
+    let (_, body) = (0..5000)
+        .map(|n| send(&s, &desk, &format!("filling {n}")))
+        .find(|(status, body)| {
+            if *status < 300 {
+                acknowledged += 1;
+            }
+            assert!(*status < 300 || *status == 503, "{status} {body}");
+            *status == 503
+        })
+        .expect("a send refused once the disk is full");
+    assert!(body.contains("disk is full"), "the refusal names the disk: {body}");
+    for n in 0..50 {
+        let (status, _) = send(&s, &desk, &format!("refused {n}"));
+        if status < 300 {
+            acknowledged += 1;
+        }
+    }
+    let (ready, why) = get(&format!("{}/readyz", s.url));
+    assert_eq!(ready, 503, "{why}");
+    assert!(why.contains("disk is full (E15)"), "readiness names the disk: {why}");
+    assert_eq!(s.metric("pcmail_store_unwritable"), Some(1.0));
+    assert!(no_space(&s) >= 1.0, "the refusals counted as no_space");
+    assert!(s.log().contains("disk is full"), "{}", s.log());
+    eprintln!("E15 on PostgreSQL: {acknowledged} sends acknowledged, then refused; {} counted", no_space(&s));
+
+    std::fs::remove_file(filler).expect("free the disk");
+    let (status, body) = eventually(20, "a send taken again", || {
+        Some(send(&s, &desk, "after space returned")).filter(|(status, _)| *status < 300)
+    });
+    assert!(status < 300, "{body}");
+    acknowledged += 1;
+    eventually(20, "readiness back", || (get(&format!("{}/readyz", s.url)).0 == 200).then_some(()));
+    assert_eq!(s.metric("pcmail_store_unwritable"), Some(0.0));
+    assert_eq!(count_mail(&url), acknowledged, "every acknowledged send is stored, no other");
+    s.kill9();
+    drop(pg);
+    drop(disk);
+}
+
+/// E15's alert on the MailPolicy's webhook: posted from memory (the store cannot record it),
+/// one firing for the episode however many writes it refuses, one resolution when it ends.
+#[test]
+fn e15_a_full_disk_posts_one_store_unwritable_firing_and_one_resolution_to_the_webhook() {
+    let receiver = crate::webhook::Receiver::start(vec![]);
+    let m = crate::monitoring::manifests(&receiver.url);
+    let mut disk = None;
+    let mut s = Server::start_logged_on(Some(m.path().to_path_buf()), &["--resync", "300ms"], |data| {
+        disk = Some(SmallDisk::mount(data, "16m"));
+    });
+    let desk = s.token("desk");
+    assert!(send(&s, &desk, "before the disk filled").0 < 300);
+    let posted = || -> Vec<(String, String)> {
+        let alerts = receiver.alerts().into_iter();
+        alerts
+            .filter(|(name, ..)| name == "PcmailStoreRefusingWrites")
+            .map(|(_, subject, status)| (subject, status))
+            .collect()
+    };
+
+    let filler = fill(&s.dir.path().join("data"));
+    assert_eq!(send(&s, &desk, "on a full disk").0, 503);
+    let fired = eventually(20, "the store-unwritable firing on the webhook", || {
+        let p = posted();
+        (!p.is_empty()).then_some(p)
+    });
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0].1, "firing");
+    assert!(!fired[0].0.is_empty(), "it names the replica");
+    // The episode goes on: hundreds more refusals, over some seconds, post nothing more.
+    for n in 0..300 {
+        assert_eq!(send(&s, &desk, &format!("refused {n}")).0, 503);
+    }
+    assert_eq!(posted(), fired, "one firing for the episode");
+
+    std::fs::remove_file(filler).expect("free the disk");
+    let both = eventually(30, "the resolution on the webhook", || {
+        let p = posted();
+        (p.len() >= 2).then_some(p)
+    });
+    let states: Vec<&str> = both.iter().map(|(_, status)| status.as_str()).collect();
+    assert_eq!(states, ["firing", "resolved"], "{both:?}");
+    assert!(send(&s, &desk, "after space returned").0 < 300);
+    assert_eq!(posted().len(), 2, "nothing more once resolved");
+    s.kill9();
+    drop(disk);
+}

@@ -226,6 +226,38 @@ fn l9_a_heavy_row_goes_to_the_job_queue_and_gets_its_result_when_the_job_ends() 
     assert_eq!(jobs["items"][0]["state"], "succeeded");
 }
 
+/// A heavy row whose job's end committed while the row's own write did not (the store failed
+/// between the two): the next pass settles the row from the ended job, and nothing runs again.
+#[test]
+fn l9_a_heavy_row_whose_write_after_its_jobs_end_failed_is_settled_from_the_job_and_never_runs_again() {
+    let Setup { mut s, log, _dir } = setup_with("30m", &["--resync", "300ms"]);
+    push(&s, "manual", "render the big PDF", "render");
+    let handed = json(s.admin(&["ledger", "run", "T-0001", "-o", "json"]));
+    let waiting = handed["result"].as_str().unwrap_or_default().to_string();
+    let done = eventually(20, "the job to run and write the row", || {
+        let r = row(&s, "T-0001");
+        (r["state"] == "review").then_some(r)
+    });
+    s.terminate();
+    // The row as the failed write left it: still waiting for its (succeeded) job.
+    let db = rusqlite::Connection::open(s.dir.path().join("data/pcmail.db")).expect("db");
+    let changed = db
+        .execute("UPDATE ledger SET state = 'todo', result = ?1 WHERE id = 'T-0001'", [&waiting])
+        .expect("the row as the failed write left it");
+    assert_eq!(changed, 1);
+    drop(db);
+    s.spawn();
+    let settled = eventually(20, "the row settled from its ended job", || {
+        let r = row(&s, "T-0001");
+        (r["state"] == "review").then_some(r)
+    });
+    assert_eq!(settled["result"], done["result"], "the job's result, as first written");
+    let runs = std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.starts_with("=== ")).count();
+    assert_eq!(runs, 1, "the row's Function never ran again");
+    let jobs = json(s.admin(&["jobs", "list", "--queue", "heavy", "-o", "json"]));
+    assert_eq!(jobs["items"].as_array().map(Vec::len), Some(1), "no second job: {jobs}");
+}
+
 #[test]
 fn u_ledger_list_aligns_japanese_rows_by_display_width() {
     use unicode_width::UnicodeWidthChar;

@@ -17,15 +17,15 @@ use crate::harness::*;
 /// A PostgreSQL instance of the test's own (its own `initdb` data dir, a free port), so it can
 /// be stopped and started without touching anyone else's database. As root it runs as the
 /// `postgres` user, which the Debian packages create.
-struct OwnPostgres {
-    dir: tempfile::TempDir,
+pub(crate) struct OwnPostgres {
+    pub(crate) dir: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
     as_postgres: bool,
 }
 
 impl OwnPostgres {
-    fn start() -> OwnPostgres {
+    pub(crate) fn start() -> OwnPostgres {
         let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL's server binaries in /usr/lib/postgresql (scripts/test installs them)")
             .flatten()
@@ -52,7 +52,7 @@ impl OwnPostgres {
         self.dir.path().join("data")
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 

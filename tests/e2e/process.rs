@@ -75,6 +75,7 @@ fn setup() -> (Server, tempfile::TempDir) {
         function("holder", "(sleep 3006; echo late) & echo early", "30s"),
         function("flood", "head -c 1000000000 /dev/zero", "120s"),
         function("term", "sleep 3007 & setsid sleep 3008 & sleep 3009", "120s"),
+        function("crash", "sleep 3010 & setsid sleep 3011 & sleep 3012", "120s"),
         "apiVersion: pcmail/v1\nkind: WorkerPool\nmetadata: {name: p}\nspec: {workers: 2, queues: [q], maxAttempts: 1, leaseDuration: 30s}\n".into(),
     ];
     std::fs::write(m.join("functions.yaml"), manifests.concat()).expect("manifests");
@@ -180,6 +181,33 @@ fn e16_sigterm_of_serve_mid_job_kills_the_function_and_its_grandchildren() {
     clean(&["3007", "3008", "3009"]);
     assert_eq!(code, Some(0), "serve stopped cleanly in {took:?}");
     assert!(gone, "a process of the running Function outlived serve's SIGTERM");
+}
+
+#[test]
+fn e16_after_a_sigkill_of_serve_the_next_start_kills_what_its_functions_left_and_nothing_else() {
+    let (mut s, _dir) = setup();
+    let id = enqueue(&s, "crash");
+    let admin = s.admin_token();
+    let strays = ["3010", "3011", "3012"];
+    eventually(30, "the Function to start its strays", || {
+        let job = job(&s, &admin, &id);
+        (job["state"] == "running" && strays.iter().all(|n| !running(&["sleep", n]).is_empty())).then_some(())
+    });
+    let records = s.dir.path().join("data/runs");
+    assert_eq!(std::fs::read_dir(&records).expect("the runs' records").count(), 1, "one record while it runs");
+    s.kill9();
+    // Only the Function itself dies with serve (PDEATHSIG): its children and the setsid
+    // grandchild are orphans now, with nothing of this serve left to kill them.
+    let left: Vec<&str> = strays.iter().copied().filter(|n| !running(&["sleep", n]).is_empty()).collect();
+    let mut unrelated = std::process::Command::new("sleep").arg("3013").spawn().expect("an unrelated sleep");
+    s.spawn();
+    let gone = all_gone(&strays);
+    let spared = running(&["sleep", "3013"]).len();
+    clean(&["3010", "3011", "3012", "3013"]);
+    let _ = unrelated.wait();
+    assert!(left.contains(&"3011"), "the setsid grandchild outlived the SIGKILL: {left:?}");
+    assert!(gone, "the next serve killed what the killed one's Function left: {left:?}");
+    assert_eq!(spared, 1, "a process that is no run's is never killed");
 }
 
 #[test]

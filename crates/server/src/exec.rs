@@ -303,6 +303,10 @@ impl Live {
     fn register(run: RunId) -> Live {
         let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).push((key, run.clone()));
+        if let Some(dir) = RECORDS.get() {
+            // Best effort: a run is not refused for a record it cannot write (a full disk).
+            let _ = std::fs::write(dir.join(&run.mark), record(std::process::id(), run.started));
+        }
         Live { key, run }
     }
 }
@@ -311,6 +315,72 @@ impl Drop for Live {
     fn drop(&mut self) {
         kill_run(&self.run);
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).retain(|(k, _)| *k != self.key);
+        if let Some(dir) = RECORDS.get() {
+            let _ = std::fs::remove_file(dir.join(&self.run.mark));
+        }
+    }
+}
+
+/// E16 after a crash: the folder where each live run is recorded (a file named by its mark),
+/// so that the next `serve` on the data dir kills what one killed by SIGKILL left running.
+static RECORDS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+/// The folder of [`RECORDS`] in the data dir.
+pub const RUNS_DIR: &str = "runs";
+
+/// A run's record: the serve that started it (pid and start) and when the run started.
+fn record(serve: u32, started: u64) -> String {
+    format!("{serve} {} {started}\n", started_at(i32::try_from(serve).unwrap_or(0)))
+}
+
+/// E16 at `serve`'s start: kills what the runs recorded in `data_dir` left running — a `serve`
+/// killed by SIGKILL takes only its direct children with it (PDEATHSIG) — then records this
+/// serve's runs there. A record whose serve still runs (another serve on the same data dir) is
+/// left alone. Only a process that carries a recorded run's mark in its environment and
+/// started no earlier than the run is killed, never by its group or session alone: a pid or a
+/// session id reused since belongs to someone else. Answers how many processes were killed.
+pub fn reap_left_runs(data_dir: &std::path::Path) -> std::io::Result<usize> {
+    let dir = data_dir.join(RUNS_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let mut killed = 0;
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let Some(mark) = entry.file_name().to_str().map(String::from) else { continue };
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let fields: Vec<u64> = text.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+        let [serve, serve_started, started] = fields[..] else {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        };
+        let serve = i32::try_from(serve).unwrap_or(0);
+        if serve > 0
+            && u32::try_from(serve).is_ok_and(|p| p != std::process::id())
+            && started_at(serve) == serve_started
+        {
+            continue;
+        }
+        killed += kill_marked(&RunId { session: 0, started, mark });
+        let _ = std::fs::remove_file(entry.path());
+    }
+    let _ = RECORDS.set(dir);
+    Ok(killed)
+}
+
+/// Kills every process carrying `run`'s mark (its session 0: no group or session is asked).
+fn kill_marked(run: &RunId) -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        let mut killed = 0;
+        for _ in 0..SWEEPS {
+            match sweep(run) {
+                0 => break,
+                n => killed += n,
+            }
+        }
+        killed
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = run;
+        0
     }
 }
 

@@ -316,7 +316,7 @@ impl Metrics {
         for ((to, urgency), n) in &b.unread {
             self.mail_unread_sla_breached.with_label_values(&[to, urgency.as_str()]).set(*n as i64);
         }
-        for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
+        for kind in AlertKind::ALL.into_iter().filter(|k| k.is_stored() && *k != AlertKind::Arrival) {
             let n = b.firing.get(&kind).copied().unwrap_or(0);
             self.alerts_firing.with_label_values(&[kind.as_str()]).set(n as i64);
         }
@@ -340,7 +340,7 @@ impl Metrics {
                 self.mail_unread_sla_breached.with_label_values(&[m, u.as_str()]).add(0);
             }
         }
-        for kind in AlertKind::ALL.into_iter().filter(|k| *k != AlertKind::Arrival) {
+        for kind in AlertKind::ALL.into_iter().filter(|k| k.is_stored() && *k != AlertKind::Arrival) {
             self.alerts_firing.with_label_values(&[kind.as_str()]).add(0);
         }
         for l in ledgers {

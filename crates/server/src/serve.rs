@@ -17,6 +17,14 @@ use crate::{api, auth, conns, console, controller, leader, manifests, specs, tls
 pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     let dir = &config.data_dir;
     pcmail_store::private::make_private(dir).map_err(|source| ServeError::DataDir { path: dir.clone(), source })?;
+    // E16: what Functions of a serve killed before its stop left running dies now.
+    match crate::exec::reap_left_runs(dir) {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(killed = n, "killed processes that Functions of an earlier serve left running (E16)"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot record Functions' runs in the data dir; after a crash their strays live on (E16)")
+        }
+    }
     let admin_token = AdminToken::watch(dir.join(auth::ADMIN_TOKEN_FILE), auth::ensure_admin_token(dir)?);
     let url = config.store_url.clone().unwrap_or_else(|| pcmail_store::default_url(dir));
     let store = pcmail_store::open(&url, dir).await?;
@@ -35,6 +43,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
         None => {}
     }
     tokio::spawn(watch_health(app.clone()));
+    tokio::spawn(controller::notifier::watch_unwritable(app.clone()));
     // Before the first sync, so a sole replica writes statuses from its first moment. E15: on
     // a full disk neither can write; serve starts anyway and serves reads (the leader task
     // tries again, the resync writes the statuses once there is room).

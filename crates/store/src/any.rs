@@ -283,6 +283,10 @@ impl Store for AnyStore {
         forward!(self, s => s.occupied_tabs().await)
     }
 
+    async fn replace_tabs(&self, rows: mpsc::Receiver<crate::Incoming>) -> Result<()> {
+        forward!(write self, s => s.replace_tabs(rows).await)
+    }
+
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
         forward!(self, s => s.firing_alerts().await)
     }

@@ -15,3 +15,12 @@ pub struct Batch {
     pub tab: &'static str,
     pub rows: Vec<Vec<Cell>>,
 }
+
+/// E14: what a restore that replaces a store's rows hands the adapter: batches, then `End` once
+/// every row came. A channel that closes without `End` is an export that stopped: nothing is
+/// committed.
+#[derive(Debug)]
+pub enum Incoming {
+    Rows(Batch),
+    End,
+}

@@ -1113,6 +1113,50 @@ pub async fn o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs(store: &(
     assert_eq!(crate::transfer::differences(&ours, &theirs), ["tokens"]);
 }
 
+/// What a store a forced restore goes into held: mail, a token, a kept key, all to be dropped.
+async fn hold_other_rows(store: &impl Store) {
+    insert(store, (5..9).map(|n| mail(n, "pc9")).collect()).await;
+    store.put_token("pc9", "hash-pc9", at(2)).await.expect("token");
+    store.kv_set("telegram/offset", "99").await.expect("kv");
+}
+
+/// E14 (`restore --force`): a store holding rows takes the backup's in their place, every row
+/// and nothing of what it held, numbers new rows after the backup's, and is another store (E5).
+pub async fn e14_a_forced_restore_replaces_every_row_and_renews_the_identity(store: &(impl Store + Clone)) {
+    hold_other_rows(store).await;
+    let identity = store.kv_get(crate::IDENTITY_KEY).await.expect("kv");
+    let (_dir, backup) = sqlite_scratch().await;
+    fill_every_tab(&backup).await;
+    let replaced = crate::transfer::replace(&backup, store).await.expect("restore --force");
+    assert_eq!(replaced, crate::transfer::digest(&backup).await.expect("digest"), "counts what it wrote");
+    assert_eq!(everything(store).await, everything(&backup).await);
+    assert_eq!(store.machine_for_token("hash-pc9").await.expect("token"), None, "the held token is gone");
+    assert_eq!(store.mail_last_seq().await.expect("last"), backup.mail_last_seq().await.expect("last"));
+    let renewed = store.kv_get(crate::IDENTITY_KEY).await.expect("kv");
+    assert!(renewed.is_some() && renewed != identity, "E5: a restored store is another one");
+    insert(store, vec![mail(4, "pc2")]).await;
+    let new = store.get_mail("mail--00000004").await.expect("get").expect("present");
+    assert!(new.seq > backup.mail_last_seq().await.expect("last"), "numbered after the restored mail");
+}
+
+/// E14: a forced restore whose rows stop coming midway (here a row its backup cannot export)
+/// leaves the store all it was: rows, tokens and identity.
+pub async fn e14_a_forced_restore_that_stops_midway_changes_nothing(store: &(impl Store + Clone)) {
+    hold_other_rows(store).await;
+    let before = (everything(store).await, store.kv_get(crate::IDENTITY_KEY).await.expect("kv"));
+    let (dir, source) = sqlite_scratch().await;
+    fill_every_tab(&source).await;
+    drop(source);
+    let raw = rusqlite::Connection::open(dir.path().join("other.db")).expect("raw");
+    raw.execute("UPDATE jobs SET priority = 1.5", []).expect("a value pcmail never writes");
+    drop(raw);
+    let source = crate::SqliteStore::open_read_only(dir.path().join("other.db")).await.expect("open");
+    let err = crate::transfer::replace(&source, store).await.expect_err("the export stops at jobs");
+    assert!(err.to_string().contains("jobs.priority"), "the export's error is the one told: {err}");
+    let after = (everything(store).await, store.kv_get(crate::IDENTITY_KEY).await.expect("kv"));
+    assert_eq!(after, before, "nothing was changed");
+}
+
 pub async fn nothing_more<G, S>(_guard: &G, _store: &S) {}
 
 /// Expands to one `#[tokio::test]` per contract check for the adapter `make` creates.
@@ -1160,7 +1204,9 @@ macro_rules! contract_tests {
             o2_a_restore_brings_rows_back_and_numbers_new_rows_after_them,
             o3_a_copy_refuses_a_target_that_holds_data,
             o3_a_copy_that_stops_midway_leaves_its_target_marked_unfinished,
-            o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs
+            o3_verify_agrees_on_a_copy_and_names_the_tab_that_differs,
+            e14_a_forced_restore_replaces_every_row_and_renews_the_identity,
+            e14_a_forced_restore_that_stops_midway_changes_nothing
         );
     };
     (@each $make:ident, $after:path; $($check:ident),*) => {

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
 pub use any::{AnyStore, open, open_to_read};
-pub use cells::{Batch, Cell};
+pub use cells::{Batch, Cell, Incoming};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 #[cfg(feature = "sheets")]
@@ -637,6 +637,11 @@ pub trait Store: Send + Sync + 'static {
     /// The tabs holding rows a copy could collide with (the store's own `store/` and `sheets/`
     /// keys aside), as [`transfer::occupied`] names them from [`transfer::occupied_sql`].
     fn occupied_tabs(&self) -> impl Future<Output = Result<Vec<&'static str>>> + Send;
+    /// E14 `restore --force`: every row of every tab in [`transfer::TABS`] (the store's own
+    /// `store/` and `sheets/` keys aside) replaced by what `rows` brings, in one transaction
+    /// committed only once [`Incoming::End`] comes, sequences moved past the rows; the store
+    /// takes a new identity (E5: PCs merge again from 0, so no mail is skipped).
+    fn replace_tabs(&self, rows: mpsc::Receiver<cells::Incoming>) -> impl Future<Output = Result<()>> + Send;
 
     /// Changes other processes commit, when the store can announce them (PostgreSQL's
     /// LISTEN/NOTIFY). `None`: this process is the only writer, and announces its own changes.

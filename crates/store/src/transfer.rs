@@ -7,7 +7,7 @@
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::cells::{Batch, Cell};
+use crate::cells::{Batch, Cell, Incoming};
 use crate::codec::REQUIRED;
 use crate::{Result, Store, StoreError};
 
@@ -100,6 +100,18 @@ pub fn occupied(flags: &[bool]) -> Vec<&'static str> {
     TABS.iter().zip(flags).filter(|(_, held)| **held).map(|((t, _), _)| *t).collect()
 }
 
+/// E14: the `DELETE`s that empty a store's data before a restore replaces it, last tab first;
+/// the store's own `store/` and `sheets/` keys stay (its identity is renewed apart).
+pub fn clear_sql() -> Vec<String> {
+    TABS.iter()
+        .rev()
+        .map(|(t, _)| match *t {
+            "kv" => "DELETE FROM kv WHERE key NOT LIKE 'store/%' AND key NOT LIKE 'sheets/%'".to_string(),
+            t => format!("DELETE FROM {t}"),
+        })
+        .collect()
+}
+
 fn quoted(columns: &[&str]) -> String {
     columns.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ")
 }
@@ -183,6 +195,34 @@ pub async fn copy_counted(
     to.kv_set(COPY_KEY, "finished").await?;
     Ok(sums.finish())
 }
+
+/// E14: replaces every row of `to` (a store holding data, which `restore --force` empties) by
+/// `from`'s, in one transaction of `to`'s: it holds either what it held or all of `from`.
+/// Answers what moved, counted and checksummed as [`copy`] does.
+pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<TabDigest>> {
+    let (tx, rx) = mpsc::channel::<Incoming>(4);
+    let feed = async move {
+        let mut sums = Sums::new();
+        each_batch(from, async |batch: Batch| {
+            sums.add(&batch);
+            tx.send(Incoming::Rows(batch)).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))
+        })
+        .await?;
+        // Only a whole export is committed: `End` is sent after its last row.
+        tx.send(Incoming::End).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
+        Ok(sums.finish())
+    };
+    let (fed, replaced) = tokio::join!(feed, to.replace_tabs(rx));
+    match (fed, replaced) {
+        (Ok(sums), Ok(())) => Ok(sums),
+        // The feed stopped because the target did: the target's error is the cause.
+        (Err(StoreError::Backend(m)), Err(e)) if m == STOPPED_TAKING => Err(e),
+        // Otherwise the export's error is (the target only saw the rows end early).
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+const STOPPED_TAKING: &str = "the store being restored stopped taking rows";
 
 /// The rows of each tab a digest or copy has seen, counted and summed.
 struct Sums(Vec<(&'static str, u64, u128)>);

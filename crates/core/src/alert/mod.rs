@@ -3,6 +3,7 @@
 //! its states was last notified, which is what makes every state notified exactly once.
 
 mod notify;
+mod unwritable;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,6 +14,7 @@ use crate::health::silent_since;
 use crate::mail::{Mail, MailKind, MailState};
 use crate::manifest::spec::{MailPolicySpec, RosterSpec};
 pub use notify::{alertmanager_api_body, chat_text, webhook_body};
+pub use unwritable::Unwritable;
 
 crate::wire_enum! {
     pub enum AlertKind as "alert kind" {
@@ -30,10 +32,19 @@ crate::wire_enum! {
         IntentConflict = "intent-conflict",
         /// I9: a PC's chat poller and another poller of the same bot take each other's updates.
         ChannelConflict = "channel-conflict",
+        /// E15: the store refuses writes for want of space. Kept in memory and posted from there
+        /// (`Unwritable`), never a row of the alerts tab (the store cannot take one): see
+        /// [`AlertKind::is_stored`].
+        StoreUnwritable = "store-unwritable",
     }
 }
 
 impl AlertKind {
+    /// Whether the alerts tab holds this kind (every kind but the in-memory store-unwritable).
+    pub fn is_stored(self) -> bool {
+        self != AlertKind::StoreUnwritable
+    }
+
     /// Whether the mail sweep owns this kind: fires it from the mail and polls it reads, and
     /// resolves it when they no longer say so. The others are raised and resolved where their
     /// cause is seen (a poller's report, a second recording, an arrival).
@@ -56,6 +67,7 @@ impl AlertKind {
             AlertKind::IntentUnanswered => "PcmailIntentUnanswered",
             AlertKind::IntentConflict => "PcmailIntentConflict",
             AlertKind::ChannelConflict => "PcmailChannelConflict",
+            AlertKind::StoreUnwritable => "PcmailStoreRefusingWrites",
         }
     }
 }
@@ -357,6 +369,9 @@ fn title(m: &Mail) -> String {
 
 /// O6: how loud an alert is — `critical` for urgent mail, `warning` for everything else.
 pub fn severity(a: &Alert) -> &'static str {
+    if a.kind == AlertKind::StoreUnwritable {
+        return "critical";
+    }
     if a.labels.get("urgency").is_some_and(|u| u == Urgency::Urgent.as_str()) { "critical" } else { "warning" }
 }
 

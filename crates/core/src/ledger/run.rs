@@ -132,6 +132,14 @@ pub fn plan_edit(row: &Row, edit: Edit) -> Row {
     next
 }
 
+/// L9/E11: the job a handed-off row still waits for, if any: what a pass looks up to settle a
+/// row whose job ended while the row's own write failed (the job committed, the row did not).
+pub fn awaited_job(row: &Row) -> Option<&str> {
+    let rest = row.result.strip_prefix("heavy: runs as job ")?;
+    let id = rest.split(' ').next().filter(|id| !id.is_empty())?;
+    (row.state == RowState::Todo && awaits_job(row, id)).then_some(id)
+}
+
 /// T3: whether `row` is waiting for exactly the job `job_id` (handed off by [`plan_handoff`] and
 /// not changed since): only then may that job's end be written on it.
 pub fn awaits_job(row: &Row, job_id: &str) -> bool {
@@ -316,6 +324,16 @@ mod tests {
         assert_eq!((r.state, r.run_requested), (RowState::Todo, false));
         assert!(r.result.contains("job-abc") && r.result.contains("queue heavy"), "{}", r.result);
         assert_eq!(ledger_ref(&r), "p/T-0001");
+    }
+
+    #[test]
+    fn l9_a_row_still_waiting_names_its_job_so_a_pass_can_settle_it_from_the_ended_job() {
+        let r = plan_handoff(&runnable(), "job-abc", "heavy");
+        assert_eq!(awaited_job(&r), Some("job-abc"));
+        assert_eq!(awaited_job(&runnable()), None, "never handed off");
+        assert_eq!(awaited_job(&plan_success(&r, "done")), None, "settled");
+        let running = Row { state: RowState::Running, ..r };
+        assert_eq!(awaited_job(&running), None, "a person ran it since");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 pub mod indexer;
 pub mod mail_sweep;
-mod notifier;
+pub(crate) mod notifier;
 pub mod pools;
 mod prune;
 pub mod schedules;
@@ -89,7 +89,10 @@ async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
         Key::Notify => notifier::run(app, now).await?,
         Key::Specs => crate::specs::sync(app, now).await?,
         // E13: job leases are judged on the store's clock.
-        Key::JobReaper => crate::ledger::settle::rescue_expired(app, app.lease_now()).await.map(|_| ())?,
+        Key::JobReaper => {
+            crate::ledger::settle::rescue_expired(app, app.lease_now()).await?;
+            crate::ledger::settle::settle_waiting(app, now).await.map(|_| ())?
+        }
         Key::Prune => prune::run(app, now).await.map(|_| ())?,
         Key::ExecuteChecked | Key::AutoExecute => {
             let (trigger, role) = match key {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use pcmail_core::Ts;
-use pcmail_core::alert::{AlertState, alertmanager_api_body, webhook_body};
-use pcmail_core::manifest::spec::NotifyFormat;
+use pcmail_core::alert::{Alert, AlertState, alertmanager_api_body, webhook_body};
+use pcmail_core::manifest::spec::{Notify, NotifyFormat};
 use pcmail_store::Store;
 
 use crate::app::App;
@@ -56,14 +56,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     if batch.is_empty() {
         return Ok(());
     }
-    let external = format!("http://{}", app.listen_addr());
-    let (url, body) = if api {
-        let base = notify.webhook.trim_end_matches('/');
-        let url = if base.ends_with("/api/v2/alerts") { base.to_string() } else { format!("{base}/api/v2/alerts") };
-        (url, alertmanager_api_body(&batch, &external, now, RESEND * 3))
-    } else {
-        (notify.webhook.clone(), webhook_body(notify.format, &batch, &external))
-    };
+    let (url, body) = body_for(app, &notify, &batch, now);
     app.notify_limiter(notify.min_interval).until_ready().await;
     match post(app, &url, &body).await {
         Ok(()) => {
@@ -77,6 +70,50 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
         Err(e) => {
             app.set_notify_error(Some(format!("{url}: {}", e.message)));
             Err(ReconcileError::Webhook { count: batch.len(), url, message: e.message })
+        }
+    }
+}
+
+/// Where `alerts` are posted for `notify`, and the body in its format.
+fn body_for(app: &App, notify: &Notify, alerts: &[Alert], now: Ts) -> (String, serde_json::Value) {
+    let external = format!("http://{}", app.listen_addr());
+    if notify.format == NotifyFormat::AlertmanagerApi {
+        let base = notify.webhook.trim_end_matches('/');
+        let url = if base.ends_with("/api/v2/alerts") { base.to_string() } else { format!("{base}/api/v2/alerts") };
+        (url, alertmanager_api_body(alerts, &external, now, RESEND * 3))
+    } else {
+        (notify.webhook.clone(), webhook_body(notify.format, alerts, &external))
+    }
+}
+
+/// E15: posts the `store-unwritable` alert of each episode of refusals for space to the
+/// MailPolicy's webhook, from memory (`core::alert::Unwritable`): the store that would record
+/// it is the one refusing. One task, so a post is never made twice at once; a failed post is
+/// tried again at the next tick. The alert names this replica.
+pub async fn watch_unwritable(app: App) {
+    let mut alert = pcmail_core::alert::Unwritable::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = app.watch_shutdown();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let now = crate::clock::now();
+        alert.observe(app.store().health().refusing().as_deref(), now);
+        let Some(notify) = app.runtime().mail_policy.notify.clone() else { continue };
+        let resend = (notify.format == NotifyFormat::AlertmanagerApi).then_some(RESEND);
+        let Some(due) = alert.due(app.replica(), resend, now) else { continue };
+        let (url, body) = body_for(&app, &notify, std::slice::from_ref(&due), now);
+        app.notify_limiter(notify.min_interval).until_ready().await;
+        match post(&app, &url, &body).await {
+            Ok(()) => {
+                app.metrics().notified(Notified::Sent, 1);
+                tracing::info!(state = due.state.as_str(), "store-unwritable notified");
+                alert.posted(&due, now);
+            }
+            Err(e) => tracing::warn!(error = %e.message, url, "store-unwritable not notified; trying again"),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use pcmail_core::Ts;
 use pcmail_core::jobs::{Actor, Job, JobState, Report};
-use pcmail_core::ledger::{Row, awaits_job, plan_failure, plan_success};
+use pcmail_core::ledger::{Row, awaited_job, awaits_job, plan_failure, plan_success};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
 
 use super::event;
@@ -47,6 +47,40 @@ pub async fn rescue_expired(app: &App, now: Ts) -> Result<usize, StoreError> {
         job_ended(app, job, now).await?;
     }
     Ok(rescued.len())
+}
+
+/// L9/E11: every ledger's rows still waiting for a job that has ended — the job's end
+/// committed but the row's own write failed (the store went away between the two) — settled
+/// from the job, as its end would have; answers how many. Run with the job reaper, so no row
+/// waits longer than a resync, and none runs again for it.
+pub async fn settle_waiting(app: &App, now: Ts) -> Result<usize, StoreError> {
+    let mut settled = 0;
+    for ledger in &app.runtime().ledgers {
+        let waiting = app
+            .store()
+            .ledger_transaction(&ledger.project, LedgerSelect::Open, |s| {
+                let jobs: Vec<String> = s.rows.iter().filter_map(awaited_job).map(String::from).collect();
+                (LedgerWrites::default(), jobs)
+            })
+            .await?;
+        settled += jobs_ended(app, &ledger.project, &waiting, now).await?;
+    }
+    Ok(settled)
+}
+
+/// L9/E11: settles the rows of `project` still waiting for `jobs` whose jobs have ended;
+/// answers how many. A job still queued or running is left to end as usual.
+async fn jobs_ended(app: &App, project: &str, jobs: &[String], now: Ts) -> Result<usize, StoreError> {
+    let mut settled = 0;
+    for id in jobs {
+        let Some(job) = app.store().get_job(id).await? else { continue };
+        let ours = job.ledger_ref.as_deref().and_then(|r| r.split_once('/')).is_some_and(|(p, _)| p == project);
+        if ours && matches!(job.state, JobState::Succeeded | JobState::Dead) {
+            job_ended(app, &job, now).await?;
+            settled += 1;
+        }
+    }
+    Ok(settled)
 }
 
 /// L9/L13/L10 for heavy rows: when a row's job ends, its result or its failure is written on

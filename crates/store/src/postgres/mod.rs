@@ -24,7 +24,7 @@ use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::cells::{Batch, Cell};
+use crate::cells::{Batch, Cell, Incoming};
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, Value, from_ms, json, ms,
@@ -147,6 +147,55 @@ async fn export(c: &mut Conn, out: &mpsc::Sender<Batch>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// O3/E14: one batch of a copy or a restore, its rows as they are (sequence numbers included),
+/// in the caller's transaction. P14: a statement per batch, not per row (PostgreSQL takes at
+/// most 65,535 parameters).
+async fn insert_batch(c: &mut Conn, batch: &Batch) -> Result<()> {
+    let between = if IDENTITY_COLUMNS.iter().any(|(t, _)| *t == batch.tab) { "OVERRIDING SYSTEM VALUE " } else { "" };
+    let per = (u16::MAX as usize / transfer::columns(batch.tab).len().max(1)).min(transfer::BATCH);
+    for rows in batch.rows.chunks(per) {
+        let sql = transfer::insert_many_sql(batch.tab, rows.len(), |i| format!("${i}"), between);
+        let params: Vec<Param<'_>> = rows.iter().flatten().map(|v| v as Param<'_>).collect();
+        c.execute(&sql, &params).await?;
+    }
+    Ok(())
+}
+
+/// After the rows of a copy or a restore: each sequence moved past the numbers it brought.
+async fn move_sequences(c: &mut Conn) -> Result<()> {
+    for (tab, column) in IDENTITY_COLUMNS {
+        let sql = format!(
+            "SELECT setval(pg_get_serial_sequence('{tab}', '{column}'), \
+             (SELECT coalesce(max({column}), 0) + 1 FROM {tab}), false)"
+        );
+        c.query(&sql, &[]).await?;
+    }
+    Ok(())
+}
+
+/// E14: inside the caller's transaction, every tab emptied and filled with what `rows` brings,
+/// under locks that hold off other writers (a serve still running) until the commit; readers
+/// go on reading what was there. Fails, for a rollback, unless the rows end with `End`.
+async fn replace_all(c: &mut Conn, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
+    let tabs: Vec<&str> = transfer::TABS.iter().map(|(t, _)| *t).collect();
+    c.batch(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", tabs.join(", "))).await?;
+    for sql in transfer::clear_sql() {
+        c.execute(&sql, &[]).await?;
+    }
+    c.execute(
+        "UPDATE kv SET value = replace(gen_random_uuid()::text, '-', '') WHERE key = $1",
+        &[&crate::IDENTITY_KEY],
+    )
+    .await?;
+    loop {
+        match rows.recv().await {
+            Some(Incoming::Rows(batch)) => insert_batch(c, &batch).await?,
+            Some(Incoming::End) => return move_sequences(c).await,
+            None => return Err(StoreError::Backend(crate::sqlite::INCOMPLETE.into())),
+        }
+    }
 }
 
 /// Rows loaded by id, in the order the ids were asked for (as SQLite's one-by-one loads give).
@@ -713,34 +762,22 @@ impl Store for PgStore {
     }
 
     async fn import_rows(&self, batch: Batch) -> Result<()> {
-        let between =
-            if IDENTITY_COLUMNS.iter().any(|(t, _)| *t == batch.tab) { "OVERRIDING SYSTEM VALUE " } else { "" };
-        // P14: a statement per batch, not per row (PostgreSQL takes at most 65,535 parameters).
-        let per = (u16::MAX as usize / transfer::columns(batch.tab).len().max(1)).min(transfer::BATCH);
         let mut c = self.conn().await?;
         c.begin().await?;
-        let mut outcome = Ok(());
-        for rows in batch.rows.chunks(per) {
-            let sql = transfer::insert_many_sql(batch.tab, rows.len(), |i| format!("${i}"), between);
-            let params: Vec<Param<'_>> = rows.iter().flatten().map(|v| v as Param<'_>).collect();
-            outcome = c.execute(&sql, &params).await.map(drop);
-            if outcome.is_err() {
-                break;
-            }
-        }
+        let outcome = insert_batch(&mut c, &batch).await;
         c.finish(outcome).await
     }
 
     async fn import_finished(&self) -> Result<()> {
         let mut c = self.conn().await?;
-        for (tab, column) in IDENTITY_COLUMNS {
-            let sql = format!(
-                "SELECT setval(pg_get_serial_sequence('{tab}', '{column}'), \
-                 (SELECT coalesce(max({column}), 0) + 1 FROM {tab}), false)"
-            );
-            c.query(&sql, &[]).await?;
-        }
-        Ok(())
+        move_sequences(&mut c).await
+    }
+
+    async fn replace_tabs(&self, rows: mpsc::Receiver<Incoming>) -> Result<()> {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = replace_all(&mut c, rows).await;
+        c.finish(outcome).await
     }
 
     async fn occupied_tabs(&self) -> Result<Vec<&'static str>> {

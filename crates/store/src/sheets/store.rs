@@ -996,6 +996,18 @@ impl Store for SheetsStore {
         self.inner.local.occupied_tabs().await
     }
 
+    async fn replace_tabs(&self, rows: mpsc::Receiver<crate::Incoming>) -> Result<()> {
+        // The working copy in one transaction, its `sheets/` record of the last cycle kept: the
+        // cycle then sees the store changed, not the sheet, and rewrites the tabs to match.
+        self.inner.local.replace_tabs(rows).await?;
+        self.sync_now().await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "the restore is in the working copy, but the spreadsheet did not take it yet ({e}); serve writes it \
+                 at its first cycle"
+            ))
+        })
+    }
+
     async fn firing_alerts(&self) -> Result<Vec<Alert>> {
         self.inner.local.firing_alerts().await
     }

@@ -18,7 +18,7 @@ use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::mpsc;
 
-use crate::cells::{Batch, Cell};
+use crate::cells::{Batch, Cell, Incoming};
 use crate::codec::{
     self, ALERT_COLUMNS, EVENT_COLUMNS, JOB_COLUMNS, LEASE_COLUMNS, LEDGER_COLUMNS, MAIL_COLUMNS, MAIL_INSERT_COLUMNS,
     SPEC_COLUMNS, from_ms, json, ms,
@@ -207,6 +207,19 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
     }
 }
+
+/// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
+fn insert_batch(tx: &Connection, batch: &Batch) -> Result<()> {
+    let sql = transfer::insert_sql(batch.tab, |i| format!("?{i}"), "");
+    let mut insert = tx.prepare_cached(&sql).map_err(map_err)?;
+    for row in &batch.rows {
+        insert.execute(rusqlite::params_from_iter(row)).map_err(map_err)?;
+    }
+    Ok(())
+}
+
+/// E14: a restore whose rows stopped coming before their end.
+pub(crate) const INCOMPLETE: &str = "the rows to restore stopped before their end; the store was left as it was";
 
 /// Sends the rows gathered so far; false once the export's reader has gone.
 fn hand_over(out: &mpsc::Sender<Batch>, tab: &'static str, rows: &mut Vec<Vec<Cell>>) -> bool {
@@ -1001,14 +1014,28 @@ impl Store for SqliteStore {
     async fn import_rows(&self, batch: Batch) -> Result<()> {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
-            {
-                let sql = transfer::insert_sql(batch.tab, |i| format!("?{i}"), "");
-                let mut insert = tx.prepare(&sql).map_err(map_err)?;
-                for row in &batch.rows {
-                    insert.execute(rusqlite::params_from_iter(row)).map_err(map_err)?;
+            insert_batch(&tx, &batch)?;
+            tx.commit().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn replace_tabs(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+            for sql in transfer::clear_sql() {
+                tx.execute(&sql, []).map_err(map_err)?;
+            }
+            tx.execute("UPDATE kv SET value = lower(hex(randomblob(16))) WHERE key = ?1", [crate::IDENTITY_KEY])
+                .map_err(map_err)?;
+            // Dropping `tx` without a commit rolls every change back.
+            loop {
+                match rows.blocking_recv() {
+                    Some(Incoming::Rows(batch)) => insert_batch(&tx, &batch)?,
+                    Some(Incoming::End) => return tx.commit().map_err(map_err),
+                    None => return Err(StoreError::Backend(INCOMPLETE.into())),
                 }
             }
-            tx.commit().map_err(map_err)
         })
         .await
     }
