@@ -250,7 +250,7 @@ fn e14_restore_force_replaces_a_postgresql_store_in_one_transaction_after_saying
     let said = stderr(&out);
     assert!(out.status.success(), "--force replaces what PostgreSQL held: {said}");
     says_what_it_brings_and_drops(&said);
-    assert!(said.contains("restored into") && said.contains("mail 1"), "{said}");
+    assert!(said.contains("restore: ") && said.contains("mail 1") && said.contains(" rows in "), "{said}");
     assert_eq!(pg.query("SELECT subject FROM mail"), [["before the backup"]], "the store is the backup's");
     assert_ne!(pg.query("SELECT value FROM kv WHERE key = 'store/identity'"), identity, "E5: another store");
     s.spawn();
