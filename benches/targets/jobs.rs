@@ -147,7 +147,7 @@ async fn raw_postgres(client: &mut tokio_postgres::Client) -> f64 {
 }
 
 /// A database of its own on the bench PostgreSQL; `None` when it cannot be reached.
-async fn scratch_postgres(name: &str) -> Option<(tokio_postgres::Client, String)> {
+pub async fn scratch_postgres(name: &str) -> Option<(tokio_postgres::Client, String)> {
     let admin =
         std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.ok()?;

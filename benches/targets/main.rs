@@ -1,4 +1,4 @@
-//! DESIGN §11's targets P1–P13 in one run, printed as one table: figure, target, ratio.
+//! DESIGN §11's targets P1–P14 in one run, printed as one table: figure, target, ratio.
 //! Benchmarks print; they assert nothing (speed is never a test's assertion). P8 (Sheets API
 //! calls per pass) is a count, held by the sheets adapter's tests. `MCP` is issue 11's push
 //! latency (send → channel notification), beside them.
@@ -21,6 +21,7 @@ mod reconcile;
 mod rss;
 mod search;
 mod table;
+mod transfer;
 
 use table::Row;
 
@@ -62,6 +63,9 @@ async fn main() {
     }
     if wants(&["P13"]) {
         rows.extend(search::p13().await);
+    }
+    if wants(&["P14"]) {
+        rows.extend(transfer::p14().await);
     }
     if wants(&["P11"]) {
         rows.extend(endurance::p11().await);

@@ -48,26 +48,11 @@ async fn insert(app: &App, mails: Vec<Mail>) {
     }
 }
 
-/// How many mails P1, P2 and P7 run over: 1M, or `PCMAIL_BENCH_MAILS`.
-pub fn mails() -> u64 {
-    std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
-}
-
-/// Runs P1 and P2; answers the data dir (1M mails and the rest) with their rows.
-pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
-    let total = mails();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServeConfig {
-        // No lease task runs here: a lease longer than the run keeps this App the leader, so
-        // the passes measured run every leader key (a lapsed lease would skip them).
-        lease: Duration::from_secs(24 * 3600),
-        ..ServeConfig::on(dir.path().to_path_buf())
-    };
-    let app = pcmail_server::start(&config).await.expect("start");
-    let now = chrono::Utc::now();
+/// P1's data set on `app`'s store: `total` mails (99% done and long past, the rest open and
+/// young: a busy but healthy installation), a tenth as many ledger rows and as many jobs. P14
+/// moves the same set.
+pub async fn fill(app: &App, total: u64, now: Ts) {
     let hour = chrono::TimeDelta::hours(1);
-
-    // 99% done and long past, the rest open and young: a busy but healthy installation.
     let started = Instant::now();
     let open = total / 100;
     let mut mails = Vec::with_capacity(total as usize);
@@ -79,7 +64,7 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
         };
         mails.push(mail(n, now, state, age, hour * 48));
     }
-    insert(&app, mails).await;
+    insert(app, mails).await;
     // P1 also names 100k ledger rows: an idle pass must not be slowed by them either.
     let items: Vec<Incoming> = (0..total / 10)
         .map(|n| Incoming { source: format!("s{}", n % 7), task: format!("task {n}"), ..Incoming::default() })
@@ -112,6 +97,27 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
         total / 10,
         started.elapsed().as_secs_f64()
     );
+}
+
+/// How many mails P1, P2 and P7 run over: 1M, or `PCMAIL_BENCH_MAILS`.
+pub fn mails() -> u64 {
+    std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
+}
+
+/// Runs P1 and P2; answers the data dir (1M mails and the rest) with their rows.
+pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
+    let total = mails();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServeConfig {
+        // No lease task runs here: a lease longer than the run keeps this App the leader, so
+        // the passes measured run every leader key (a lapsed lease would skip them).
+        lease: Duration::from_secs(24 * 3600),
+        ..ServeConfig::on(dir.path().to_path_buf())
+    };
+    let app = pcmail_server::start(&config).await.expect("start");
+    let now = chrono::Utc::now();
+
+    fill(&app, total, now).await;
 
     // P13: the indexer of `start` fills the search index behind the load; P1 measures an idle
     // pass, so it waits for the index to hold everything first.
@@ -162,7 +168,7 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
 }
 
 /// P13: until the search index holds every mail (the batches of serve's indexer, run here too).
-async fn catch_up(app: &App) {
+pub async fn catch_up(app: &App) {
     let t = Instant::now();
     while app.store().index_search(pcmail_core::search::INDEX_BATCH).await.expect("index").seqs > 0 {}
     if t.elapsed() > Duration::from_millis(100) {

@@ -1,0 +1,149 @@
+//! P14: `backup`, `store copy` and `store verify` of P1's data set through the real
+//! `pcmail-ctl`, at a tenth of it and whole. Linear in rows (10× the rows ≤ 12× the time);
+//! ≥ 0.3× the rate of `sqlite3 .backup` / `pg_dump` of the same database, same run; each
+//! process's peak RSS ≤ 200 MB.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pcmail_server::ServeConfig;
+
+use crate::jobs::scratch_postgres;
+use crate::pcside::bin;
+use crate::reconcile::{catch_up, fill, mails};
+use crate::rss::memory;
+use crate::table::Row;
+
+/// One process's wall time and peak resident memory.
+#[derive(Clone, Copy)]
+struct Ran {
+    time: Duration,
+    peak_mib: f64,
+}
+
+/// Runs `cmd` to its end; panics with its stderr when it fails (a benchmark of a failing
+/// command measures nothing). The peak is the process's `VmHWM`, read while it runs: its
+/// `ru_maxrss` would count this benchmark's own memory, which the kernel carries over the exec
+/// of a child spawned with a shared address space.
+fn ran(cmd: &mut Command) -> Ran {
+    let errors = tempfile::NamedTempFile::new().expect("stderr file");
+    let started = Instant::now();
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(errors.reopen().expect("stderr")).spawn().expect("spawn");
+    let mut peak_mib = 0f64;
+    let status = loop {
+        if let Some((_, hwm)) = memory(child.id()) {
+            peak_mib = peak_mib.max(hwm);
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let time = started.elapsed();
+    assert!(status.success(), "{cmd:?} failed: {}", std::fs::read_to_string(errors.path()).unwrap_or_default());
+    Ran { time, peak_mib }
+}
+
+fn ctl(args: &[&str]) -> Ran {
+    ran(Command::new(bin()).args(args).env("PCMAIL_LOG", "warn"))
+}
+
+/// What one size measured: ours, and the baselines over the same database.
+struct Sized {
+    backup_sqlite: Ran,
+    sqlite_dot_backup: Ran,
+    copy_to_postgres: Ran,
+    verify: Ran,
+    backup_postgres: Ran,
+    pg_dump: Ran,
+}
+
+async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let app = pcmail_server::start(&ServeConfig::on(dir.path().to_path_buf())).await.expect("start");
+        fill(&app, total, chrono::Utc::now()).await;
+        catch_up(&app).await;
+    }
+    let (_admin, pg) = scratch_postgres(postgres_name).await?;
+    let db = dir.path().join("pcmail.db");
+    let sqlite_url = format!("sqlite:{}", db.display());
+    let out = |name: &str| dir.path().join(name).display().to_string();
+    let data_dir = dir.path().display().to_string();
+
+    let backup_sqlite = ctl(&["backup", &out("ours.db"), "--data-dir", &data_dir]);
+    let sqlite_dot_backup = ran(Command::new("sqlite3").arg(&db).arg(format!(".backup '{}'", out("dot-backup.db"))));
+    let copy_to_postgres = ctl(&["store", "copy", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
+    let verify = ctl(&["store", "verify", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
+    let backup_postgres = ctl(&["backup", &out("ours-pg.db"), "--store", &pg, "--data-dir", &data_dir]);
+    let pg_dump = ran(Command::new("pg_dump").args(["--format=custom", "--compress=0", "-f", &out("pg.dump"), &pg]));
+    eprintln!("P14: {total} mails moved ({})", size_of(&db));
+    Some(Sized { backup_sqlite, sqlite_dot_backup, copy_to_postgres, verify, backup_postgres, pg_dump })
+}
+
+fn size_of(path: &Path) -> String {
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    format!("{:.0} MB SQLite file", bytes as f64 / 1e6)
+}
+
+pub async fn p14() -> Vec<Row> {
+    let total = mails();
+    let (Some(small), Some(whole)) =
+        (measure(total / 10, "pcmail_bench_p14_small").await, measure(total, "pcmail_bench_p14").await)
+    else {
+        return vec![Row::note("P14", "not run: PCMAIL_TEST_POSTGRES unreachable", "")];
+    };
+    let secs = |r: Ran| format!("{:.2} s", r.time.as_secs_f64());
+    let rate = |ours: Ran, base: Duration| base.as_secs_f64() / ours.time.as_secs_f64();
+    // Ours, its baseline over the same database, and its figure at a tenth of the rows.
+    let ops: [(&str, Ran, Duration, Ran, &str); 4] = [
+        ("backup, SQLite", whole.backup_sqlite, whole.sqlite_dot_backup.time, small.backup_sqlite, "sqlite3 .backup"),
+        ("backup, PostgreSQL", whole.backup_postgres, whole.pg_dump.time, small.backup_postgres, "pg_dump"),
+        (
+            "store copy SQLite → PostgreSQL",
+            whole.copy_to_postgres,
+            whole.pg_dump.time,
+            small.copy_to_postgres,
+            "pg_dump",
+        ),
+        (
+            "store verify SQLite ↔ PostgreSQL",
+            whole.verify,
+            whole.sqlite_dot_backup.time + whole.pg_dump.time,
+            small.verify,
+            "sqlite3 .backup + pg_dump",
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (what, ours, base, tenth, baseline) in ops {
+        rows.push(Row::at_least(
+            "P14",
+            format!("{what}, {total} mails: rate ÷ {baseline}"),
+            rate(ours, base),
+            0.3,
+            "×",
+        ));
+        rows.push(Row::note(
+            "",
+            format!("{what}: ours / {baseline}"),
+            format!("{} / {:.2} s", secs(ours), base.as_secs_f64()),
+        ));
+        rows.push(Row::at_most(
+            "",
+            format!("{what}: time at {total} ÷ at {} mails", total / 10),
+            ours.time.as_secs_f64() / tenth.time.as_secs_f64(),
+            12.0,
+            "×",
+        ));
+        rows.push(Row::at_most(
+            "",
+            format!("{what}: peak RSS at {total} mails"),
+            ours.peak_mib.max(tenth.peak_mib),
+            200.0,
+            "MiB",
+        ));
+    }
+    rows
+}
