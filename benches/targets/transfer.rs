@@ -67,6 +67,13 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
         fill(&app, total, chrono::Utc::now()).await;
         catch_up(&app).await;
     }
+    if let Some(keep) = std::env::var_os("PCMAIL_BENCH_KEEP") {
+        // For a profile of one step: the filled data dir, kept (`perf record pcmail-ctl backup …`).
+        let kept = Path::new(&keep).join(format!("p14-{total}"));
+        let _ = std::fs::create_dir_all(&kept);
+        let _ = sqlite_copy(&dir.path().join("pcmail.db"), &kept.join("pcmail.db"));
+        eprintln!("P14: kept the {total}-mail data dir in {}", kept.display());
+    }
     let (_admin, pg) = scratch_postgres(postgres_name).await?;
     let db = dir.path().join("pcmail.db");
     let sqlite_url = format!("sqlite:{}", db.display());
@@ -81,6 +88,10 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
     let pg_dump = ran(Command::new("pg_dump").args(["--format=custom", "--compress=0", "-f", &out("pg.dump"), &pg]));
     eprintln!("P14: {total} mails moved ({})", size_of(&db));
     Some(Sized { backup_sqlite, sqlite_dot_backup, copy_to_postgres, verify, backup_postgres, pg_dump })
+}
+
+fn sqlite_copy(from: &Path, to: &Path) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("sqlite3").arg(from).arg(format!(".backup '{}'", to.display())).status()
 }
 
 fn size_of(path: &Path) -> String {

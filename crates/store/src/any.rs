@@ -275,6 +275,10 @@ impl Store for AnyStore {
         forward!(write self, s => s.import_rows(batch).await)
     }
 
+    async fn import_started(&self) -> Result<()> {
+        forward!(write self, s => s.import_started().await)
+    }
+
     async fn import_finished(&self) -> Result<()> {
         forward!(write self, s => s.import_finished().await)
     }

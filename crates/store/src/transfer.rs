@@ -182,6 +182,7 @@ pub async fn copy_counted(
         return Err(StoreError::NotEmpty(held.join(", ")));
     }
     to.kv_set(COPY_KEY, "unfinished").await?;
+    to.import_started().await?;
     let mut sums = Sums::new();
     each_batch(from, async |batch: Batch| {
         sums.add(&batch);

@@ -986,6 +986,10 @@ impl Store for SheetsStore {
         self.inner.local.import_rows(batch).await
     }
 
+    async fn import_started(&self) -> Result<()> {
+        self.inner.local.import_started().await
+    }
+
     async fn import_finished(&self) -> Result<()> {
         self.inner.local.import_finished().await?;
         // The copy is done once the spreadsheet shows it, not when the process may exit first.

@@ -1020,6 +1020,20 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn import_started(&self) -> Result<()> {
+        self.write(|conn| conn.pragma_update(None, "synchronous", "OFF").map_err(map_err)).await
+    }
+
+    async fn import_finished(&self) -> Result<()> {
+        // FULL again, then a checkpoint that syncs the database file: every page the import
+        // wrote without a sync reaches the disk before the copy's `finished` mark is written.
+        self.write(|conn| {
+            conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(map_err)
+        })
+        .await
+    }
+
     async fn replace_tabs(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
         self.write(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
