@@ -61,6 +61,7 @@ struct Sized {
 }
 
 async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
+    let (_admin, pg) = scratch_postgres(postgres_name).await?;
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let app = pcmail_server::start(&ServeConfig::on(dir.path().to_path_buf())).await.expect("start");
@@ -71,17 +72,16 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
         // For a profile of one step: the filled data dir, kept (`perf record pcmail-ctl backup …`).
         let kept = Path::new(&keep).join(format!("p14-{total}"));
         let _ = std::fs::create_dir_all(&kept);
-        let _ = sqlite_copy(&dir.path().join("pcmail.db"), &kept.join("pcmail.db"));
+        let _ = dot_backup(&dir.path().join("pcmail.db"), &kept.join("pcmail.db")).status();
         eprintln!("P14: kept the {total}-mail data dir in {}", kept.display());
     }
-    let (_admin, pg) = scratch_postgres(postgres_name).await?;
     let db = dir.path().join("pcmail.db");
     let sqlite_url = format!("sqlite:{}", db.display());
     let out = |name: &str| dir.path().join(name).display().to_string();
     let data_dir = dir.path().display().to_string();
 
     let backup_sqlite = ctl(&["backup", &out("ours.db"), "--data-dir", &data_dir]);
-    let sqlite_dot_backup = ran(Command::new("sqlite3").arg(&db).arg(format!(".backup '{}'", out("dot-backup.db"))));
+    let sqlite_dot_backup = ran(&mut dot_backup(&db, Path::new(&out("dot-backup.db"))));
     let copy_to_postgres = ctl(&["store", "copy", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
     let verify = ctl(&["store", "verify", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
     let backup_postgres = ctl(&["backup", &out("ours-pg.db"), "--store", &pg, "--data-dir", &data_dir]);
@@ -90,8 +90,11 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
     Some(Sized { backup_sqlite, sqlite_dot_backup, copy_to_postgres, verify, backup_postgres, pg_dump })
 }
 
-fn sqlite_copy(from: &Path, to: &Path) -> std::io::Result<std::process::ExitStatus> {
-    Command::new("sqlite3").arg(from).arg(format!(".backup '{}'", to.display())).status()
+/// `sqlite3 FROM ".backup 'TO'"`: SQLite's own page copy, P14's SQLite baseline.
+fn dot_backup(from: &Path, to: &Path) -> Command {
+    let mut cmd = Command::new("sqlite3");
+    cmd.arg(from).arg(format!(".backup '{}'", to.display()));
+    cmd
 }
 
 fn size_of(path: &Path) -> String {

@@ -631,7 +631,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`transfer::copy`] found empty; all of the batch or none of it.
     fn import_rows(&self, batch: Batch) -> impl Future<Output = Result<()>> + Send;
     /// P14: before the first batch, once the target is marked unfinished: the import's commits
-    /// need not each reach the disk, since [`import_finished`](Store::import_finished) makes all
+    /// need not each wait for a sync, since [`import_finished`](Store::import_finished) makes all
     /// of them durable before the copy is marked finished (a crash before that leaves a store
     /// marked unfinished, which serve refuses, or a backup never named).
     fn import_started(&self) -> impl Future<Output = Result<()>> + Send {

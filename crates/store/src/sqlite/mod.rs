@@ -1021,17 +1021,15 @@ impl Store for SqliteStore {
     }
 
     async fn import_started(&self) -> Result<()> {
-        self.write(|conn| conn.pragma_update(None, "synchronous", "OFF").map_err(map_err)).await
+        // NORMAL, not OFF: a commit skips its WAL sync, but a checkpoint still syncs the
+        // database file before the WAL is reused, so no page the import wrote can be lost
+        // behind a later synced commit.
+        self.write(|conn| conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)).await
     }
 
     async fn import_finished(&self) -> Result<()> {
-        // FULL again, then a checkpoint that syncs the database file: every page the import
-        // wrote without a sync reaches the disk before the copy's `finished` mark is written.
-        self.write(|conn| {
-            conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(map_err)
-        })
-        .await
+        // FULL again: the copy's `finished` mark syncs the WAL, and every frame before it.
+        self.write(|conn| conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)).await
     }
 
     async fn replace_tabs(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
