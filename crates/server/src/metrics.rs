@@ -384,3 +384,71 @@ impl Drop for Parked {
         self.0.dec();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pcmail_core::manifest::spec::{LedgerSpec, WorkerPoolSpec};
+
+    /// One of each event the server records, with fixed values, so the exposition they leave is
+    /// the same text on every run.
+    fn exercised() -> Metrics {
+        let m = Metrics::new().expect("registry");
+        let ledger = LedgerSpec::new("proj");
+        let function: FunctionSpec =
+            serde_json::from_value(serde_json::json!({"command": ["true"], "mode": "generate"})).expect("function");
+        let pool = WorkerPoolSpec { queues: vec!["q".into()], workers: 2, ..WorkerPoolSpec::default() };
+        m.declare_specs(&["pc1".into(), "pc2".into()], &[&ledger], &[("fn", &function)], &[("pool", &pool)]);
+        m.mail_transitions.with_label_values(&["none", "new"]).inc();
+        m.mail_transitions.with_label_values(&["new", "delivered"]).inc();
+        m.set_mail_counts(&[(MailState::New, 3), (MailState::Seen, 1), (MailState::New, 2)]);
+        let mut b = Breaches::default();
+        b.undelivered.insert("pc1".into(), 2);
+        b.unread.insert(("pc2".into(), Urgency::Urgent), 1);
+        b.firing.insert(AlertKind::UnreadSla, 1);
+        m.set_breaches(&b, &["pc1".into(), "pc2".into()]);
+        m.notified(Notified::Sent, 2);
+        m.notified(Notified::Failed, 1);
+        m.machine_last_poll.with_label_values(&["pc1"]).set(1_700_000_000.5);
+        m.intents_pending.with_label_values(&["telegram"]).set(4);
+        m.intents_dropped.with_label_values(&["telegram"]).inc_by(3);
+        m.pending_refused.with_label_values(&[pcmail_core::agent::QueuedCall::ALL[0].as_str()]).inc();
+        m.ledger_rows.with_label_values(&["proj", RowState::ALL[0].as_str()]).set(5);
+        m.ledger_ran("fn", RunOutcome::Timeout);
+        m.ledger_failures.with_label_values(&["proj"]).inc();
+        m.jobs.with_label_values(&["q", JobState::ALL[0].as_str()]).set(7);
+        m.job_claims.with_label_values(&["q"]).inc_by(3);
+        m.job_rescues.with_label_values(&["q"]).inc();
+        m.job_failures.with_label_values(&["q"]).inc();
+        m.reconcile_duration.with_label_values(&[Key::EVERY[0].name()]).observe(0.003);
+        m.reconcile_errors.with_label_values(&[Key::EVERY[0].name(), crate::error::ReconcileError::reasons().next().expect("reason")]).inc();
+        m.workqueue_depth.set(2);
+        m.workers.with_label_values(&["pool"]).set(2);
+        m.leader.set(1);
+        m.pruned.with_label_values(&[pcmail_store::Prune::TABS[0]]).inc_by(9);
+        m.auth_failures.with_label_values(&[Surface::Console.as_str()]).inc();
+        m.tls_expiry.set(1_800_000_000);
+        m.client_seen("pc1", "0.1.0");
+        m.client_seen("pc1", "0.2.0");
+        m.client_seen("pc2", "");
+        m.connections_closed.with_label_values(&[pcmail_core::conns::Closed::ALL[0].as_str()]).inc();
+        m.store_read_failed.set(1);
+        let parked = m.parked(Wait::Poll);
+        std::mem::forget(parked);
+        m
+    }
+
+    /// R1: the typed events write exactly the series the string-labelled calls wrote: the same
+    /// names, labels, help and values (`PCMAIL_BLESS=1` rewrites the golden file after a change
+    /// that means to alter the exposition).
+    #[test]
+    fn r1_the_exposition_is_byte_identical_to_its_golden_file() {
+        let text = exercised().encode().expect("encode").replace(env!("CARGO_PKG_VERSION"), "VERSION");
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.golden.txt");
+        if std::env::var_os("PCMAIL_BLESS").is_some() {
+            std::fs::write(&golden, &text).expect("bless");
+        }
+        let want = std::fs::read_to_string(&golden).expect("golden file");
+        assert!(text == want, "the exposition changed; diff it against {}:\n{text}", golden.display());
+    }
+}
