@@ -308,14 +308,14 @@ impl App {
         let was = self.is_leader();
         *self.inner.leading_until.lock().unwrap_or_else(PoisonError::into_inner) = until;
         let is = self.is_leader();
-        self.metrics().leader.set(i64::from(is));
+        self.metrics().control.set_leader(is);
         was != is
     }
 
     /// E18: whether leadership changed since it was last said (and now it is said).
     pub fn leadership_change(&self) -> Option<Leading> {
         let leading = self.is_leader();
-        self.metrics().leader.set(i64::from(leading));
+        self.metrics().control.set_leader(leading);
         let mut said = self.inner.said_leading.lock().unwrap_or_else(PoisonError::into_inner);
         let change = pcmail_core::health::leadership_change(*said, leading);
         *said = leading;

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::metrics::ClosedConnections;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
@@ -25,7 +26,6 @@ use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use pcmail_core::conns::{Closed, Phase, Timeouts, deadline, evictee};
-use prometheus::IntCounterVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
@@ -122,7 +122,7 @@ struct Shared {
     router: Router,
     settings: Settings,
     /// `pcmail_connections_closed_total{reason}`.
-    closed: IntCounterVec,
+    closed: ClosedConnections,
     /// O1: HTTPS when set; the handshake counts against the header timeout.
     tls: Option<tokio_rustls::TlsAcceptor>,
     epoch: Instant,
@@ -166,7 +166,7 @@ impl Shared {
     }
 
     fn count(&self, reason: Closed) {
-        self.closed.with_label_values(&[reason.as_str()]).inc();
+        self.closed.count(reason);
     }
 
     fn forget(&self, id: u64) {
@@ -189,7 +189,7 @@ impl Shared {
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    (settings, closed): (Settings, IntCounterVec),
+    (settings, closed): (Settings, ClosedConnections),
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {

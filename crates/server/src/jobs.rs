@@ -161,7 +161,7 @@ async fn claim_in_store(
         lease_until: now + lease.to_chrono(),
     };
     let jobs = app.store().claim_jobs(claim).await?;
-    app.metrics().job_claims.with_label_values(&[queue]).inc_by(jobs.len() as u64);
+    app.metrics().jobs.claimed(queue, jobs.len() as u64);
     Ok(jobs)
 }
 
@@ -228,7 +228,7 @@ pub async fn record_many(
         .await?;
     for job in outcomes.iter().flatten() {
         if matches!(job.state, JobState::Failed | JobState::Dead) {
-            app.metrics().job_failures.with_label_values(&[&job.queue]).inc();
+            app.metrics().jobs.failed(&job.queue);
         }
     }
     Ok(outcomes)
@@ -272,7 +272,7 @@ pub async fn rescue_expired(app: &App, now: Ts) -> Result<Vec<Job>, StoreError> 
         .await?;
     for j in &rescued {
         tracing::warn!(job = %j.id, queue = %j.queue, state = %j.state, "rescued an expired lease");
-        app.metrics().job_rescues.with_label_values(&[&j.queue]).inc();
+        app.metrics().jobs.rescued(&j.queue);
     }
     Ok(rescued)
 }
@@ -303,7 +303,7 @@ pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
         for state in JobState::ALL {
             // A state that emptied must read 0, not its last count.
             let n = counts.iter().find(|(q, s, _)| q == queue && s == state.as_str()).map_or(0, |c| c.2);
-            app.metrics().jobs.with_label_values(&[queue, state.as_str()]).set(n as i64);
+            app.metrics().jobs.set_count(queue, state, n);
         }
     }
     Ok(())

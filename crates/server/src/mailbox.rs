@@ -40,7 +40,7 @@ pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: T
 /// mail it added (whose long-polls they wake).
 #[derive(Debug, Default)]
 pub struct Moves {
-    transitions: Vec<(&'static str, &'static str)>,
+    transitions: Vec<(Option<MailState>, MailState)>,
     moved: Vec<String>,
     arrivals: Vec<String>,
 }
@@ -49,7 +49,7 @@ impl Moves {
     /// Writes `after` (a new row when `before` is None) with its event, and remembers the move.
     pub fn record(&mut self, writes: &mut MailWrites, before: Option<&Mail>, after: Mail, actor: &str, now: Ts) {
         writes.events.push(transition_event(before, &after, actor, now));
-        self.transitions.push((before.map_or("none", |b| b.state.as_str()), after.state.as_str()));
+        self.transitions.push((before.map(|b| b.state), after.state));
         self.moved.push(after.id.clone());
         if before.is_some() {
             writes.update.push(after);
@@ -63,7 +63,7 @@ impl Moves {
     /// long-polls of the recipients of new mail (only new mail can land after a poller's cursor).
     pub fn publish(mut self, app: &App) {
         for (from, to) in self.transitions {
-            app.metrics().mail_transitions.with_label_values(&[from, to]).inc();
+            app.metrics().mail.moved(from, to);
         }
         for id in self.moved {
             app.wakeups().wake(&Topic::Mail(id));
@@ -228,7 +228,7 @@ pub async fn poller_report(app: &App, caller: &Caller, report: PollerReport, now
         )));
     }
     if report.dropped > 0 {
-        app.metrics().intents_dropped.with_label_values(&[&report.channel]).inc_by(report.dropped);
+        app.metrics().machines.intents_dropped(&report.channel, report.dropped);
     }
     let machine = caller.machine().unwrap_or("admin");
     let subject = format!("{}/{machine}", report.channel);
@@ -266,7 +266,7 @@ pub async fn refused(app: &App, caller: &Caller, call: RefusedCall, now: Ts) -> 
     };
     let writes = MailWrites { events: vec![event], ..MailWrites::default() };
     app.store().mail_transaction(MailSelect::Ids(vec![]), move |_| (writes, ())).await?;
-    app.metrics().pending_refused.with_label_values(&[call.action.as_str()]).inc();
+    app.metrics().machines.call_refused(call.action);
     tracing::warn!(machine, action = %call.action, target = %call.target, reason = %call.reason, "a PC reports a refused call");
     Ok(())
 }
@@ -395,7 +395,7 @@ pub async fn poll(
         }
         let heartbeat = first.then_some(client);
         if first {
-            app.metrics().client_seen(machine, client);
+            app.metrics().machines.client_seen(machine, client);
         }
         let response = poll_once(app, machine, cursor, limit, heartbeat, crate::clock::now()).await?;
         first = false;
@@ -404,7 +404,7 @@ pub async fn poll(
         }
         // Sleep until mail for this machine arrives; other machines' mail wakes nothing here.
         let next_look = deadline.min(tokio::time::Instant::now() + recheck);
-        let _parked = app.metrics().parked(Wait::Poll);
+        let _parked = app.metrics().surface.parked(Wait::Poll);
         tokio::select! {
             _ = tokio::time::sleep_until(next_look) => {}
             _ = shutdown.changed() => {}
@@ -435,7 +435,7 @@ pub async fn wait_for(
         if reached || ended || tokio::time::Instant::now() >= deadline || *shutdown.borrow() {
             return Ok(mail);
         }
-        let _parked = app.metrics().parked(Wait::Status);
+        let _parked = app.metrics().surface.parked(Wait::Status);
         tokio::select! {
             _ = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + app.recheck_every())) => {}
             _ = changes.changed() => {}

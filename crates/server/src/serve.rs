@@ -117,10 +117,10 @@ pub async fn serve(
         router(app.clone())
     };
     let acceptor = certificate.map(|c| {
-        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2), app.metrics().tls_expiry.clone()));
+        tokio::spawn(c.clone().watch(std::time::Duration::from_secs(2), app.metrics().surface.tls_expiry()));
         c.acceptor()
     });
-    let closed = app.metrics().connections_closed.clone();
+    let closed = app.metrics().surface.connections_closed();
     conns::serve(listener, router, (connections, closed), acceptor, app.watch_shutdown()).await;
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
@@ -226,7 +226,7 @@ async fn watch_health(app: App) {
             Some(Say::Ended(t)) => tracing::info!(was = %t, "the store answers and takes writes again"),
             None => {}
         }
-        app.metrics().set_store_health(health);
+        app.metrics().store.set_health(health);
         leader::say_leadership(&app, None);
     }
 }

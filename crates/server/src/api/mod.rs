@@ -148,7 +148,7 @@ async fn require_token(
             next.run(req).await
         }
         Err(e) if presented && e.failure() == crate::error::Failure::Unauthorized => {
-            app.metrics().auth_failures.with_label_values(&[crate::metrics::Surface::Api.as_str()]).inc();
+            app.metrics().surface.auth_failed(crate::metrics::Surface::Api);
             if let Err(wait) = app.auth_failures().attempt(&client, now) {
                 let e = ServiceError::unauthorized(format!(
                     "too many wrong tokens from this address; try again in {wait} s (T18)"
@@ -192,9 +192,9 @@ async fn metrics(State(app): State<App>) -> Result<impl axum::response::IntoResp
     if let Err(e) = &read {
         tracing::debug!(error = %e, "/metrics answers from memory: the store could not be read");
     }
-    m.store_read_failed.set(i64::from(read.is_err()));
-    m.set_store_health(app.store().health());
-    m.workqueue_depth.set(app.queue().depth() as i64);
+    m.store.set_read_failed(read.is_err());
+    m.store.set_health(app.store().health());
+    m.control.set_queue_depth(app.queue().depth());
     let body = m.encode().map_err(|e| ServiceError::internal(format!("encoding metrics: {e}")))?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body))
 }
@@ -204,14 +204,14 @@ async fn refresh_store_metrics(app: &App) -> Result<(), ServiceError> {
     let counts = app.store().mail_counts().await?;
     let m = app.metrics();
     let by_state: Vec<_> = counts.iter().map(|c| (c.state, c.count)).collect();
-    m.set_mail_counts(&by_state);
+    m.mail.set_counts(&by_state);
     let channel = app.runtime().intent_policy.channel.clone();
     let pending: u64 = counts
         .iter()
         .filter(|c| c.kind == "intent" && c.channel == channel && !c.state.is_terminal())
         .map(|c| c.count)
         .sum();
-    m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
+    m.machines.set_intents_pending(&channel, pending);
     crate::ledger::refresh_metrics(app).await?;
     crate::jobs::refresh_metrics(app).await?;
     Ok(())

@@ -196,7 +196,7 @@ async fn login(
     }
     if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), &app.admin_token_hash()) {
         app.auth_failures().failed(&client, now);
-        app.metrics().auth_failures.with_label_values(&[Surface::Console.as_str()]).inc();
+        app.metrics().surface.auth_failed(Surface::Console);
         tracing::warn!(%client, "console sign-in failed: not the admin token");
         let message = t(lang, "That is not the admin token.", "管理トークンが違います。");
         return (StatusCode::UNAUTHORIZED, Html(login_page(lang, Some(message)))).into_response();

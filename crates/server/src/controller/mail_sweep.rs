@@ -106,9 +106,9 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
 
     let metrics = app.metrics();
     let machines: Vec<String> = rt.roster.iter().flat_map(|r| r.machines.iter().map(|m| m.label.clone())).collect();
-    metrics.set_breaches(&plan.breaches, &machines);
+    metrics.mail.set_breaches(&plan.breaches, &machines);
     for (machine, at) in &polls {
-        metrics.machine_last_poll.with_label_values(&[machine]).set(at.timestamp_millis() as f64 / 1000.0);
+        metrics.machines.polled(machine, *at);
     }
     let changed = plan.upsert.len();
     if changed > 0 {

@@ -38,7 +38,7 @@ pub async fn run(app: App) {
     let mut running = JoinSet::new();
     while let Some(key) = queue.next(&mut shutdown).await {
         limiter.until_ready().await;
-        app.metrics().workqueue_depth.set(queue.depth() as i64);
+        app.metrics().control.set_queue_depth(queue.depth());
         let app = app.clone();
         running.spawn(async move {
             // In a task of its own, so that a panic is a failed reconcile (backed off and
@@ -56,7 +56,7 @@ pub async fn run(app: App) {
 }
 
 async fn reconcile(app: &App, key: Key) -> bool {
-    let timer = app.metrics().reconcile_duration.with_label_values(&[key.name()]).start_timer();
+    let timer = app.metrics().control.reconcile_timer(&key);
     let mut shutdown = app.watch_shutdown();
     let result = tokio::select! {
         r = run_key(app, key) => r,
@@ -67,7 +67,7 @@ async fn reconcile(app: &App, key: Key) -> bool {
     match result {
         Ok(()) => true,
         Err(e) => {
-            app.metrics().reconcile_errors.with_label_values(&[key.name(), e.reason()]).inc();
+            app.metrics().control.reconcile_failed(&key, e.reason());
             // E15: a store outage is said once per change by the health watch, not per key.
             if matches!(&e, ReconcileError::Store(s) if s.is_outage()) {
                 tracing::debug!(reconciler = key.name(), error = %e, "reconcile failed; backing off");

@@ -39,7 +39,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     let Some(notify) = rt.mail_policy.notify.clone() else {
         // No webhook: the alerts tab and metrics are the record (DESIGN M10).
         if !batch.is_empty() {
-            app.metrics().notified(Notified::Skipped, batch.len() as u64);
+            app.metrics().mail.notified(Notified::Skipped, batch.len() as u64);
             store.mark_notified(batch, now).await?;
         }
         return requeue_if(app, more);
@@ -60,7 +60,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
     app.notify_limiter(notify.min_interval).until_ready().await;
     match post(app, &url, &body).await {
         Ok(()) => {
-            app.metrics().notified(Notified::Sent, batch.len() as u64);
+            app.metrics().mail.notified(Notified::Sent, batch.len() as u64);
             app.set_notify_error(None);
             let sent_states: Vec<AlertState> = batch.iter().map(|a| a.state).collect();
             tracing::info!(count = batch.len(), ?sent_states, "notified");
@@ -109,7 +109,7 @@ pub async fn watch_unwritable(app: App) {
         app.notify_limiter(notify.min_interval).until_ready().await;
         match post(&app, &url, &body).await {
             Ok(()) => {
-                app.metrics().notified(Notified::Sent, 1);
+                app.metrics().mail.notified(Notified::Sent, 1);
                 tracing::info!(state = due.state.as_str(), "store-unwritable notified");
                 alert.posted(&due, now);
             }
@@ -153,9 +153,9 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
         .when(|e: &PostError| e.retryable)
         .adjust(|e: &PostError, d| e.retry_after.or(d))
         .notify(|e: &PostError, d| {
-            app.metrics().notified(Notified::Failed, 1);
+            app.metrics().mail.notified(Notified::Failed, 1);
             tracing::warn!(error = %e.message, retry_in = ?d, "notification post failed");
         })
         .await
-        .inspect_err(|_| app.metrics().notified(Notified::Failed, 1))
+        .inspect_err(|_| app.metrics().mail.notified(Notified::Failed, 1))
 }

@@ -56,7 +56,7 @@ impl Pools {
             // A runner with no free slot waits for nothing else: more slots must wake it.
             runner.stop.send_replace(false);
             ready.insert(name.clone(), spec.workers);
-            app.metrics().workers.with_label_values(&[name]).set(i64::from(spec.workers));
+            app.metrics().jobs.set_workers(name, spec.workers);
         }
         ready
     }

@@ -33,7 +33,7 @@ pub async fn run(app: &App, now: Ts) -> Result<usize, StoreError> {
         for _ in 0..BATCHES_PER_PASS {
             let n = app.store().prune(what.clone(), BATCH).await?;
             if n > 0 {
-                app.metrics().pruned.with_label_values(&[tab]).inc_by(n as u64);
+                app.metrics().control.pruned(tab, n as u64);
                 total += n;
             }
             if n < BATCH {

@@ -235,7 +235,8 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ServiceError> {
     }
     let outcome = crate::exec::run(&name, &function, &vars, build_prompt(&claimed)).await;
     let metrics = app.metrics();
-    metrics.ledger_ran(
+    metrics.ledger.ran(
+        project,
         &name,
         match &outcome {
             Ok(_) => RunOutcome::Ok,
@@ -243,9 +244,6 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ServiceError> {
             Err(_) => RunOutcome::Failed,
         },
     );
-    if outcome.is_err() {
-        metrics.ledger_failures.with_label_values(&[project]).inc();
-    }
     let (p, done_at) = (project.to_string(), crate::clock::now());
     let executed_at = claimed.executed_at;
     let row = app
@@ -408,7 +406,7 @@ pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
     for l in &app.runtime().ledgers {
         for s in RowState::ALL {
             let n = counts.iter().find(|(p, st, _)| *p == l.project && st == s.as_str()).map_or(0, |c| c.2);
-            app.metrics().ledger_rows.with_label_values(&[&l.project, s.as_str()]).set(n as i64);
+            app.metrics().ledger.set_rows(&l.project, s, n);
         }
     }
     Ok(())
