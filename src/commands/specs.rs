@@ -16,10 +16,7 @@ fn read(path: &Path) -> anyhow::Result<Vec<ManifestFile>> {
 }
 
 fn kind(s: &str) -> anyhow::Result<Kind> {
-    Kind::from_cli(s).ok_or_else(|| {
-        let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
-        CliError::new(Exit::Error, format!("unknown kind {s:?}; known kinds: {}", known.join(", "))).into()
-    })
+    Kind::parse_cli(s).map_err(|e| CliError::new(Exit::Error, e.to_string()).into())
 }
 
 pub async fn apply(client: &Client, path: &Path, dry_run: bool) -> anyhow::Result<i32> {

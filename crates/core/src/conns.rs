@@ -48,37 +48,22 @@ pub const BODY_GRACE_MS: u64 = 1_000;
 /// ... after which it must keep arriving at no less than this many bytes a second on average.
 pub const BODY_MIN_RATE: u64 = 1_024;
 
-/// Why the server closed a connection: the bounded label of
-/// `pcmail_connections_closed_total{reason}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closed {
-    /// The request's head took longer than the header timeout.
-    Head,
-    /// The body took longer than the body timeout.
-    Body,
-    /// The body arrived slower than [`BODY_MIN_RATE`].
-    SlowBody,
-    /// The client did not take its answer within the write timeout.
-    Write,
-    /// Idle past the idle timeout.
-    Idle,
-    /// Closed to make room for a new connection (the server was full).
-    Evicted,
-}
-
-impl Closed {
-    pub const ALL: &[Closed] =
-        &[Closed::Head, Closed::Body, Closed::SlowBody, Closed::Write, Closed::Idle, Closed::Evicted];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Closed::Head => "header-timeout",
-            Closed::Body => "body-timeout",
-            Closed::SlowBody => "body-too-slow",
-            Closed::Write => "write-timeout",
-            Closed::Idle => "idle-timeout",
-            Closed::Evicted => "evicted",
-        }
+crate::wire_enum! {
+    /// Why the server closed a connection: the bounded label of
+    /// `pcmail_connections_closed_total{reason}`.
+    pub enum Closed as "close reason" {
+        /// The request's head took longer than the header timeout.
+        Head = "header-timeout",
+        /// The body took longer than the body timeout.
+        Body = "body-timeout",
+        /// The body arrived slower than [`BODY_MIN_RATE`].
+        SlowBody = "body-too-slow",
+        /// The client did not take its answer within the write timeout.
+        Write = "write-timeout",
+        /// Idle past the idle timeout.
+        Idle = "idle-timeout",
+        /// Closed to make room for a new connection (the server was full).
+        Evicted = "evicted",
     }
 }
 

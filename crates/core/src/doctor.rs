@@ -17,56 +17,28 @@ pub const MAX_POLL_AGE: TimeDelta = TimeDelta::minutes(3);
 /// The hook events pcmail's hooks answer; a settings file wiring them names each one.
 pub const HOOK_EVENTS: [&str; 4] = ["SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"];
 
-/// The checks, in the order they run and print.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Check {
-    Config,
-    Server,
-    Tls,
-    Token,
-    Clock,
-    Agent,
-    Hooks,
-    Mcp,
-    Telegram,
-}
-
-impl Check {
-    pub const ALL: [Check; 9] = [
-        Check::Config,
-        Check::Server,
-        Check::Tls,
-        Check::Token,
-        Check::Clock,
-        Check::Agent,
-        Check::Hooks,
-        Check::Mcp,
-        Check::Telegram,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Check::Config => "config",
-            Check::Server => "server",
-            Check::Tls => "tls",
-            Check::Token => "token",
-            Check::Clock => "clock",
-            Check::Agent => "agent",
-            Check::Hooks => "hooks",
-            Check::Mcp => "mcp",
-            Check::Telegram => "telegram",
-        }
+crate::wire_enum! {
+    /// The checks, in the order they run and print.
+    pub enum Check as "doctor check" {
+        Config = "config",
+        Server = "server",
+        Tls = "tls",
+        Token = "token",
+        Clock = "clock",
+        Agent = "agent",
+        Hooks = "hooks",
+        Mcp = "mcp",
+        Telegram = "telegram",
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Ok,
-    Fail,
-    /// Not checked: an earlier check it needs failed (that one names the fix).
-    Skip,
+crate::wire_enum! {
+    pub enum Status as "doctor status" {
+        Ok = "ok",
+        Fail = "fail",
+        /// Not checked: an earlier check it needs failed (that one names the fix).
+        Skip = "skip",
+    }
 }
 
 /// One line of the report.

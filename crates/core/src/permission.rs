@@ -31,18 +31,11 @@ pub struct Request {
     pub input_preview: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Behavior {
-    Allow,
-    Deny,
-}
-
-impl Behavior {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Behavior::Allow => "allow",
-            Behavior::Deny => "deny",
-        }
+crate::wire_enum! {
+    /// How Claude Code is told to answer a permission request.
+    pub enum Behavior as "permission behavior" {
+        Allow = "allow",
+        Deny = "deny",
     }
 }
 

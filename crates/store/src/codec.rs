@@ -168,7 +168,7 @@ pub const SPEC_FIXED: &[&str] = &["created_at"];
 pub fn spec(r: &dyn Columns) -> Result<SpecRecord> {
     let (kind_name, name) = (r.text(0)?, r.text(1)?);
     let corrupt = |what: &str| StoreError::Corrupt(format!("spec {kind_name}/{name}: {what}"));
-    let kind = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name).ok_or_else(|| corrupt("unknown kind"))?;
+    let kind = Kind::from_name(&kind_name).ok_or_else(|| corrupt("unknown kind"))?;
     let parsed =
         (serde_json::from_str(&r.text(2)?), serde_json::from_str(&r.text(4)?), serde_json::from_str(&r.text(5)?));
     let (Ok(labels), Ok(spec), Ok(status)) = parsed else {

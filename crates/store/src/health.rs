@@ -9,28 +9,19 @@ use std::time::Instant;
 
 use crate::StoreError;
 
-/// Why a store write failed: the `reason` of `pcmail_store_write_errors_total` (a closed set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteReason {
-    /// Refused for space: SQLite's `SQLITE_FULL`, PostgreSQL's `53100 disk_full`, `ENOSPC`.
-    NoSpace,
-    /// The store could not be reached or is read-only, shutting down or failing (a 503).
-    Unavailable,
-    /// Anything else (a constraint, a corrupt row, a bug).
-    Other,
+pcmail_core::wire_enum! {
+    /// Why a store write failed: the `reason` of `pcmail_store_write_errors_total` (a closed set).
+    pub enum WriteReason as "write failure reason" {
+        /// Refused for space: SQLite's `SQLITE_FULL`, PostgreSQL's `53100 disk_full`, `ENOSPC`.
+        NoSpace = "no_space",
+        /// The store could not be reached or is read-only, shutting down or failing (a 503).
+        Unavailable = "unavailable",
+        /// Anything else (a constraint, a corrupt row, a bug).
+        Other = "other",
+    }
 }
 
 impl WriteReason {
-    pub const ALL: [WriteReason; 3] = [WriteReason::NoSpace, WriteReason::Unavailable, WriteReason::Other];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WriteReason::NoSpace => "no_space",
-            WriteReason::Unavailable => "unavailable",
-            WriteReason::Other => "other",
-        }
-    }
-
     pub fn of(e: &StoreError) -> WriteReason {
         match e {
             StoreError::NoSpace(_) => WriteReason::NoSpace,

@@ -155,25 +155,17 @@ pub struct AlertPlan {
     pub breaches: Breaches,
 }
 
-/// Which unread SLA a mail is held to; the `urgency` label of alerts and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Urgency {
-    Urgent,
-    Normal,
+crate::wire_enum! {
+    /// Which unread SLA a mail is held to; the `urgency` label of alerts and metrics.
+    pub enum Urgency as "urgency" {
+        Urgent = "urgent",
+        Normal = "normal",
+    }
 }
 
 impl Urgency {
-    pub const ALL: [Urgency; 2] = [Urgency::Urgent, Urgency::Normal];
-
     pub fn of(m: &Mail) -> Urgency {
         if m.urgent { Urgency::Urgent } else { Urgency::Normal }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Urgency::Urgent => "urgent",
-            Urgency::Normal => "normal",
-        }
     }
 }
 

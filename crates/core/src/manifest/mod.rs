@@ -13,11 +13,11 @@ pub mod spec;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
+use crate::names::UnknownName;
 pub use parse::{Document, ManifestError, parse_file};
 pub use plan::{ApplyOutcome, ApplyStep, line_diff, plan_apply};
 use spec::*;
@@ -25,56 +25,30 @@ pub use validate::{Problem, check_object, still_named, validate_documents};
 
 pub const API_VERSION: &str = "pcmail/v1";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Kind {
-    Roster,
-    MailPolicy,
-    IntentPolicy,
-    WorkerPool,
-    Function,
-    Ledger,
-    Schedule,
+crate::wire_enum! {
+    /// A manifest's `kind`, spelled as in the YAML.
+    pub enum Kind as "kind" {
+        Roster = "Roster",
+        MailPolicy = "MailPolicy",
+        IntentPolicy = "IntentPolicy",
+        WorkerPool = "WorkerPool",
+        Function = "Function",
+        Ledger = "Ledger",
+        Schedule = "Schedule",
+    }
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
-        Kind::Roster,
-        Kind::MailPolicy,
-        Kind::IntentPolicy,
-        Kind::WorkerPool,
-        Kind::Function,
-        Kind::Ledger,
-        Kind::Schedule,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Roster => "Roster",
-            Kind::MailPolicy => "MailPolicy",
-            Kind::IntentPolicy => "IntentPolicy",
-            Kind::WorkerPool => "WorkerPool",
-            Kind::Function => "Function",
-            Kind::Ledger => "Ledger",
-            Kind::Schedule => "Schedule",
-        }
-    }
-
     /// The lowercase form used in `roster/office created` lines and URLs.
     pub fn lower(self) -> String {
         self.cli_name().to_string()
     }
 
-    /// [`Kind::lower`] without an allocation: what completion offers.
+    /// [`Kind::lower`] without an allocation: what completion offers (the wire name, lowercased).
     pub fn cli_name(self) -> &'static str {
-        match self {
-            Kind::Roster => "roster",
-            Kind::MailPolicy => "mailpolicy",
-            Kind::IntentPolicy => "intentpolicy",
-            Kind::WorkerPool => "workerpool",
-            Kind::Function => "function",
-            Kind::Ledger => "ledger",
-            Kind::Schedule => "schedule",
-        }
+        static LOWER: std::sync::LazyLock<Vec<String>> =
+            std::sync::LazyLock::new(|| Kind::NAMES.iter().map(|n| n.to_ascii_lowercase()).collect());
+        LOWER.get(self as usize).map_or("", String::as_str)
     }
 
     /// What kubectl users type: any case, singular or plural.
@@ -88,15 +62,21 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.lower() == singular)
     }
 
+    /// [`Kind::from_cli`], or the error listing what a command line may name.
+    pub fn parse_cli(s: &str) -> Result<Kind, UnknownName> {
+        let known = Kind::ALL.map(Kind::cli_name);
+        Kind::from_cli(s).ok_or_else(|| UnknownName::new("kind", s, format!("; known kinds: {}", known.join(", "))))
+    }
+
+    /// A manifest's `kind:`, exactly as written, or the error listing the kinds a manifest may declare.
+    pub fn parse_manifest(s: &str) -> Result<Kind, UnknownName> {
+        Kind::from_name(s)
+            .ok_or_else(|| UnknownName::new("kind", s, format!("; known kinds: {}", Kind::NAMES.join(", "))))
+    }
+
     /// Kinds that configure the whole controller: two of them would contradict each other.
     pub fn is_singleton(self) -> bool {
         matches!(self, Kind::Roster | Kind::MailPolicy | Kind::IntentPolicy)
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

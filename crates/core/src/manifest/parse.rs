@@ -169,10 +169,7 @@ fn parse_document(file: &str, start: usize, chunk: &str) -> Result<Option<Docume
         Some(_) => return Err(at(key_line("kind"), 1, "kind must be a string".into())),
         None => return Err(at(start, 1, "missing field `kind`".into())),
     };
-    let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
-        let known: Vec<_> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-        return Err(at(key_line("kind"), 7, format!("unknown kind {kind_name:?}; known kinds: {}", known.join(", "))));
-    };
+    let kind = Kind::parse_manifest(&kind_name).map_err(|e| at(key_line("kind"), 7, e.to_string()))?;
 
     /// The typed document; an error names the field it is in (`spec.ttl`, `spec.machines[1].number`).
     fn typed<S: DeserializeOwned>(chunk: &str) -> Result<Raw<S>, (String, serde_yaml_ng::Error)> {

@@ -121,8 +121,8 @@ fn of(ty: &Ty) -> Value {
 /// Why `explain` has nothing to print.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExplainError {
-    #[error("unknown kind {0:?}; known kinds: {1}")]
-    UnknownKind(String, String),
+    #[error(transparent)]
+    UnknownKind(#[from] crate::names::UnknownName),
     #[error("{at} has no field {field:?}; its fields are {candidates}")]
     UnknownField { at: String, field: String, candidates: String },
 }
@@ -133,10 +133,7 @@ pub enum ExplainError {
 pub fn explain(path: &str) -> Result<String, ExplainError> {
     let mut parts = path.split('.').filter(|p| !p.is_empty());
     let kind_name = parts.next().unwrap_or_default();
-    let kind = Kind::from_cli(kind_name).ok_or_else(|| {
-        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.cli_name()).collect();
-        ExplainError::UnknownKind(kind_name.to_string(), known.join(", "))
-    })?;
+    let kind = Kind::parse_cli(kind_name)?;
     let table = kind_fields(kind);
     let mut names: Vec<&str> = parts.collect();
     if names.first().is_some_and(|n| n.eq_ignore_ascii_case("spec")) {

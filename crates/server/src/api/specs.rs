@@ -20,10 +20,7 @@ use crate::auth::{Caller, new_token};
 use crate::error::ServiceError;
 
 fn kind(s: &str) -> Result<Kind, ServiceError> {
-    Kind::from_cli(s).ok_or_else(|| {
-        let known: Vec<_> = Kind::ALL.iter().map(|k| k.lower()).collect();
-        ServiceError::not_found(format!("unknown kind {s:?}; known kinds: {}", known.join(", ")))
-    })
+    Kind::parse_cli(s).map_err(|e| ServiceError::not_found(e.to_string()))
 }
 
 pub async fn apply(
