@@ -4,9 +4,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pcmail_core::duration::Dur;
 use pcmail_core::mail::MailKind;
+use pcmail_core::search::Scope;
 
 use crate::logging::Logging;
 
@@ -35,12 +37,6 @@ pub struct Connection {
     /// system's roots [default: the one `login --ca` saved]
     #[arg(long, global = true, env = "PCMAIL_CA")]
     pub ca: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Within {
-    Mail,
-    Ledger,
 }
 
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
@@ -176,8 +172,8 @@ pub enum Command {
     Search {
         text: String,
         /// Only mail, or only ledger rows
-        #[arg(long = "in", value_enum)]
-        within: Option<Within>,
+        #[arg(long = "in", value_parser = PossibleValuesParser::new(Scope::NAMES).try_map(|s| s.parse::<Scope>()))]
+        within: Option<Scope>,
         /// At most this many of each (1–100)
         #[arg(long, default_value_t = 20)]
         limit: usize,

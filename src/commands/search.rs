@@ -3,18 +3,20 @@
 use pcmail_agent::client::Client;
 use pcmail_core::api::SearchResults;
 
-use crate::args::{Output, Within};
+use pcmail_core::search::Scope;
+
+use crate::args::Output;
 use crate::output::{self, cut};
 
 pub async fn run(
     client: &Client,
     text: &str,
-    within: Option<Within>,
+    within: Option<Scope>,
     limit: usize,
     output: Output,
 ) -> anyhow::Result<i32> {
     let mut query = vec![("q", text.to_string()), ("limit", limit.to_string())];
-    query.extend(within.map(|w| ("in", if w == Within::Mail { "mail" } else { "ledger" }.to_string())));
+    query.extend(within.map(|w| ("in", w.to_string())));
     let found: SearchResults = client.get("/api/v1/search", &query).await?;
     if !output::structured(output, &found)? {
         let mail = found.mail.iter().map(|m| {

@@ -125,3 +125,13 @@ fn p13_a_mail_is_found_as_soon_as_its_send_answers_and_a_pruned_one_never() {
         assert_eq!(found(&s, token, "7f3a").0, Vec::<String>::new(), "a pruned mail is never found");
     }
 }
+
+#[test]
+fn u5_a_search_in_a_scope_that_is_neither_mail_nor_ledger_is_refused_naming_both() {
+    let s = Server::start();
+    let (status, answer) =
+        crate::endurance::call(&s, "GET", "/api/v1/search?q=abc&in=mails", &s.admin_token(), json!(null));
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"mails\"") && message.contains("mail, ledger"), "{message}");
+}

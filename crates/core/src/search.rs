@@ -14,6 +14,14 @@ pub const BUDGET: Duration = Duration::from_secs(2);
 /// T14: the one line the CLI and the MCP tool add under an answer that was cut.
 pub const TRUNCATED: &str = "search stopped at its time budget: there may be more (a longer text finds fewer)";
 
+crate::wire_enum! {
+    /// U5: what a search looks in (both when a request names neither).
+    pub enum Scope as "search scope" {
+        Mail = "mail",
+        Ledger = "ledger",
+    }
+}
+
 /// A search's text, folded once, as every candidate field is compared with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Needle {

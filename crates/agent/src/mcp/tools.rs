@@ -75,7 +75,7 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
         (
             "search",
             "Mail of this PC and ledger rows holding a text.",
-            object(json!({"text": {"type": "string"}, "in": {"enum": ["mail", "ledger"]}}), &["text"]),
+            object(json!({"text": {"type": "string"}, "in": {"enum": pcmail_core::search::Scope::NAMES}}), &["text"]),
         ),
         (
             "intents",

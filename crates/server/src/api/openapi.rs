@@ -24,6 +24,7 @@ fn model_enum(name: &str) -> Option<Vec<&'static str>> {
         "job-state" => JobState::NAMES.to_vec(),
         "ledger-state" => RowState::NAMES.to_vec(),
         "queued-call" => QueuedCall::NAMES.to_vec(),
+        "search-scope" => pcmail_core::search::Scope::NAMES.to_vec(),
         _ => return None,
     })
 }

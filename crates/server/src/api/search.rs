@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use pcmail_core::api::SearchResults;
+use pcmail_core::search::Scope;
 use pcmail_store::{Search, Store};
 use serde::Deserialize;
 
@@ -32,12 +33,9 @@ pub async fn search(
 ) -> Result<Json<SearchResults>, ServiceError> {
     let q = q.map_err(|e| ServiceError::bad_request(e.body_text()))?.0;
     let text = pcmail_core::api::search_text(&q.q)?;
-    let (mail, ledger) = match q.within.as_deref() {
-        None => (true, true),
-        Some("mail") => (true, false),
-        Some("ledger") => (false, true),
-        Some(other) => return Err(ServiceError::unprocessable(format!("in {other:?} is neither mail nor ledger"))),
-    };
+    let within = q.within.as_deref().map(str::parse::<Scope>).transpose();
+    let within = within.map_err(|e| ServiceError::unprocessable(format!("in: {e}")))?;
+    let (mail, ledger) = within.map_or((true, true), |s| (s == Scope::Mail, s == Scope::Ledger));
     let limit = pcmail_core::bounds::count("limit", q.limit.unwrap_or(20) as u64, 1, 100)? as usize;
     let machine = caller.machine().map(String::from);
     let found = app.store().search(Search { text, machine, mail, ledger, limit, ..Search::default() }).await?;
