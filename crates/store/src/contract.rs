@@ -5,7 +5,7 @@
 use pcmail_core::Ts;
 use pcmail_core::alert::{Alert, AlertKind, AlertState};
 use pcmail_core::api::Event;
-use pcmail_core::mail::{Mail, MailState};
+use pcmail_core::mail::{Mail, MailKind, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 
 use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
@@ -369,7 +369,7 @@ pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
     let counts = store.mail_counts().await.expect("counts");
     let count = |state| counts.iter().filter(|c: &&MailCount| c.state == state).map(|c| c.count).sum::<u64>();
     assert_eq!((count(MailState::New), count(MailState::Done)), (2, 1));
-    assert!(counts.iter().all(|c| c.kind == "note" && c.channel == "pc"));
+    assert!(counts.iter().all(|c| c.kind == MailKind::Note && c.channel == "pc"));
 }
 
 pub async fn m9_selections_find_new_and_delivered_mail_by_age(store: &impl Store) {

@@ -174,9 +174,23 @@ pub use pcmail_core::api::MachineSeen;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MailCount {
     pub state: MailState,
-    pub kind: String,
+    pub kind: pcmail_core::mail::MailKind,
     pub channel: String,
     pub count: u64,
+}
+
+impl MailCount {
+    /// A row of the `mail_counts` table as either adapter reads it; a state or kind this build
+    /// does not have is a corrupt row, named.
+    pub(crate) fn from_row(state: &str, kind: &str, channel: String, n: i64) -> Result<MailCount> {
+        let corrupt = |e: pcmail_core::names::UnknownName| StoreError::Corrupt(format!("mail_counts: {e}"));
+        Ok(MailCount {
+            state: state.parse().map_err(corrupt)?,
+            kind: kind.parse().map_err(corrupt)?,
+            channel,
+            count: n.max(0) as u64,
+        })
+    }
 }
 
 /// U2: how many moves of one series fell in one step of time, for the overview's charts.

@@ -391,11 +391,7 @@ impl Store for PgStore {
         rows.iter()
             .map(|r| {
                 use codec::Columns;
-                let state = r
-                    .text(0)?
-                    .parse::<pcmail_core::mail::MailState>()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                Ok(MailCount { state, kind: r.text(1)?, channel: r.text(2)?, count: r.int(3)?.max(0) as u64 })
+                MailCount::from_row(&r.text(0)?, &r.text(1)?, r.text(2)?, r.int(3)?)
             })
             .collect()
     }

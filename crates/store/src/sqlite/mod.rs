@@ -499,10 +499,8 @@ impl Store for SqliteStore {
                 .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)?)))
                 .map_err(map_err)?;
             rows.map(|r| {
-                let (state, kind, channel, n) = r.map_err(map_err)?;
-                let state =
-                    state.parse::<pcmail_core::mail::MailState>().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                Ok(MailCount { state, kind, channel, count: n.max(0) as u64 })
+                let (state, kind, channel, n): (String, String, String, i64) = r.map_err(map_err)?;
+                MailCount::from_row(&state, &kind, channel, n)
             })
             .collect()
         })
