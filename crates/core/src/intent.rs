@@ -112,6 +112,31 @@ pub fn may_record(who: &crate::mail::Principal, policy: &IntentPolicySpec, owner
     }
 }
 
+/// T10: an intent's id is held by another mail (a client's mail that happens to hold it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("intent {key} cannot be stored: its id {id} is taken by another mail ({kind})")]
+pub struct IdTaken {
+    pub key: String,
+    pub id: String,
+    pub kind: MailKind,
+}
+
+/// T10: the intent `incoming` is a recording of, among the mails stored under its id or the id
+/// it had before T10 (`rows`): under today's id, else the old one holding the same key; a mail
+/// of another key under today's id is [`IdTaken`], never overwritten nor dropped.
+pub fn stored_intent<'a>(rows: &'a [Mail], incoming: &Mail) -> Result<Option<&'a Mail>, IdTaken> {
+    let same_key = |m: &&Mail| m.kind == MailKind::Intent && m.external_key == incoming.external_key;
+    let stored = rows.iter().find(|m| m.id == incoming.id).or_else(|| rows.iter().find(same_key));
+    match stored {
+        Some(other) if !same_key(&other) => Err(IdTaken {
+            key: incoming.external_key.clone().unwrap_or_default(),
+            id: other.id.clone(),
+            kind: other.kind,
+        }),
+        found => Ok(found),
+    }
+}
+
 /// What recording a message does, given the intent already stored under its id (I1, T4).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Recording {
@@ -274,6 +299,22 @@ mod tests {
             text: "本番を止めて".into(),
             edited: false,
         }
+    }
+
+    #[test]
+    fn t10_an_intent_finds_itself_under_its_id_or_its_old_one_and_never_takes_another_mails() {
+        let incoming = intent_mail(&msg("100", "2604"), "desk", at(0), Dur::from_hours(72));
+        let mut legacy = incoming.clone();
+        legacy.id = crate::ids::legacy_intent_id("telegram-100-2604");
+        assert_eq!(stored_intent(&[], &incoming), Ok(None));
+        assert_eq!(stored_intent(std::slice::from_ref(&incoming), &incoming), Ok(Some(&incoming)));
+        assert_eq!(stored_intent(std::slice::from_ref(&legacy), &incoming), Ok(Some(&legacy)), "recorded before T10");
+        let squatter = Mail { kind: MailKind::Note, external_key: None, ..incoming.clone() };
+        let taken = stored_intent(&[squatter, legacy.clone()], &incoming).expect_err("the id is a note's");
+        assert_eq!((taken.id.as_str(), taken.kind), (incoming.id.as_str(), MailKind::Note));
+        assert!(taken.to_string().contains("telegram-100-2604"), "{taken}");
+        let other_key = Mail { external_key: Some("telegram-1-1".into()), ..legacy };
+        assert_eq!(stored_intent(&[other_key], &incoming), Ok(None), "another key's old intent is not this one");
     }
 
     #[test]

@@ -8,10 +8,10 @@ use pcmail_core::agent::{REFUSALS_PER_HOUR, Report};
 use pcmail_core::alert::{arrival_notice, poller_alert};
 use pcmail_core::api::{Event, PollResponse, PollerReport, RefusedCall, SendRequest, SendResponse};
 use pcmail_core::ids;
-use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_edit, plan_record};
+use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_edit, plan_record, stored_intent};
 use pcmail_core::mail::{
-    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view,
-    deliver_or_expire, plan_send, poll_start, send_ids,
+    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view, deliver_or_expire,
+    plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{Heartbeat, MailSelect, MailWrites, Store};
@@ -162,20 +162,10 @@ pub async fn record_intent(
         .store()
         .mail_transaction(MailSelect::Ids(vec![mail.id.clone(), legacy]), move |rows| {
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
-            // The intent itself, under today's id or (recorded before T10) under its old one;
-            // a client's mail that happens to hold the old id is not it.
-            let same_key = |m: &&Mail| m.kind == MailKind::Intent && m.external_key == key;
-            let stored = rows.iter().find(|m| m.id == mail.id).or_else(|| rows.iter().find(same_key));
-            // Another mail holds the id this key derives to: say so rather than drop it.
-            if let Some(other) = stored.filter(|m| !same_key(m)) {
-                let e = ServiceError::conflict(format!(
-                    "intent {} cannot be stored: its id {} is taken by another mail ({})",
-                    mail.external_key.as_deref().unwrap_or_default(),
-                    other.id,
-                    other.kind
-                ));
-                return (writes, (Err(e), moves));
-            }
+            let stored = match stored_intent(&rows, &mail) {
+                Ok(stored) => stored,
+                Err(taken) => return (writes, (Err(ServiceError::conflict(taken.to_string())), moves)),
+            };
             let id = stored.map_or_else(|| mail.id.clone(), |m| m.id.clone());
             // K8: an edit is an event on its intent, never a second intent nor a conflict.
             let plan = if edited {
