@@ -222,7 +222,7 @@ pub fn tool_effect(tool_name: &str, tool_input: &Value, policy: &IntentPolicySpe
 pub fn due_reminders<'a>(intents: &'a [Mail], policy: &IntentPolicySpec, now: Ts) -> Vec<&'a Mail> {
     intents
         .iter()
-        .filter(|m| m.kind == MailKind::Intent && !m.state.is_terminal())
+        .filter(|m| m.kind.is_intent() && !m.state.is_terminal())
         .filter(|m| now >= m.created_at + policy.remind_after.to_chrono())
         .filter(|m| m.last_reminded_at.is_none_or(|t| now >= t + policy.remind_every.to_chrono()))
         .collect()
