@@ -10,8 +10,8 @@ use pcmail_core::api::{Event, PollResponse, PollerReport, RefusedCall, SendReque
 use pcmail_core::ids;
 use pcmail_core::intent::{InboundMessage, Recording, intent_mail, may_record, plan_edit, plan_record};
 use pcmail_core::mail::{
-    Mail, MailKind, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view,
-    deliver_or_expire, plan_send, poll_start, send_ids,
+    Mail, MailState, SendContext, SendObserved, SendOutcome, Step, apply_step, can_move, can_view, deliver_or_expire,
+    plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
 use pcmail_store::{Heartbeat, MailSelect, MailWrites, Store};
@@ -164,7 +164,7 @@ pub async fn record_intent(
             let (mut writes, mut moves) = (MailWrites::default(), Moves::default());
             // The intent itself, under today's id or (recorded before T10) under its old one;
             // a client's mail that happens to hold the old id is not it.
-            let same_key = |m: &&Mail| m.kind == MailKind::Intent && m.external_key == key;
+            let same_key = |m: &&Mail| m.kind.is_intent() && m.external_key == key;
             let stored = rows.iter().find(|m| m.id == mail.id).or_else(|| rows.iter().find(same_key));
             // Another mail holds the id this key derives to: say so rather than drop it.
             if let Some(other) = stored.filter(|m| !same_key(m)) {

@@ -17,6 +17,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use pcmail_core::api::Validate;
+use pcmail_core::mail::MailKind;
 use pcmail_store::Store;
 use serde::de::DeserializeOwned;
 
@@ -208,7 +209,8 @@ async fn refresh_store_metrics(app: &App) -> Result<(), ServiceError> {
     let channel = app.runtime().intent_policy.channel.clone();
     let pending: u64 = counts
         .iter()
-        .filter(|c| c.kind == "intent" && c.channel == channel && !c.state.is_terminal())
+        .filter(|c| MailKind::from_name(&c.kind).is_some_and(MailKind::is_intent))
+        .filter(|c| c.channel == channel && !c.state.is_terminal())
         .map(|c| c.count)
         .sum();
     m.intents_pending.with_label_values(&[&channel]).set(pending as i64);
