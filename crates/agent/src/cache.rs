@@ -8,7 +8,7 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::agent::{NextStep, QueuedCall, merge_polled, validate_polled};
 use pcmail_core::api::StepRequest;
-use pcmail_core::mail::{Mail, MailKind, MailState, Step, apply_step};
+use pcmail_core::mail::{Mail, MailKind, MailState, PresentationGroup, Step, apply_step};
 use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_core::present::{Limits, Tally};
 use pcmail_store::StoreError;
@@ -127,25 +127,96 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
-/// The presentation group of a row (`present::group` for mail that is open and no intent),
-/// exactly as the `inbox_groups` index (migration 4) computes it, so that the index answers;
-/// P5's test holds it to `present::group` after every change.
+/// The presentation group of a row (`present::group` for open mail of a presented kind), built
+/// from each kind's [`MailKind::group`] in group order, so urgency lifts a row as
+/// [`PresentationGroup::of`] does. For today's kinds it is the text migration 4 built
+/// `inbox_groups` with; a kind added or regrouped since rebuilds the index at open
+/// ([`rebuild_derived_indexes`]). Its test holds it to `present::group` for every kind.
 fn group_of_row() -> String {
-    let (decision, work, answer) = (MailKind::Decision, MailKind::Work, MailKind::Answer);
-    format!(
-        "(CASE WHEN kind = '{decision}' THEN 0 WHEN kind = '{work}' OR urgent = 1 THEN 1 \
-         WHEN kind = '{answer}' THEN 2 ELSE 3 END)"
-    )
+    let Some((last, before)) = PresentationGroup::ALL.split_last() else {
+        return "0".to_string();
+    };
+    let mut case = String::from("(CASE");
+    for g in before {
+        let mut terms = Vec::new();
+        if MailKind::ALL.iter().any(|k| k.group() == Some(*g)) {
+            terms.push(MailKind::sql_is("kind", |k| k.group() == Some(*g)));
+        }
+        if *g == PresentationGroup::URGENT {
+            terms.push("urgent = 1".to_string());
+        }
+        if !terms.is_empty() {
+            case.push_str(&format!(" WHEN {} THEN {}", terms.join(" OR "), g.index()));
+        }
+    }
+    format!("{case} ELSE {} END)", last.index())
 }
 
-/// The rows the tally counts as open and the groups index holds: open mail, no intent.
+/// The rows the tally counts as open and the groups index holds: open mail of a presented kind.
 fn open_rows() -> String {
-    format!("kind != '{}' AND quarantine IS NULL AND state IN ({})", MailKind::Intent, MailState::open_sql())
+    let unpresented = MailKind::sql_is_not("kind", |k| k.group().is_none());
+    format!("{unpresented} AND quarantine IS NULL AND state IN ({})", MailState::open_sql())
 }
 
 /// Open intents.
 fn open_intents() -> String {
-    format!("kind = '{}' AND state IN ({})", MailKind::Intent, MailState::open_sql())
+    format!("{} AND state IN ({})", MailKind::sql_is("kind", MailKind::is_intent), MailState::open_sql())
+}
+
+/// H4: open urgent mail of a kind that blocks a stop, not yet used to block one.
+fn stop_rows() -> String {
+    let kinds = MailKind::sql_is("kind", MailKind::blocks_stop);
+    format!("{kinds} AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ({})", MailState::open_sql())
+}
+
+/// What [`Cache::group_heads`] asks of one group: `?1` the group, `?2` now, `?3` the session,
+/// `?4` the cap.
+fn heads_filter() -> String {
+    format!(
+        "{} = ?1 AND {} AND expires_at > ?2 \
+         AND (presented_session IS NULL OR presented_session != ?3) ORDER BY created_at DESC, seq DESC LIMIT ?4",
+        group_of_row(),
+        open_rows()
+    )
+}
+
+/// R3: the indexes whose expression or predicate is a kind rule, as this build derives them. A
+/// query answers from such an index only while its text derives the same way, so they are built
+/// from the same functions as the queries.
+fn derived_indexes() -> [(&'static str, String); 4] {
+    [
+        ("inbox_groups", format!("ON inbox({}, created_at DESC, seq DESC) WHERE {}", group_of_row(), open_rows())),
+        ("inbox_overdue", format!("ON inbox(expires_at) WHERE {}", open_rows())),
+        ("inbox_intents", format!("ON inbox(created_at) WHERE {}", open_intents())),
+        ("inbox_stop", format!("ON inbox(created_at) WHERE {}", stop_rows())),
+    ]
+    .map(|(name, on)| (name, format!("CREATE INDEX {name} {on}")))
+}
+
+/// The derived indexes whose stored text (whitespace aside) is not this build's.
+fn stale_indexes(conn: &Connection) -> rusqlite::Result<Vec<(&'static str, String)>> {
+    let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut stmt =
+        conn.prepare_cached("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")?;
+    let stored: Vec<(String, String)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+    let fits = |name: &str, sql: &str| stored.iter().any(|(n, s)| n == name && squeeze(s) == squeeze(sql));
+    Ok(derived_indexes().into_iter().filter(|(name, sql)| !fits(name, sql)).collect())
+}
+
+/// Rebuilds each derived index a build with other kind rules left behind (a kind added or
+/// regrouped), under the write lock, so the hook's queries keep answering from them (P5).
+/// The tally's triggers are not rebuilt: they only tell presented kinds from the others, which
+/// P5's test holds for every kind.
+fn rebuild_derived_indexes(conn: &mut Connection) -> rusqlite::Result<()> {
+    if stale_indexes(conn)?.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for (name, sql) in stale_indexes(&tx)? {
+        tx.execute_batch(&format!("DROP INDEX IF EXISTS {name}; {sql};"))?;
+    }
+    tx.commit()
 }
 
 const INBOX_EXTRA: &[&str] = &["received_at", "quarantine", "stop_blocked_at"];
@@ -222,6 +293,7 @@ impl Cache {
             ("state", &["key", "value"]),
         ];
         schema::migrate_with(&mut conn, MIGRATIONS, &required).map_err(wrap)?;
+        rebuild_derived_indexes(&mut conn).map_err(|e| wrap(map_err(e)))?;
         Ok(Cache { conn, path })
     }
 
@@ -311,11 +383,7 @@ impl Cache {
     /// P5: of each presentation group, the newest open mails not shown in `session` and not
     /// expired, at most the group's cap — read from the groups index, never the whole inbox.
     pub fn group_heads(&self, session: &str, now: Ts, limits: Limits) -> Result<Vec<Mail>> {
-        let (group_of_row, open_rows) = (group_of_row(), open_rows());
-        let filter = format!(
-            "{group_of_row} = ?1 AND {open_rows} AND expires_at > ?2 \
-             AND (presented_session IS NULL OR presented_session != ?3) ORDER BY created_at DESC, seq DESC LIMIT ?4"
-        );
+        let filter = heads_filter();
         let mut out = Vec::new();
         for (group, cap) in limits.groups.iter().enumerate() {
             out.extend(self.select(&filter, params![group as i64, ms(now), session, *cap as i64])?);
@@ -351,14 +419,9 @@ impl Cache {
         self.select("seq > ?1 AND presented_at IS NULL AND quarantine IS NULL ORDER BY seq", [seq])
     }
 
-    /// Urgent decision requests still open that have not yet blocked a stop (H4).
+    /// Open urgent mail of a kind that blocks a stop (decision requests) not yet used to block one (H4).
     pub fn stop_candidates(&self, now: Ts) -> Result<Vec<Mail>> {
-        let filter = format!(
-            "kind = '{}' AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ({}) AND expires_at > ?1",
-            MailKind::Decision,
-            MailState::open_sql()
-        );
-        self.select(&filter, [ms(now)])
+        self.select(&format!("{} AND expires_at > ?1", stop_rows()), [ms(now)])
     }
 
     /// Stores a poll's answer in one transaction with the new cursor: a crash before the
@@ -756,6 +819,82 @@ pub(crate) mod tests {
         c.merge_polled("me", moved, 60, at(20)).expect("merge");
         agree(&c, "s1");
         agree(&c, "s2");
+    }
+
+    /// Evaluates `expr` over one row of the given kind and urgency, open and not quarantined.
+    fn eval(conn: &Connection, expr: &str, kind: MailKind, urgent: bool) -> Option<i64> {
+        let sql = format!(
+            "SELECT {expr} FROM (SELECT ?1 AS kind, ?2 AS urgent, NULL AS quarantine, ?3 AS state, \
+             NULL AS stop_blocked_at)"
+        );
+        conn.query_row(&sql, params![kind.as_str(), urgent, MailState::Delivered.as_str()], |r| r.get(0))
+            .expect("evaluates")
+    }
+
+    #[test]
+    fn r3_the_caches_kind_sql_places_every_kind_as_the_core_does() {
+        let conn = Connection::open_in_memory().expect("memory");
+        let placed = format!("CASE WHEN {} THEN {} END", open_rows(), group_of_row());
+        for kind in MailKind::ALL {
+            for urgent in [false, true] {
+                let m = Mail { kind, urgent, ..mail(1, kind) };
+                let core = pcmail_core::present::group(&m, at(0)).map(|g| g as i64);
+                assert_eq!(eval(&conn, &placed, kind, urgent), core, "{kind} urgent={urgent}");
+                let stops = eval(&conn, &stop_rows(), kind, urgent) == Some(1);
+                assert_eq!(stops, kind.blocks_stop() && urgent, "{kind} urgent={urgent}");
+                assert_eq!(eval(&conn, &open_intents(), kind, urgent) == Some(1), kind.is_intent(), "{kind}");
+            }
+        }
+    }
+
+    fn plan(conn: &Connection, filter: &str) -> String {
+        let sql = format!("EXPLAIN QUERY PLAN SELECT {MAIL_COLUMNS} FROM inbox WHERE {filter}");
+        let mut stmt = conn.prepare(&sql).expect("explain");
+        let rows = stmt.query_map([], |r| r.get::<_, String>(3)).expect("plan");
+        rows.collect::<rusqlite::Result<Vec<_>>>().expect("plan").join("; ")
+    }
+
+    #[test]
+    fn r3_todays_kinds_derive_the_very_indexes_migration_4_built_and_the_hooks_queries_use_them() {
+        // The migrations alone, as every cache of an earlier build has them: today's kinds
+        // derive their text, so no cache rebuilds an index on upgrade. A kind that changes one
+        // lists it here (and every cache rebuilds it once, at its next open).
+        let mut migrated = Connection::open_in_memory().expect("memory");
+        schema::migrate_with(&mut migrated, MIGRATIONS, &[]).expect("migrations");
+        let rebuilt: Vec<&str> = stale_indexes(&migrated).expect("stale").into_iter().map(|(n, _)| n).collect();
+        assert_eq!(rebuilt, [] as [&str; 0], "indexes whose derived text differs from the migrations'");
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(open(dir.path()));
+        let conn = Connection::open(dir.path().join(CACHE_FILE)).expect("raw");
+        assert_eq!(stale_indexes(&conn).expect("stale"), [], "an opened cache holds this build's indexes");
+        let unbound = |f: String| f.replace("?1", "1").replace("?2", "0").replace("?3", "'s'").replace("?4", "3");
+        for (filter, index) in [
+            (unbound(heads_filter()), "inbox_groups"),
+            (format!("{} AND expires_at <= 0", open_rows()), "inbox_overdue"),
+            (format!("{} ORDER BY created_at", open_intents()), "inbox_intents"),
+            (format!("{} AND expires_at > 0", stop_rows()), "inbox_stop"),
+        ] {
+            let plan = plan(&conn, &filter);
+            assert!(plan.contains(&format!("INDEX {index}")), "{index}: {plan}");
+        }
+    }
+
+    #[test]
+    fn r3_an_index_another_builds_kinds_derived_is_rebuilt_at_open_and_used_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(open(dir.path()));
+        let conn = Connection::open(dir.path().join(CACHE_FILE)).expect("raw");
+        // As a build that grouped answers with the rest would have built it.
+        let older = derived_indexes()[0].1.replace("WHEN kind = 'answer' THEN 2 ", "");
+        assert_ne!(older, derived_indexes()[0].1);
+        conn.execute_batch(&format!("DROP INDEX inbox_groups; {older};")).expect("older index");
+        let heads = heads_filter().replace("?1", "1").replace("?2", "0").replace("?3", "'s'").replace("?4", "3");
+        assert!(!plan(&conn, &heads).contains("INDEX inbox_groups"), "{}", plan(&conn, &heads));
+        drop(conn);
+        drop(open(dir.path()));
+        let conn = Connection::open(dir.path().join(CACHE_FILE)).expect("raw");
+        assert_eq!(stale_indexes(&conn).expect("stale"), []);
+        assert!(plan(&conn, &heads).contains("INDEX inbox_groups"), "{}", plan(&conn, &heads));
     }
 
     #[test]

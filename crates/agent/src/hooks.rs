@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pcmail_core::Ts;
 use pcmail_core::intent::{ToolEffect, due_reminders, listing, tool_effect};
-use pcmail_core::mail::{MailKind, Step};
+use pcmail_core::mail::Step;
 use pcmail_core::present::{LIMITS, present_heads};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -203,8 +203,7 @@ fn stop(cache: &mut Cache, active: bool, now: Ts) -> Result<Option<Value>, Cache
     if active {
         return Ok(None);
     }
-    let Some(m) =
-        cache.stop_candidates(now)?.into_iter().filter(|m| m.kind == MailKind::Decision).max_by_key(|m| m.created_at)
+    let Some(m) = cache.stop_candidates(now)?.into_iter().filter(|m| m.kind.blocks_stop()).max_by_key(|m| m.created_at)
     else {
         return Ok(None);
     };

@@ -125,7 +125,7 @@ pub struct IdTaken {
 /// it had before T10 (`rows`): under today's id, else the old one holding the same key; a mail
 /// of another key under today's id is [`IdTaken`], never overwritten nor dropped.
 pub fn stored_intent<'a>(rows: &'a [Mail], incoming: &Mail) -> Result<Option<&'a Mail>, IdTaken> {
-    let same_key = |m: &&Mail| m.kind == MailKind::Intent && m.external_key == incoming.external_key;
+    let same_key = |m: &&Mail| m.kind.is_intent() && m.external_key == incoming.external_key;
     let stored = rows.iter().find(|m| m.id == incoming.id).or_else(|| rows.iter().find(same_key));
     match stored {
         Some(other) if !same_key(&other) => Err(IdTaken {
@@ -247,7 +247,7 @@ pub fn tool_effect(tool_name: &str, tool_input: &Value, policy: &IntentPolicySpe
 pub fn due_reminders<'a>(intents: &'a [Mail], policy: &IntentPolicySpec, now: Ts) -> Vec<&'a Mail> {
     intents
         .iter()
-        .filter(|m| m.kind == MailKind::Intent && !m.state.is_terminal())
+        .filter(|m| m.kind.is_intent() && !m.state.is_terminal())
         .filter(|m| now >= m.created_at + policy.remind_after.to_chrono())
         .filter(|m| m.last_reminded_at.is_none_or(|t| now >= t + policy.remind_every.to_chrono()))
         .collect()

@@ -31,6 +31,25 @@ pub fn sql_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     names.into_iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
 }
 
+/// `column = 'a'` for one name, `column IN ('a', 'b')` for several, `FALSE` for none: the form a
+/// partial index written for one name was built with, so a derived filter still matches it.
+pub fn sql_is(column: &str, names: &[&str]) -> String {
+    match names {
+        [] => "FALSE".to_string(),
+        [one] => format!("{column} = '{one}'"),
+        many => format!("{column} IN ({})", sql_list(many.iter().copied())),
+    }
+}
+
+/// The negation of [`sql_is`]: `column != 'a'`, `column NOT IN ('a', 'b')`, `TRUE` for none.
+pub fn sql_is_not(column: &str, names: &[&str]) -> String {
+    match names {
+        [] => "TRUE".to_string(),
+        [one] => format!("{column} != '{one}'"),
+        many => format!("{column} NOT IN ({})", sql_list(many.iter().copied())),
+    }
+}
+
 /// Declares a model enum once: each variant with its wire name. Derives `ALL` (every variant, in
 /// declaration order — the order lists and presentation use), `NAMES`, `as_str`, `Display`,
 /// `FromStr` (an [`UnknownName`] listing every name), `Serialize` and `Deserialize` by wire name.
@@ -72,6 +91,20 @@ macro_rules! wire_enum {
             /// of states derived from the core's predicate, never written out beside it).
             pub fn sql_in(keep: impl Fn($name) -> bool) -> String {
                 $crate::names::sql_list($name::ALL.into_iter().filter(|v| keep(*v)).map($name::as_str))
+            }
+
+            /// `column` holds one of the variants `keep` holds (`names::sql_is`).
+            pub fn sql_is(column: &str, keep: impl Fn($name) -> bool) -> String {
+                $crate::names::sql_is(column, &$name::names_of(keep))
+            }
+
+            /// `column` holds none of the variants `keep` holds.
+            pub fn sql_is_not(column: &str, keep: impl Fn($name) -> bool) -> String {
+                $crate::names::sql_is_not(column, &$name::names_of(keep))
+            }
+
+            fn names_of(keep: impl Fn($name) -> bool) -> Vec<&'static str> {
+                $name::ALL.into_iter().filter(|v| keep(*v)).map($name::as_str).collect()
             }
 
             #[allow(dead_code)]
@@ -160,5 +193,11 @@ mod tests {
         assert_eq!(sql_list(["new", "seen"]), "'new', 'seen'");
         assert_eq!(sql_list(Tint::ALL.iter().map(|t| t.as_str())), "'red', 'deep-blue'");
         assert_eq!(Tint::sql_in(|t| t != Tint::Red), "'deep-blue'");
+        assert_eq!(Tint::sql_is("tint", |t| t == Tint::Red), "tint = 'red'");
+        assert_eq!(Tint::sql_is("tint", |_| true), "tint IN ('red', 'deep-blue')");
+        assert_eq!(Tint::sql_is("tint", |_| false), "FALSE");
+        assert_eq!(Tint::sql_is_not("tint", |t| t == Tint::Red), "tint != 'red'");
+        assert_eq!(Tint::sql_is_not("tint", |_| true), "tint NOT IN ('red', 'deep-blue')");
+        assert_eq!(Tint::sql_is_not("tint", |_| false), "TRUE");
     }
 }

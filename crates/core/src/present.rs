@@ -5,14 +5,14 @@
 //! mail and the whole block are cut by characters, and whatever is not shown is counted.
 
 use crate::Ts;
-use crate::mail::{Mail, MailKind, MailState};
+use crate::mail::{Mail, MailState, PresentationGroup};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub per_mail: usize,
     pub total: usize,
     /// Mails shown per group: decisions, work/urgent, answers, others.
-    pub groups: [usize; 4],
+    pub groups: [usize; PresentationGroup::ALL.len()],
 }
 
 /// DESIGN H2's numbers.
@@ -29,18 +29,12 @@ pub struct Presentation {
 }
 
 /// Which H2 group a mail belongs to (0 = shown first), or None if it is not presented here
-/// (terminal, expired, or an intent, which has its own listing).
+/// (terminal, expired, or of a kind never presented: an intent, which has its own listing).
 pub fn group(m: &Mail, now: Ts) -> Option<usize> {
-    if m.state.is_terminal() || m.expires_at <= now || m.kind == MailKind::Intent {
+    if m.state.is_terminal() || m.expires_at <= now {
         return None;
     }
-    Some(match m.kind {
-        MailKind::Decision => 0,
-        MailKind::Work => 1,
-        _ if m.urgent => 1,
-        MailKind::Answer => 2,
-        _ => 3,
-    })
+    PresentationGroup::of(m.kind, m.urgent).map(PresentationGroup::index)
 }
 
 /// One line for a mail, cut to `max` characters (never inside a UTF-8 sequence).
@@ -61,8 +55,8 @@ pub fn cut(s: &str, max: usize) -> String {
     s.chars().take(max.saturating_sub(1)).chain(std::iter::once('…')).collect()
 }
 
-/// What a hook counts but does not list: the mails [`group`] places (open, not expired, not
-/// intents) and the expired ones. A cache keeps these as counts, so a hook reads only the few
+/// What a hook counts but does not list: the mails [`group`] places (open, not expired, of a
+/// presented kind) and the expired ones. A cache keeps these as counts, so a hook reads only the few
 /// mails it may show, whatever the size of the inbox (P5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -75,7 +69,7 @@ impl Tally {
     pub fn of(inbox: &[Mail], now: Ts) -> Tally {
         let expired = inbox
             .iter()
-            .filter(|m| m.kind != MailKind::Intent)
+            .filter(|m| m.kind.group().is_some())
             .filter(|m| m.state == MailState::Expired || (!m.state.is_terminal() && m.expires_at <= now))
             .count();
         Tally { eligible: inbox.iter().filter(|m| group(m, now).is_some()).count(), expired }
@@ -136,7 +130,7 @@ pub fn present_heads(heads: &[Mail], tally: Tally, now: Ts, limits: Limits) -> P
                 continue;
             }
             used += l.chars().count() + 1;
-            if m.kind == MailKind::Answer && m.reply_to.is_some() {
+            if m.kind.is_answer() && m.reply_to.is_some() {
                 out.acked.push(m.id.clone());
             }
             out.shown.push(m.id.clone());
@@ -160,6 +154,7 @@ pub fn present_heads(heads: &[Mail], tally: Tally, now: Ts, limits: Limits) -> P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mail::MailKind;
     use crate::mail::fixtures::{at, mail};
 
     fn m(n: u32, kind: MailKind, urgent: bool, created: i64) -> Mail {

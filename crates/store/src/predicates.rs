@@ -24,7 +24,7 @@ pub(crate) fn state_is(state: impl std::fmt::Display) -> String {
 
 /// Open chat intents (I-rules): intent mail not yet terminal.
 pub(crate) fn open_intents() -> String {
-    format!("kind = '{}' AND {}", MailKind::Intent, open_mail())
+    format!("{} AND {}", MailKind::sql_is("kind", MailKind::is_intent), open_mail())
 }
 
 /// Ledger rows a sync may still touch (L5: not closed).

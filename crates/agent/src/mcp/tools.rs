@@ -20,8 +20,11 @@ use crate::mail::{self, Action, MailError};
 const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 const MAX_WAIT: Duration = Duration::from_secs(600);
 
-/// What `send` may start: answers are replies, intents are recorded from chats.
-const SENDABLE: [MailKind; 4] = [MailKind::Note, MailKind::Request, MailKind::Decision, MailKind::Work];
+/// What `send` may start: every kind a send may carry but an answer, which is a reply's (R3:
+/// derived from the kind's rules, so a new kind is offered once it may be sent).
+fn sendable() -> impl Iterator<Item = MailKind> {
+    MailKind::ALL.into_iter().filter(|k| k.can_be_sent() && !k.is_answer())
+}
 
 /// Every tool: name, description, input schema. Descriptions say what a call does to the mail,
 /// because that is what an agent must not get wrong (a peek vs. a read).
@@ -44,7 +47,7 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
                     "to": {"type": "string"},
                     "subject": {"type": "string"},
                     "body": {"type": "string"},
-                    "kind": {"enum": SENDABLE.map(MailKind::as_str)},
+                    "kind": {"enum": sendable().map(MailKind::as_str).collect::<Vec<_>>()},
                     "urgent": {"type": "boolean"}
                 }),
                 &["to", "body"],
@@ -236,10 +239,10 @@ pub async fn call(
         "send" => {
             let kind = match args.opt_str("kind")?.as_deref() {
                 None => MailKind::Note,
-                Some(k) => SENDABLE
-                    .into_iter()
-                    .find(|s| s.as_str() == k)
-                    .ok_or_else(|| ToolError(format!("`kind` must be note, request, decision or work, not {k:?}.")))?,
+                Some(k) => sendable().find(|s| s.as_str() == k).ok_or_else(|| {
+                    let names: Vec<&str> = sendable().map(MailKind::as_str).collect();
+                    ToolError(format!("`kind` must be one of {}, not {k:?}.", names.join(", ")))
+                })?,
             };
             let req = SendRequest {
                 to: args.str("to")?,
@@ -478,6 +481,20 @@ mod tests {
         assert_eq!(search_text(&SearchResults::default()), "nothing found");
         let cut = SearchResults { truncated: true, ..Default::default() };
         assert_eq!(search_text(&cut), pcmail_core::search::TRUNCATED);
+    }
+
+    #[test]
+    fn r3_send_offers_every_kind_a_send_may_carry_but_the_answer_a_reply_is() {
+        let tools = catalogue();
+        let schema = tools.iter().find(|(n, ..)| *n == "send").map(|(.., s)| s.clone()).unwrap_or_default();
+        let offered: Vec<MailKind> = schema["properties"]["kind"]["enum"]
+            .as_array()
+            .map(|names| names.iter().filter_map(|n| n.as_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        let expected: Vec<MailKind> = MailKind::ALL.into_iter().filter(|k| k.can_be_sent() && !k.is_answer()).collect();
+        assert_eq!(offered, expected);
+        assert!(offered.contains(&MailKind::Decision) && !offered.contains(&MailKind::Answer), "{offered:?}");
+        assert!(!offered.contains(&MailKind::Intent), "{offered:?}");
     }
 
     #[test]

@@ -42,17 +42,31 @@ crate::wire_enum! {
 impl AlertKind {
     /// Whether the alerts tab holds this kind (every kind but the in-memory store-unwritable).
     pub fn is_stored(self) -> bool {
-        self != AlertKind::StoreUnwritable
+        match self {
+            AlertKind::UnreadSla
+            | AlertKind::Undelivered
+            | AlertKind::ReceiverDown
+            | AlertKind::Arrival
+            | AlertKind::IntentUnanswered
+            | AlertKind::IntentConflict
+            | AlertKind::ChannelConflict => true,
+            AlertKind::StoreUnwritable => false,
+        }
     }
 
     /// Whether the mail sweep owns this kind: fires it from the mail and polls it reads, and
     /// resolves it when they no longer say so. The others are raised and resolved where their
     /// cause is seen (a poller's report, a second recording, an arrival).
     pub fn swept(self) -> bool {
-        matches!(
-            self,
-            AlertKind::UnreadSla | AlertKind::Undelivered | AlertKind::ReceiverDown | AlertKind::IntentUnanswered
-        )
+        match self {
+            AlertKind::UnreadSla | AlertKind::Undelivered | AlertKind::ReceiverDown | AlertKind::IntentUnanswered => {
+                true
+            }
+            AlertKind::Arrival
+            | AlertKind::IntentConflict
+            | AlertKind::ChannelConflict
+            | AlertKind::StoreUnwritable => false,
+        }
     }
 
     /// The `alertname` pcmail posts: never one of the Prometheus rules' (`manifests/prometheus`),
@@ -111,8 +125,17 @@ pub fn is_undelivered(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
     m.state == MailState::New && now >= m.created_at + p.undelivered_after.to_chrono()
 }
 
+/// The policy's SLA for the mail's urgency, or its kind's own bound when that is sooner.
 pub fn unread_sla(m: &Mail, p: &MailPolicySpec) -> chrono::TimeDelta {
-    if m.urgent { p.unread_sla.urgent } else { p.unread_sla.normal }.to_chrono()
+    let policy = if m.urgent { p.unread_sla.urgent } else { p.unread_sla.normal };
+    m.kind.read_within().map_or(policy, |k| k.min(policy)).to_chrono()
+}
+
+/// The shortest [`unread_sla`] any mail can have: how far back the sweep looks for candidates
+/// (R3: a kind's own bound reaches the sweep's query without a copy of it there).
+pub fn shortest_unread_sla(p: &MailPolicySpec) -> chrono::TimeDelta {
+    let kinds = MailKind::ALL.into_iter().filter_map(MailKind::read_within);
+    kinds.chain([p.unread_sla.urgent, p.unread_sla.normal]).min().unwrap_or_default().to_chrono()
 }
 
 pub fn is_unread_past_sla(m: &Mail, p: &MailPolicySpec, now: Ts) -> bool {
@@ -125,7 +148,7 @@ pub fn is_receiver_down(last_poll: Ts, p: &MailPolicySpec, now: Ts) -> bool {
 
 /// I4: an intent still open after `escalate_after`.
 pub fn is_intent_unanswered(m: &Mail, escalate_after: crate::duration::Dur, now: Ts) -> bool {
-    m.kind == MailKind::Intent && !m.state.is_terminal() && now >= m.created_at + escalate_after.to_chrono()
+    m.kind.is_intent() && !m.state.is_terminal() && now >= m.created_at + escalate_after.to_chrono()
 }
 
 /// What the sweep observed: candidate mail (a superset of the breaching ones is fine), the
@@ -367,9 +390,10 @@ pub fn severity(a: &Alert) -> &'static str {
     if a.labels.get("urgency").is_some_and(|u| u == Urgency::Urgent.as_str()) { "critical" } else { "warning" }
 }
 
-/// M10: decision and work requests and urgent mail notify the humans once per id on arrival.
+/// M10: mail of a notifying kind (decision and work requests) and urgent mail notify the
+/// humans once per id on arrival.
 pub fn arrival_notice(m: &Mail, now: Ts) -> Option<Alert> {
-    let notable = matches!(m.kind, MailKind::Decision | MailKind::Work) || m.urgent;
+    let notable = m.kind.notifies_on_arrival() || m.urgent;
     notable.then(|| Alert {
         kind: AlertKind::Arrival,
         subject: m.id.clone(),
@@ -443,6 +467,22 @@ mod tests {
         assert_eq!(at_2h.breaches.unread.get(&("pc2".into(), Urgency::Urgent)), Some(&1));
         assert!(plan(std::slice::from_ref(&normal), &[], at(6 * H - 1)).upsert.is_empty());
         assert_eq!(plan(&[normal], &[], at(6 * H)).upsert.len(), 1);
+    }
+
+    #[test]
+    fn m9_the_sweeps_window_reaches_back_to_the_shortest_sla_any_mail_is_held_to() {
+        let p = policy();
+        let shortest = shortest_unread_sla(&p);
+        assert_eq!(shortest, chrono::TimeDelta::hours(2));
+        for kind in MailKind::ALL {
+            for urgent in [false, true] {
+                let m = Mail { kind, ..delivered("mail--00000001", urgent, at(0)) };
+                let by_policy = if urgent { p.unread_sla.urgent } else { p.unread_sla.normal };
+                let sla = unread_sla(&m, &p);
+                assert!(sla >= shortest, "{kind} urgent={urgent}");
+                assert_eq!(sla, kind.read_within().map_or(by_policy, |k| k.min(by_policy)).to_chrono(), "{kind}");
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod sweep;
 use serde::{Deserialize, Serialize};
 
 use crate::Ts;
+use crate::duration::Dur;
 pub use access::{Principal, can_move, can_view};
 pub use send::{
     MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan, SendRequest,
@@ -144,10 +145,109 @@ crate::wire_enum! {
     }
 }
 
+/// R2/R3: every rule that depends on a mail's kind is one of these methods, each an exhaustive
+/// match, so a new kind does not compile until each is decided for it; the SQL, tool schemas and
+/// OpenAPI enums that depend on a kind are derived from them.
 impl MailKind {
     /// Whether a send may carry this kind: intents are recorded from a chat, never sent (I-rules).
     pub fn can_be_sent(self) -> bool {
-        self != MailKind::Intent
+        match self {
+            MailKind::Note | MailKind::Request | MailKind::Decision | MailKind::Work | MailKind::Answer => true,
+            MailKind::Intent => false,
+        }
+    }
+
+    /// The kind a reply carries unless told otherwise (M7): acked once shown (H2), and not one a
+    /// new thread starts with, so the MCP `send` tool does not offer it.
+    pub fn is_answer(self) -> bool {
+        match self {
+            MailKind::Answer => true,
+            MailKind::Note | MailKind::Request | MailKind::Decision | MailKind::Work | MailKind::Intent => false,
+        }
+    }
+
+    /// Whether a reply by mail may answer it (M7): an intent is answered in its chat.
+    pub fn can_be_answered_by_mail(self) -> bool {
+        match self {
+            MailKind::Note | MailKind::Request | MailKind::Decision | MailKind::Work | MailKind::Answer => true,
+            MailKind::Intent => false,
+        }
+    }
+
+    /// A chat message recorded as mail (seed 003): listed, reminded and escalated as an intent
+    /// (I3–I5), kept apart from the mail a hook presents.
+    pub fn is_intent(self) -> bool {
+        match self {
+            MailKind::Intent => true,
+            MailKind::Note | MailKind::Request | MailKind::Decision | MailKind::Work | MailKind::Answer => false,
+        }
+    }
+
+    /// H2's group of open mail of this kind before urgency lifts it ([`PresentationGroup::URGENT`]);
+    /// None: never presented (an intent has its own listing).
+    pub fn group(self) -> Option<PresentationGroup> {
+        match self {
+            MailKind::Decision => Some(PresentationGroup::Decisions),
+            MailKind::Work => Some(PresentationGroup::Work),
+            MailKind::Answer => Some(PresentationGroup::Answers),
+            MailKind::Note | MailKind::Request => Some(PresentationGroup::Others),
+            MailKind::Intent => None,
+        }
+    }
+
+    /// M10: whether mail of this kind notifies people on arrival (urgent mail of any kind does).
+    pub fn notifies_on_arrival(self) -> bool {
+        match self {
+            MailKind::Decision | MailKind::Work => true,
+            MailKind::Note | MailKind::Request | MailKind::Answer | MailKind::Intent => false,
+        }
+    }
+
+    /// M9: how soon mail of this kind must be read, when that is sooner than the MailPolicy's
+    /// unread SLA; None: the policy's SLA alone.
+    pub fn read_within(self) -> Option<Dur> {
+        match self {
+            MailKind::Note
+            | MailKind::Request
+            | MailKind::Decision
+            | MailKind::Work
+            | MailKind::Answer
+            | MailKind::Intent => None,
+        }
+    }
+
+    /// H4: whether open urgent mail of this kind keeps a session from stopping.
+    pub fn blocks_stop(self) -> bool {
+        match self {
+            MailKind::Decision => true,
+            MailKind::Note | MailKind::Request | MailKind::Work | MailKind::Answer | MailKind::Intent => false,
+        }
+    }
+}
+
+/// H2's groups, in the order a hook shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PresentationGroup {
+    Decisions,
+    Work,
+    Answers,
+    Others,
+}
+
+impl PresentationGroup {
+    pub const ALL: [PresentationGroup; 4] =
+        [PresentationGroup::Decisions, PresentationGroup::Work, PresentationGroup::Answers, PresentationGroup::Others];
+    /// The group urgent mail is lifted to, unless its kind's group comes before it.
+    pub const URGENT: PresentationGroup = PresentationGroup::Work;
+
+    /// The group of open mail of `kind`, urgent or not (H2).
+    pub fn of(kind: MailKind, urgent: bool) -> Option<PresentationGroup> {
+        kind.group().map(|g| if urgent { g.min(PresentationGroup::URGENT) } else { g })
+    }
+
+    /// Its place in [`PresentationGroup::ALL`] (0 = shown first).
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -161,5 +261,35 @@ pub(crate) mod fixtures {
 
     pub fn mail(id: &str, from: &str, to: &str) -> Mail {
         Mail { subject: "s".into(), body: "b".into(), ..Mail::new(id.into(), from.into(), to.into(), at(0), at(1000)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kind no send may carry is a chat's intent, and only that: never answered by mail, never
+    /// in H2's groups, never an answer, an arrival notice or a stop's reason.
+    #[test]
+    fn r2_a_kind_no_send_may_carry_is_a_chat_intent_and_nothing_else() {
+        for k in MailKind::ALL {
+            assert_eq!(!k.can_be_sent(), k.is_intent(), "{k}");
+            assert_eq!(!k.can_be_answered_by_mail(), k.is_intent(), "{k}");
+            assert_eq!(k.group().is_none(), k.is_intent(), "{k}");
+            assert!(!(k.is_intent() && (k.is_answer() || k.notifies_on_arrival() || k.blocks_stop())), "{k}");
+        }
+        assert_eq!(MailKind::ALL.into_iter().filter(|k| k.is_intent()).collect::<Vec<_>>(), [MailKind::Intent]);
+    }
+
+    #[test]
+    fn h2_urgency_lifts_mail_to_the_work_group_and_never_lowers_it() {
+        for k in MailKind::ALL {
+            let (calm, urgent) = (PresentationGroup::of(k, false), PresentationGroup::of(k, true));
+            assert_eq!(calm, k.group(), "{k}");
+            assert_eq!(urgent, calm.map(|g| g.min(PresentationGroup::Work)), "{k}");
+        }
+        assert_eq!(PresentationGroup::of(MailKind::Decision, true), Some(PresentationGroup::Decisions));
+        assert_eq!(PresentationGroup::of(MailKind::Answer, true), Some(PresentationGroup::Work));
+        assert_eq!(PresentationGroup::ALL.map(PresentationGroup::index), [0, 1, 2, 3]);
     }
 }

@@ -51,8 +51,8 @@ impl Validate for SendRequest {
             return Err(Invalid::new("body", format!("body is {n} bytes, more than the limit of {MAX_BODY_BYTES}")));
         }
         opt(&self.ttl, |d| Ok(bounds::duration("ttl", *d, Dur::default(), bounds::MAX_TTL).map(drop)?))?;
-        if self.kind.is_some_and(|k| !k.can_be_sent()) {
-            let m = "kind intent is recorded with `intent record` (POST /api/v1/intents), not sent";
+        if let Some(k) = self.kind.filter(|k| !k.can_be_sent()) {
+            let m = format!("kind {k} is recorded with `intent record` (POST /api/v1/intents), not sent");
             return Err(Invalid::new("kind", m));
         }
         if self.reply_to.is_none() && self.subject.trim().is_empty() && self.body.trim().is_empty() {
@@ -171,7 +171,7 @@ pub fn plan_send(
     if parent.to != sender {
         return Err(SendError::NotRecipient(parent.id.clone()));
     }
-    if parent.kind == MailKind::Intent {
+    if !parent.kind.can_be_answered_by_mail() {
         return Err(SendError::Invalid(format!(
             "{} is an inbound {} message: answer it with the chat's reply tool (or ack it), not with mail",
             parent.id, parent.channel
@@ -375,6 +375,20 @@ mod tests {
             (again.id.as_str(), again.outcome, again.insert),
             ("mail--00000001", SendOutcome::AlreadySent, None)
         );
+    }
+
+    #[test]
+    fn m7_a_kind_is_sent_and_answered_by_mail_exactly_as_its_properties_say() {
+        let (r, p) = (roster(), MailPolicySpec::default());
+        for kind in MailKind::ALL {
+            let req = SendRequest { kind: Some(kind), ..send("pc2") };
+            let sent = plan_send(&req, "pc1", SendObserved::default(), &ctx(&r, &p));
+            assert_eq!(sent.is_ok(), kind.can_be_sent(), "{kind}: {sent:?}");
+            let parent = Mail { kind, ..mail("mail--00000009", "pc1", "pc2") };
+            let seen = SendObserved { parent: Some(&parent), ..Default::default() };
+            let answered = plan_send(&reply(&parent.id, "x"), "pc2", seen, &ctx(&r, &p));
+            assert_eq!(answered.is_ok(), kind.can_be_answered_by_mail(), "{kind}: {answered:?}");
+        }
     }
 
     #[test]

@@ -208,7 +208,7 @@ async fn refresh_store_metrics(app: &App) -> Result<(), ServiceError> {
     let channel = app.runtime().intent_policy.channel.clone();
     let pending: u64 = counts
         .iter()
-        .filter(|c| c.kind == pcmail_core::mail::MailKind::Intent && c.channel == channel && !c.state.is_terminal())
+        .filter(|c| c.kind.is_intent() && c.channel == channel && !c.state.is_terminal())
         .map(|c| c.count)
         .sum();
     m.machines.set_intents_pending(&channel, pending);

@@ -18,6 +18,7 @@ const COMMITTED: &str = include_str!("openapi.json");
 fn model_enum(name: &str) -> Option<Vec<&'static str>> {
     Some(match name {
         "mail-state" => MailState::NAMES.to_vec(),
+        "mail-kind" => MailKind::NAMES.to_vec(),
         "sendable-mail-kind" => MailKind::ALL.into_iter().filter(|k| k.can_be_sent()).map(MailKind::as_str).collect(),
         "alert-kind" => AlertKind::NAMES.to_vec(),
         "alert-state" => AlertState::NAMES.to_vec(),
@@ -92,14 +93,18 @@ mod tests {
         let mut found = Vec::new();
         enums(&doc, String::new(), &mut found);
         let of = |at: &str| found.iter().find(|(p, _)| p.ends_with(at)).map(|(_, n)| n.clone()).unwrap_or_default();
-        assert_eq!(of("SendRequest/properties/kind"), ["note", "request", "decision", "work", "answer"]);
+        let sendable: Vec<&str> = MailKind::ALL.into_iter().filter(|k| k.can_be_sent()).map(MailKind::as_str).collect();
+        assert_eq!(of("SendRequest/properties/kind"), sendable);
+        assert!(!sendable.contains(&MailKind::Intent.as_str()) && sendable.contains(&MailKind::Note.as_str()));
+        assert_eq!(of("Mail/properties/kind"), MailKind::NAMES);
+        assert_eq!(of("Mail/properties/state"), MailState::NAMES);
         assert_eq!(of("RefusedCall/properties/action"), ["seen", "ack", "fail", "intent"]);
         let committed: Value = serde_json::from_str(COMMITTED).expect("committed JSON");
         let mut literal = Vec::new();
         enums(&committed, String::new(), &mut literal);
-        let model: Vec<&str> = ["mail-state", "sendable-mail-kind", "alert-kind", "alert-state", "job-state"]
+        let model: Vec<&str> = ["mail-state", "mail-kind", "sendable-mail-kind", "alert-kind", "alert-state"]
             .into_iter()
-            .chain(["ledger-state", "queued-call"])
+            .chain(["job-state", "ledger-state", "queued-call"])
             .flat_map(|m| model_enum(m).unwrap_or_default())
             .collect();
         for (at, names) in literal {

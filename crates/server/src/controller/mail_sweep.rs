@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use pcmail_core::Ts;
-use pcmail_core::alert::{AlertInputs, AlertKind, plan_alerts};
+use pcmail_core::alert::{AlertInputs, AlertKind, plan_alerts, shortest_unread_sla};
 use pcmail_core::mail::plan_expiry;
 use pcmail_store::{MailSelect, MailWrites, Store, StoreError};
 
@@ -60,7 +60,7 @@ pub async fn expire(app: &App, now: Ts) -> Result<usize, StoreError> {
 async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     let rt = app.runtime();
     let policy = &rt.mail_policy;
-    let min_sla = policy.unread_sla.urgent.min(policy.unread_sla.normal).to_chrono();
+    let min_sla = shortest_unread_sla(policy);
     let store = app.store();
     let escalate_after = rt.intent_policy.escalate_after;
     let (undelivered, unread, intents, open, polls) = tokio::try_join!(
