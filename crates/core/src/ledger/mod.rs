@@ -16,8 +16,8 @@ use unicode_normalization::UnicodeNormalization;
 use crate::Ts;
 pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
 pub use run::{
-    ClaimError, Edit, Trigger, awaited_job, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref, plan_claim,
-    plan_edit, plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
+    BadEditState, ClaimError, Edit, Trigger, awaited_job, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref,
+    plan_claim, plan_edit, plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
 };
 pub use view::{
     PurgePlan, ViewLine, ViewMark, ViewProject, is_overdue, plan_purge, render_view, sync_order, view_lines,

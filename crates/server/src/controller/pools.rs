@@ -446,7 +446,7 @@ async fn run_job(
         };
         // Dropping the run kills the Function's whole session (E16).
         tokio::select! {
-            outcome = run => RunEnd::Finished(outcome),
+            outcome = run => outcome.map_or_else(RunEnd::Failed, RunEnd::Succeeded),
             _ = lost.wait_for(|l| *l) => {
                 tracing::warn!(job = %job.id, "run killed: its lease ended");
                 RunEnd::LeaseLost
