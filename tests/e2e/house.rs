@@ -674,7 +674,15 @@ fn shipped_sources_as(keep_strings: bool) -> Vec<(String, String)> {
     out
 }
 
-/// The 1-based lines of `code` where a `Result<…, String>` is written, and a `type Err = String`.
+/// Whether a type as written is `String`, by any of its paths.
+fn is_string_type(ty: &str) -> bool {
+    let ty: String = ty.split_whitespace().collect();
+    let ty = ty.trim_start_matches("::");
+    ["String", "std::string::String", "alloc::string::String"].contains(&ty)
+}
+
+/// The 1-based lines of `code` where a `Result<…, String>` is written (a signature's or an
+/// alias's), and a `type Err = String`; `String` by any of its paths.
 fn string_results(code: &str) -> Vec<usize> {
     let line_of = |at: usize| code[..at].matches('\n').count() + 1;
     let mut out = Vec::new();
@@ -692,7 +700,7 @@ fn string_results(code: &str) -> Vec<usize> {
                     depth -= 1;
                     if depth == 0 {
                         // `Result<String>` is an alias's success type, not an error.
-                        if last_arg > at + "Result<".len() && code[last_arg..i].trim() == "String" {
+                        if last_arg > at + "Result<".len() && is_string_type(&code[last_arg..i]) {
                             out.push(line_of(at));
                         }
                         break;
@@ -703,12 +711,18 @@ fn string_results(code: &str) -> Vec<usize> {
             }
         }
     }
-    let squeezed = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     for (n, line) in code.lines().enumerate() {
-        if squeezed(line).contains("type Err = String") {
+        let squeezed: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        let err_type = squeezed.split_once("type Err").and_then(|(before, after)| {
+            let after = after.trim_start().strip_prefix('=')?;
+            let ends_word = before.is_empty() || before.ends_with(|c: char| !c.is_alphanumeric() && c != '_');
+            ends_word.then(|| after.split(';').next().unwrap_or(after))
+        });
+        if err_type.is_some_and(is_string_type) {
             out.push(n + 1);
         }
     }
+    out.sort_unstable();
     out
 }
 
@@ -753,6 +767,24 @@ fn r4_the_scanners_see_code_only() {
     assert_eq!(string_results(&blanked), [1, 3]);
     let lengths: Vec<(String, usize, usize)> = function_lengths(&blanked);
     assert_eq!(lengths, [("a".to_string(), 1, 1), ("d".to_string(), 3, 3)]);
+}
+
+/// R4: the string-error scanner sees `String` however it is spelled and wherever the error type
+/// is declared: a `FromStr`'s `type Err`, a `Result` alias, the full path.
+#[test]
+fn r4_the_string_error_scanner_sees_every_spelling() {
+    let code = "impl FromStr for A {\n    type Err = String;\n}\n\
+                impl FromStr for B {\n    type Err=std::string::String;\n}\n\
+                type Res<T> = Result<T, String>;\n\
+                type Alias<T> = std::result::Result<T, ::std::string::String>;\n\
+                fn f() -> Result<(), std::string::String> {}\n\
+                fn g() -> Result<(), alloc::string::String> {}\n\
+                impl FromStr for C {\n    type Err = StringError;\n}\n\
+                type MyErr = String;\n\
+                fn h() -> Result<String, MyString> {}\n\
+                fn i() -> io::Result<String> {}\n";
+    let found = string_results(&blank_non_code(code));
+    assert_eq!(found, [2, 5, 7, 8, 9, 10], "{code}");
 }
 
 /// R4: no shipped function answers a bare `String` error; each module says what went wrong with

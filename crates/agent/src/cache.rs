@@ -432,7 +432,7 @@ impl Cache {
             for polled in mails {
                 // Read inside the write transaction: a hook's write in between cannot be undone.
                 let local = get_in(tx, &polled.id)?;
-                if let Err(why) = validate_polled(&polled, me) {
+                if let Err(why) = validate_polled(&polled, me).map_err(|e| e.to_string()) {
                     if local.is_none() {
                         insert(tx, &polled, now, Some(&why))?;
                         queue(

@@ -142,17 +142,28 @@ pub fn needs_reregister(last: TaskResult, last_poll: Option<Ts>, now: Ts) -> boo
 
 /// A2: a polled mail that fails these checks is quarantined (kept aside, reported `fail`),
 /// never presented; the others are unaffected.
-pub fn validate_polled(m: &Mail, me: &str) -> Result<(), String> {
+pub fn validate_polled(m: &Mail, me: &str) -> Result<(), Quarantined> {
     if !is_stored_id(&m.id) {
-        return Err(format!("malformed id {:?}", m.id));
+        return Err(Quarantined::MalformedId(m.id.clone()));
     }
     if m.to != me {
-        return Err(format!("addressed to {:?}, not to this machine ({me})", m.to));
+        return Err(Quarantined::NotForMe { to: m.to.clone(), me: me.to_string() });
     }
     if m.body.len() > MAX_BODY_BYTES || m.subject.contains(['\n', '\r']) {
-        return Err("subject or body outside the mail limits".into());
+        return Err(Quarantined::OutsideLimits);
     }
     Ok(())
+}
+
+/// A2: why a polled mail was kept aside; the text is stored with it and sent as the `fail`'s reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Quarantined {
+    #[error("malformed id {0:?}")]
+    MalformedId(String),
+    #[error("addressed to {to:?}, not to this machine ({me})")]
+    NotForMe { to: String, me: String },
+    #[error("subject or body outside the mail limits")]
+    OutsideLimits,
 }
 
 /// A1: the local row is the record of what was processed here. A polled copy only moves it

@@ -412,7 +412,7 @@ impl Validate for ClaimRequest {
     fn validate(&self) -> Result<(), Invalid> {
         name("queue", &self.queue)?;
         bounds::count("limit", self.limit, 1, bounds::MAX_CLAIM)?;
-        crate::jobs::check_worker_name(&self.owner).map_err(|m| Invalid::new("owner", m))?;
+        crate::jobs::check_worker_name(&self.owner).map_err(|m| Invalid::new("owner", m.to_string()))?;
         bounds::duration("lease", self.lease, bounds::MIN_LEASE, bounds::MAX_MAX_LEASE)?;
         Ok(())
     }
@@ -548,7 +548,7 @@ pub struct RowEdit {
 
 impl RowEdit {
     /// The edit as the ledger's planner takes it; a state it cannot be is refused here.
-    pub fn edit(self) -> Result<crate::ledger::Edit, String> {
+    pub fn edit(self) -> Result<crate::ledger::Edit, crate::ledger::BadEditState> {
         Ok(crate::ledger::Edit {
             state: crate::ledger::Edit::state(self.state.as_deref())?,
             instruction: self.instruction,

@@ -24,26 +24,33 @@ pub struct Cron {
 #[error("invalid cron {expr:?}: {reason}")]
 pub struct CronError {
     expr: String,
-    reason: String,
+    reason: CronReason,
+}
+
+/// What is wrong with a cron expression: its shape, or one field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CronReason {
+    #[error("expected 5 fields (minute hour day-of-month month day-of-week), found {0}")]
+    FieldCount(usize),
+    #[error("{name} field {field:?}: {error}")]
+    Field { name: &'static str, field: String, error: FieldError },
 }
 
 impl std::str::FromStr for Cron {
     type Err = CronError;
 
     fn from_str(expr: &str) -> Result<Cron, CronError> {
-        let err = |reason: String| CronError { expr: expr.to_string(), reason };
+        let err = |reason: CronReason| CronError { expr: expr.to_string(), reason };
         let fields: Vec<&str> = expr.split_whitespace().collect();
         if fields.len() != 5 {
-            return Err(err(format!(
-                "expected 5 fields (minute hour day-of-month month day-of-week), found {}",
-                fields.len()
-            )));
+            return Err(err(CronReason::FieldCount(fields.len())));
         }
         let names = ["minute", "hour", "day-of-month", "month", "day-of-week"];
         let bounds = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
         let mut sets = [0u64; 5];
         for (i, field) in fields.iter().enumerate() {
-            sets[i] = parse_field(field, bounds[i]).map_err(|r| err(format!("{} field {field:?}: {r}", names[i])))?;
+            sets[i] = parse_field(field, bounds[i])
+                .map_err(|error| err(CronReason::Field { name: names[i], field: field.to_string(), error }))?;
         }
         // Sunday is both 0 and 7.
         if sets[4] & (1 << 7) != 0 {
@@ -61,17 +68,30 @@ impl std::str::FromStr for Cron {
     }
 }
 
-fn parse_field(field: &str, (lo, hi): (u32, u32)) -> Result<u64, String> {
+/// Why one field of a cron expression was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    #[error("bad step {0:?}")]
+    BadStep(String),
+    #[error("step must be at least 1")]
+    ZeroStep,
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("{a}-{b} is outside {lo}-{hi}")]
+    OutOfRange { a: u32, b: u32, lo: u32, hi: u32 },
+}
+
+fn parse_field(field: &str, (lo, hi): (u32, u32)) -> Result<u64, FieldError> {
     let mut set = 0u64;
     for part in field.split(',') {
         let (range, step) = match part.split_once('/') {
-            Some((r, s)) => (r, s.parse::<u32>().map_err(|_| format!("bad step {s:?}"))?),
+            Some((r, s)) => (r, s.parse::<u32>().map_err(|_| FieldError::BadStep(s.to_string()))?),
             None => (part, 1),
         };
         if step == 0 {
-            return Err("step must be at least 1".into());
+            return Err(FieldError::ZeroStep);
         }
-        let num = |s: &str| s.parse::<u32>().map_err(|_| format!("{s:?} is not a number"));
+        let num = |s: &str| s.parse::<u32>().map_err(|_| FieldError::NotANumber(s.to_string()));
         let (a, b) = match range {
             "*" => (lo, hi),
             r => match r.split_once('-') {
@@ -81,7 +101,7 @@ fn parse_field(field: &str, (lo, hi): (u32, u32)) -> Result<u64, String> {
             },
         };
         if a < lo || b > hi || a > b {
-            return Err(format!("{a}-{b} is outside {lo}-{hi}"));
+            return Err(FieldError::OutOfRange { a, b, lo, hi });
         }
         for v in (a..=b).step_by(step as usize) {
             set |= 1 << v;
@@ -161,9 +181,14 @@ pub fn plan_due(cron: &Cron, tz: Tz, last: Option<Ts>, now: Ts) -> Due {
     }
 }
 
+/// A time zone name that is not in the IANA database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown time zone {0:?}; use an IANA name such as Asia/Tokyo or UTC")]
+pub struct UnknownTimeZone(pub String);
+
 /// Parses an IANA time zone name such as `Asia/Tokyo` or `UTC`.
-pub fn parse_tz(name: &str) -> Result<Tz, String> {
-    name.parse::<Tz>().map_err(|_| format!("unknown time zone {name:?}; use an IANA name such as Asia/Tokyo or UTC"))
+pub fn parse_tz(name: &str) -> Result<Tz, UnknownTimeZone> {
+    name.parse::<Tz>().map_err(|_| UnknownTimeZone(name.to_string()))
 }
 
 #[cfg(test)]

@@ -90,8 +90,10 @@ pub fn still_held<T>(waiting: Vec<(T, OwnLease)>, now: Duration) -> (Vec<(T, Own
 /// How a pool's run of a job came to an end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
-    /// The Function ended: its stdout, or why it failed.
-    Finished(Result<String, String>),
+    /// The Function succeeded: its stdout.
+    Succeeded(String),
+    /// The Function failed (or could not start): why, as the job records it.
+    Failed(String),
     /// Claimed ahead, it never got a slot: the pool shrank to none or `serve` stops.
     NoSlot,
     /// Still running when `serve`'s shutdown grace ran out: its processes were killed.
@@ -104,8 +106,8 @@ pub enum RunEnd {
 /// handed back unspent (a plain restart never costs an attempt); a lost lease writes nothing.
 pub fn report_for(end: RunEnd) -> Option<Report> {
     match end {
-        RunEnd::Finished(Ok(stdout)) => Some(Report::Complete { result: stdout.trim().to_string() }),
-        RunEnd::Finished(Err(error)) => Some(Report::Fail { error }),
+        RunEnd::Succeeded(stdout) => Some(Report::Complete { result: stdout.trim().to_string() }),
+        RunEnd::Failed(error) => Some(Report::Fail { error }),
         RunEnd::NoSlot | RunEnd::CutByShutdown => Some(Report::Release),
         RunEnd::LeaseLost => None,
     }
@@ -208,11 +210,8 @@ mod tests {
         assert_eq!(report_for(RunEnd::NoSlot), Some(Report::Release));
         assert_eq!(report_for(RunEnd::CutByShutdown), Some(Report::Release));
         assert_eq!(report_for(RunEnd::LeaseLost), None, "a lost lease writes nothing");
-        assert_eq!(
-            report_for(RunEnd::Finished(Ok(" done\n".into()))),
-            Some(Report::Complete { result: "done".into() })
-        );
-        assert_eq!(report_for(RunEnd::Finished(Err("boom".into()))), Some(Report::Fail { error: "boom".into() }));
+        assert_eq!(report_for(RunEnd::Succeeded(" done\n".into())), Some(Report::Complete { result: "done".into() }));
+        assert_eq!(report_for(RunEnd::Failed("boom".into())), Some(Report::Fail { error: "boom".into() }));
     }
 
     #[test]

@@ -136,13 +136,18 @@ pub fn holder(lease_owner: &str) -> Option<Actor<'_>> {
     crate::text::is_name(machine).then_some(Actor::Machine(machine))
 }
 
+/// A claim's `owner` that cannot be shown in `leaseOwner`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("owner {0:?} must be 1-100 characters on one line, without '/'")]
+pub struct BadWorkerName(pub String);
+
 /// The name a worker gives itself in a claim (`owner`): shown in `leaseOwner`, so one short line.
-pub fn check_worker_name(worker: &str) -> Result<(), String> {
+pub fn check_worker_name(worker: &str) -> Result<(), BadWorkerName> {
     let ok = !worker.is_empty()
         && worker.chars().count() <= 100
         && !worker.contains('/')
         && crate::text::check_line(worker).is_ok();
-    if ok { Ok(()) } else { Err(format!("owner {worker:?} must be 1-100 characters on one line, without '/'")) }
+    if ok { Ok(()) } else { Err(BadWorkerName(worker.to_string())) }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -460,7 +465,7 @@ pub fn plan_report(
 /// A person's retry (a dead, failed or cancelled job runs again from zero attempts, now) or
 /// cancel (of a job not yet ended; a running one loses its lease, so its worker's answer is
 /// refused). Anything else is refused, saying why.
-pub fn plan_admin_move(job: &Job, retry: bool, now: Ts) -> Result<Job, String> {
+pub fn plan_admin_move(job: &Job, retry: bool, now: Ts) -> Result<Job, RefusedMove> {
     match (retry, job.state) {
         (true, JobState::Dead | JobState::Failed | JobState::Cancelled) => {
             Ok(Job { state: JobState::Queued, attempts: 0, run_after: now, finished_at: None, ..job.clone() })
@@ -472,8 +477,16 @@ pub fn plan_admin_move(job: &Job, retry: bool, now: Ts) -> Result<Job, String> {
             finished_at: Some(now),
             ..job.clone()
         }),
-        (_, s) => Err(format!("a {s} job cannot be {}", if retry { "retried" } else { "cancelled" })),
+        (_, state) => Err(RefusedMove { state, retry }),
     }
+}
+
+/// A retry or cancel the job's state does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a {state} job cannot be {}", if *.retry { "retried" } else { "cancelled" })]
+pub struct RefusedMove {
+    pub state: JobState,
+    pub retry: bool,
 }
 
 /// E13: what a job's lease is seen by on a store without a clock of its own: its token and the
@@ -612,9 +625,15 @@ mod tests {
             (cancelled.state, cancelled.lease_token, cancelled.finished_at),
             (JobState::Cancelled, None, Some(at(9)))
         );
-        assert_eq!(plan_admin_move(&running(Actor::Pool), true, at(9)), Err("a running job cannot be retried".into()));
+        assert_eq!(
+            plan_admin_move(&running(Actor::Pool), true, at(9)).map_err(|e| e.to_string()),
+            Err("a running job cannot be retried".into())
+        );
         let done = Job { state: JobState::Succeeded, ..job() };
-        assert_eq!(plan_admin_move(&done, false, at(9)), Err("a succeeded job cannot be cancelled".into()));
+        assert_eq!(
+            plan_admin_move(&done, false, at(9)).map_err(|e| e.to_string()),
+            Err("a succeeded job cannot be cancelled".into())
+        );
     }
 
     #[test]

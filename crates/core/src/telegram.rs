@@ -301,21 +301,29 @@ pub fn outbound(
     chat: &str,
     message: &str,
     mut recorded: impl FnMut(&str) -> bool,
-) -> Result<Outbound, String> {
-    let int = |field: &str, v: &str| {
-        v.trim().parse::<i64>().map_err(|_| format!("`{field}` must be a Telegram id (an integer), not {v:?}"))
+) -> Result<Outbound, OutboundRefused> {
+    let int = |field: &'static str, v: &str| {
+        v.trim().parse::<i64>().map_err(|_| OutboundRefused::NotAnId { field, given: v.to_string() })
     };
     let target = Outbound { chat: int("chat_id", chat)?, message: int("message", message)? };
     if !policy.allowed_chats.is_empty() && !policy.allowed_chats.contains(&target.chat) {
-        return Err(format!("chat {} is not in the IntentPolicy's allowedChats (T13)", target.chat));
+        return Err(OutboundRefused::ChatNotAllowed(target.chat));
     }
     if !recorded(&target.key()) {
-        return Err(format!(
-            "message {} of chat {} was never recorded here; answer only messages that arrived (T13)",
-            target.message, target.chat
-        ));
+        return Err(OutboundRefused::NotRecorded { chat: target.chat, message: target.message });
     }
     Ok(target)
+}
+
+/// T13: why a reply or reaction may not go where it was asked to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutboundRefused {
+    #[error("`{field}` must be a Telegram id (an integer), not {given:?}")]
+    NotAnId { field: &'static str, given: String },
+    #[error("chat {0} is not in the IntentPolicy's allowedChats (T13)")]
+    ChatNotAllowed(i64),
+    #[error("message {message} of chat {chat} was never recorded here; answer only messages that arrived (T13)")]
+    NotRecorded { chat: i64, message: i64 },
 }
 
 /// I7: the offset that confirms `update` once it is recorded (or dropped, or skipped): Telegram
@@ -406,9 +414,9 @@ mod tests {
         let recorded = |key: &str| key == "telegram--1001-11";
         assert_eq!(outbound(&policy, "-1001", "011", recorded), Ok(Outbound { chat: -1001, message: 11 }));
         assert_eq!(outbound(&policy, " -1001", "11", recorded).map(|o| o.key()), Ok("telegram--1001-11".into()));
-        let outside = outbound(&policy, "-100777", "11", |_| true).expect_err("outside allowedChats");
+        let outside = outbound(&policy, "-100777", "11", |_| true).expect_err("outside allowedChats").to_string();
         assert!(outside.contains("allowedChats (T13)"), "{outside}");
-        let unknown = outbound(&policy, "-1001", "12", recorded).expect_err("never recorded");
+        let unknown = outbound(&policy, "-1001", "12", recorded).expect_err("never recorded").to_string();
         assert!(unknown.contains("never recorded"), "{unknown}");
         assert!(outbound(&policy, "-1001", "11; DROP", recorded).is_err());
         assert!(outbound(&policy, "x", "11", recorded).is_err());

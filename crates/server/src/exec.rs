@@ -112,11 +112,30 @@ pub async fn run(
     }
 }
 
+/// Why a ledger source command gave no text; each cause but an empty command names its program.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceCommandError {
+    #[error("empty command")]
+    Empty,
+    #[error("{program}: {source}")]
+    Io { program: String, source: std::io::Error },
+    #[error("{program}: output is not UTF-8")]
+    NotUtf8 { program: String },
+    #[error("{program}: timed out after {}s", SOURCE_TIMEOUT.as_secs())]
+    Timeout { program: String },
+    #[error("{program}: output passed its {cap}-byte cap ({seen} bytes written)")]
+    OutputOverCap { program: String, cap: usize, seen: u64 },
+    #[error("{program}: {status}")]
+    Exit { program: String, status: ExitStatus },
+    #[error("{program}: its exit status was lost")]
+    StatusLost { program: String },
+}
+
 /// E17: a ledger source command (L7's JSON lines) runs as a Function does — cleared
 /// environment, its own session, output capped — under [`SOURCE_TIMEOUT`]. Ok is its stdout;
 /// the error names the program, as `pull` reports it.
-pub async fn run_source(argv: &[String]) -> Result<String, String> {
-    let (program, args) = argv.split_first().ok_or("empty command")?;
+pub async fn run_source(argv: &[String]) -> Result<String, SourceCommandError> {
+    let (program, args) = argv.split_first().ok_or(SourceCommandError::Empty)?;
     let process = Process {
         program,
         args,
@@ -125,19 +144,19 @@ pub async fn run_source(argv: &[String]) -> Result<String, String> {
         timeout: SOURCE_TIMEOUT,
         stdout_cap: rules::SOURCE_STDOUT,
     };
-    let done = run_process(process).await.map_err(|e| format!("{program}: {e}"))?;
+    let done =
+        run_process(process).await.map_err(|source| SourceCommandError::Io { program: program.clone(), source })?;
+    let program = program.clone();
     match (rules::verdict(done.ended, &done.stdout), done.status) {
         (Verdict::Succeeded, _) => {
-            String::from_utf8(done.stdout.bytes()).map_err(|_| format!("{program}: output is not UTF-8"))
+            String::from_utf8(done.stdout.bytes()).map_err(|_| SourceCommandError::NotUtf8 { program })
         }
-        (Verdict::TimedOut, _) => Err(format!("{program}: timed out after {}s", SOURCE_TIMEOUT.as_secs())),
-        (Verdict::OutputOverCap, _) => Err(format!(
-            "{program}: output passed its {}-byte cap ({} bytes written)",
-            done.stdout.cap(),
-            done.stdout.seen()
-        )),
-        (Verdict::Failed, Some(status)) => Err(format!("{program}: {status}")),
-        (Verdict::Failed, None) => Err(format!("{program}: its exit status was lost")),
+        (Verdict::TimedOut, _) => Err(SourceCommandError::Timeout { program }),
+        (Verdict::OutputOverCap, _) => {
+            Err(SourceCommandError::OutputOverCap { program, cap: done.stdout.cap(), seen: done.stdout.seen() })
+        }
+        (Verdict::Failed, Some(status)) => Err(SourceCommandError::Exit { program, status }),
+        (Verdict::Failed, None) => Err(SourceCommandError::StatusLost { program }),
     }
 }
 
@@ -569,9 +588,9 @@ mod tests {
         let argv = |s: &str| vec!["sh".to_string(), "-c".to_string(), s.to_string()];
         let out = run_source(&argv("env")).await.expect("runs");
         assert!(!out.contains("CARGO_") && out.contains("PCMAIL_RUN="), "{out}");
-        let err = run_source(&argv("head -c 9000000 /dev/zero")).await.expect_err("over its cap");
+        let err = run_source(&argv("head -c 9000000 /dev/zero")).await.expect_err("over its cap").to_string();
         assert!(err.starts_with("sh: output passed its 8388608-byte cap (9000000 bytes"), "{err}");
-        assert_eq!(run_source(&argv("exit 2")).await.expect_err("fails"), "sh: exit status: 2");
+        assert_eq!(run_source(&argv("exit 2")).await.expect_err("fails").to_string(), "sh: exit status: 2");
     }
 
     #[tokio::test]

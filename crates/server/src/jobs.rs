@@ -284,7 +284,7 @@ pub async fn admin_move(app: &App, id: &str, retry: bool, now: Ts) -> Result<Job
             let Some(job) = found.pop() else { return (vec![], Err(ServiceError::not_found("job not found"))) };
             let next = match plan_admin_move(&job, retry, now) {
                 Ok(next) => next,
-                Err(why) => return (vec![], Err(ServiceError::conflict(why))),
+                Err(why) => return (vec![], Err(ServiceError::conflict(why.to_string()))),
             };
             (vec![next.clone()], Ok(next))
         })

@@ -73,30 +73,12 @@ pub async fn serve(
     };
     let app = start(&config).await?;
     if let Some(path) = &config.apply {
-        let files =
-            manifests::read_path(path).map_err(|e| ServeError::Apply { path: path.clone(), message: e.to_string() })?;
-        match specs::apply(&app, files, false, crate::clock::now()).await {
-            Ok(_) => {}
-            // E15: what the store holds is served; the manifests wait for room.
-            Err(e) if app.store().health().refusing().is_some() => {
-                tracing::error!(path = %path.display(), error = %e, "--apply not applied: the store refuses writes, its disk is full (E15); serving what it holds");
-            }
-            Err(e) => return Err(ServeError::Apply { path: path.clone(), message: e.to_string() }),
-        }
+        apply_at_start(&app, path).await?;
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
-    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let connections = conns::Settings {
-        limit: pcmail_core::conns::limit(config.max_connections, conns::file_limit()),
-        timeouts: pcmail_core::conns::Timeouts {
-            header_ms: ms(config.header_timeout),
-            idle_ms: ms(config.idle_timeout),
-            body_ms: ms(config.body_timeout),
-            write_ms: ms(config.write_timeout),
-        },
-    };
+    let connections = connection_settings(&config);
     let local = listener.local_addr()?;
     app.set_listen_addr(local);
     // Tests and scripts read this line to find a port chosen with :0.
@@ -122,6 +104,42 @@ pub async fn serve(
     });
     let closed = app.metrics().surface.connections_closed();
     conns::serve(listener, router, (connections, closed), acceptor, app.watch_shutdown()).await;
+    finish(&app, controller, leader).await;
+    Ok(())
+}
+
+/// `--apply`'s manifests, applied before serving. E15: a store that refuses writes for want of
+/// room serves what it holds; the manifests wait.
+async fn apply_at_start(app: &App, path: &std::path::Path) -> Result<(), ServeError> {
+    let files = manifests::read_path(path)
+        .map_err(|e| ServeError::Apply { path: path.to_path_buf(), message: e.to_string() })?;
+    match specs::apply(app, files, false, crate::clock::now()).await {
+        Ok(_) => Ok(()),
+        Err(e) if app.store().health().refusing().is_some() => {
+            tracing::error!(path = %path.display(), error = %e, "--apply not applied: the store refuses writes, its disk is full (E15); serving what it holds");
+            Ok(())
+        }
+        Err(e) => Err(ServeError::Apply { path: path.to_path_buf(), message: e.to_string() }),
+    }
+}
+
+/// E1/T15: the connection limit the file descriptors allow and each phase's timeout.
+fn connection_settings(config: &ServeConfig) -> conns::Settings {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    conns::Settings {
+        limit: pcmail_core::conns::limit(config.max_connections, conns::file_limit()),
+        timeouts: pcmail_core::conns::Timeouts {
+            header_ms: ms(config.header_timeout),
+            idle_ms: ms(config.idle_timeout),
+            body_ms: ms(config.body_timeout),
+            write_ms: ms(config.write_timeout),
+        },
+    }
+}
+
+/// Once the listener stopped: waits for the loop, the leader lease and the pools to end, then
+/// kills whatever Function is left.
+async fn finish(app: &App, controller: tokio::task::JoinHandle<()>, leader: tokio::task::JoinHandle<()>) {
     // The loop saw the same shutdown: it stops taking keys and finishes what it runs.
     for (task, name) in [(controller, "controller"), (leader, "leader lease")] {
         if let Err(e) = task.await {
@@ -140,7 +158,6 @@ pub async fn serve(
     // only each Function itself).
     crate::exec::stop_all();
     tracing::info!("stopped");
-    Ok(())
 }
 
 /// The API and the console on one router; what neither serves is a JSON 404.

@@ -192,8 +192,18 @@ impl Urgency {
     }
 }
 
-/// What breaches now: its kind, subject, summary and labels.
-type Breaching = (AlertKind, String, String, BTreeMap<String, String>);
+/// What breaches now: one alert's identity (kind and subject) and what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Breaching {
+    kind: AlertKind,
+    subject: String,
+    summary: String,
+    labels: BTreeMap<String, String>,
+}
+
+fn labels<const N: usize>(pairs: [(&str, String); N]) -> BTreeMap<String, String> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
 
 /// M9: fires what breaches and is not yet firing, resolves what fires and no longer breaches.
 /// Receiver-down watches only machines of the Roster that have polled at least once. E18: a
@@ -201,7 +211,22 @@ type Breaching = (AlertKind, String, String, BTreeMap<String, String>);
 /// mail, rewritten when the list changes.
 pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -> AlertPlan {
     let mut breaches = Breaches::default();
-    let mut firing: Vec<Breaching> = Vec::new();
+    let mut firing = mail_breaches(inputs, policy, now, &mut breaches);
+    firing.extend(receivers_down(inputs, policy, now));
+    let upsert = upserts(&firing, inputs.open, &mut breaches, now);
+    AlertPlan { upsert, breaches }
+}
+
+/// What each mail breaches (each counted once however often it is listed), counted into
+/// `breaches`: an unanswered intent and an unread SLA alert per mail, and E18's one undelivered
+/// alert per machine listing its mail.
+fn mail_breaches(
+    inputs: &AlertInputs<'_>,
+    policy: &MailPolicySpec,
+    now: Ts,
+    breaches: &mut Breaches,
+) -> Vec<Breaching> {
+    let mut firing = Vec::new();
     let mut seen_mail = BTreeSet::new();
     let mut undelivered: BTreeMap<&str, Vec<&Mail>> = BTreeMap::new();
     for m in inputs.mails.iter().filter(|m| seen_mail.insert(m.id.as_str())) {
@@ -210,35 +235,51 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
             undelivered.entry(m.to.as_str()).or_default().push(m);
         }
         if is_intent_unanswered(m, inputs.escalate_after, now) {
-            let labels = BTreeMap::from([("to".to_string(), m.to.clone()), ("channel".to_string(), m.channel.clone())]);
-            let age = format_age(now - m.created_at);
-            let summary = format!("{} message unanswered for {age} ({}): {}", m.channel, m.from, m.body);
-            firing.push((AlertKind::IntentUnanswered, m.id.clone(), crate::present::cut(&summary, 300), labels));
+            firing.push(intent_unanswered(m, now));
         }
         if is_unread_past_sla(m, policy, now) {
             *breaches.unread.entry((m.to.clone(), Urgency::of(m))).or_default() += 1;
-            let labels = BTreeMap::from([
-                ("to".to_string(), m.to.clone()),
-                ("from".to_string(), m.from.clone()),
-                ("urgency".to_string(), Urgency::of(m).as_str().to_string()),
-            ]);
-            let age = format_age(now - m.delivered_at.unwrap_or(now));
-            firing.push((
-                AlertKind::UnreadSla,
-                m.id.clone(),
-                format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, title(m)),
-                labels,
-            ));
+            firing.push(unread_past_sla(m, now));
         }
     }
     // E18: one cause, one alert — a machine's undelivered mail is one alert listing it.
-    for (to, mails) in &undelivered {
-        let labels = BTreeMap::from([
-            ("to".to_string(), to.to_string()),
-            ("urgency".to_string(), undelivered_urgency(mails).as_str().to_string()),
-        ]);
-        firing.push((AlertKind::Undelivered, to.to_string(), undelivered_summary(to, mails, policy), labels));
+    firing.extend(undelivered.iter().map(|(to, mails)| Breaching {
+        kind: AlertKind::Undelivered,
+        subject: to.to_string(),
+        summary: undelivered_summary(to, mails, policy),
+        labels: labels([("to", to.to_string()), ("urgency", undelivered_urgency(mails).as_str().to_string())]),
+    }));
+    firing
+}
+
+fn intent_unanswered(m: &Mail, now: Ts) -> Breaching {
+    let age = format_age(now - m.created_at);
+    let summary = format!("{} message unanswered for {age} ({}): {}", m.channel, m.from, m.body);
+    Breaching {
+        kind: AlertKind::IntentUnanswered,
+        subject: m.id.clone(),
+        summary: crate::present::cut(&summary, 300),
+        labels: labels([("to", m.to.clone()), ("channel", m.channel.clone())]),
     }
+}
+
+fn unread_past_sla(m: &Mail, now: Ts) -> Breaching {
+    let age = format_age(now - m.delivered_at.unwrap_or(now));
+    Breaching {
+        kind: AlertKind::UnreadSla,
+        subject: m.id.clone(),
+        summary: format!("{} delivered to {} {age} ago, still unread: {}", m.id, m.to, title(m)),
+        labels: labels([
+            ("to", m.to.clone()),
+            ("from", m.from.clone()),
+            ("urgency", Urgency::of(m).as_str().to_string()),
+        ]),
+    }
+}
+
+/// The Roster's machines that have not polled for too long. E18: a machine's silence counts
+/// only while the server was up to hear it; one that is already down stays down until it polls.
+fn receivers_down(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -> Vec<Breaching> {
     let in_roster = |name: &str| inputs.roster.is_some_and(|r| r.machines.iter().any(|m| m.label == name));
     let open_down: BTreeSet<&str> = inputs
         .open
@@ -246,19 +287,19 @@ pub fn plan_alerts(inputs: &AlertInputs<'_>, policy: &MailPolicySpec, now: Ts) -
         .filter(|a| a.kind == AlertKind::ReceiverDown && a.state == AlertState::Firing)
         .map(|a| a.subject.as_str())
         .collect();
+    let mut firing = Vec::new();
     for (machine, last) in inputs.last_polls.iter().filter(|(name, _)| in_roster(name)) {
-        // E18: a machine's silence counts only while the server was up to hear it; one that is
-        // already down stays down until it polls.
         let since = if open_down.contains(machine.as_str()) { *last } else { silent_since(*last, inputs.up_since) };
         if is_receiver_down(since, policy, now) {
-            let labels = BTreeMap::from([("machine".to_string(), machine.clone())]);
-            let summary = format!("{machine} has not polled for {}", format_age(now - *last));
-            firing.push((AlertKind::ReceiverDown, machine.clone(), summary, labels));
+            firing.push(Breaching {
+                kind: AlertKind::ReceiverDown,
+                subject: machine.clone(),
+                summary: format!("{machine} has not polled for {}", format_age(now - *last)),
+                labels: labels([("machine", machine.clone())]),
+            });
         }
     }
-
-    let upsert = upserts(&firing, inputs.open, &mut breaches, now);
-    AlertPlan { upsert, breaches }
+    firing
 }
 
 /// The rows `firing` leads to against what is `open`: new alerts fire, an undelivered alert whose
@@ -270,8 +311,8 @@ fn upserts(firing: &[Breaching], open: &[Alert], breaches: &mut Breaches, now: T
         .filter(|a| a.state == AlertState::Firing && a.kind.swept())
         .map(|a| ((a.kind, a.subject.as_str()), a))
         .collect();
-    let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|(k, s, _, _)| (*k, s.as_str())).collect();
-    for (kind, subject, summary, labels) in firing {
+    let still: BTreeSet<(AlertKind, &str)> = firing.iter().map(|b| (b.kind, b.subject.as_str())).collect();
+    for Breaching { kind, subject, summary, labels } in firing {
         *breaches.firing.entry(*kind).or_default() += 1;
         let held = open.get(&(*kind, subject.as_str()));
         if let Some(held) = held.filter(|a| a.kind == AlertKind::Undelivered && a.summary != *summary) {

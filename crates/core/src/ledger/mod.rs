@@ -16,8 +16,8 @@ use unicode_normalization::UnicodeNormalization;
 use crate::Ts;
 pub use merge::{Incoming, MergePlan, RowPatch, aggregate, merge_plan};
 pub use run::{
-    ClaimError, Edit, Trigger, awaited_job, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref, plan_claim,
-    plan_edit, plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
+    BadEditState, ClaimError, Edit, Trigger, awaited_job, awaits_job, build_prompt, hands_off, heavy_queue, ledger_ref,
+    plan_claim, plan_edit, plan_failure, plan_handoff, plan_result, plan_skip, plan_stale, plan_success, runs_in_pass,
 };
 pub use view::{
     PurgePlan, ViewLine, ViewMark, ViewProject, is_overdue, plan_purge, render_view, sync_order, view_lines,
@@ -100,10 +100,23 @@ pub fn row_id(seq: u32) -> String {
 /// L4: the dedup key, `source|normalized task`: NFKC (full-width and half-width alike),
 /// whitespace and symbols dropped, lowercase, and NFKC once more: dropping a symbol between
 /// two combining marks can leave them out of canonical order, and the key of a key must be
-/// itself (found by fuzzing).
+/// itself (found by fuzzing). Lowercasing can itself bring a combining mark (`İ` is `i` and
+/// U+0307), which the next pass drops, so the passes repeat until the text stands still; a task
+/// whose first pass already did keeps the key it always had.
 pub fn dedup_key(source: &str, task: &str) -> String {
-    let kept: String = task.nfkc().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
-    let normalized: String = kept.nfkc().collect();
+    let pass = |text: &str| -> String {
+        let kept: String = text.nfkc().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
+        kept.nfkc().collect()
+    };
+    let mut normalized = pass(task);
+    // Each pass only drops marks or splits compatibility forms; a handful settles any text.
+    for _ in 0..8 {
+        let again = pass(&normalized);
+        if again == normalized {
+            break;
+        }
+        normalized = again;
+    }
     format!("{source}|{normalized}")
 }
 
@@ -175,6 +188,13 @@ mod tests {
     fn l1_ids_are_t_and_four_digits() {
         assert_eq!(row_id(1), "T-0001");
         assert_eq!(row_id(12345), "T-12345");
+    }
+
+    #[test]
+    fn l4_a_capital_with_a_dot_above_has_the_key_of_its_key() {
+        let key = dedup_key("s", "İstanbul");
+        assert_eq!(key, "s|istanbul");
+        assert_eq!(dedup_key("s", key.trim_start_matches("s|")), key);
     }
 
     #[test]

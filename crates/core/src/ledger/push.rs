@@ -24,22 +24,37 @@ pub fn default_sources(who: &Principal, items: &mut [Incoming]) {
 /// T11: the admin pushes to any source; a machine to its own (`push:<machine>`) and to the
 /// sources its project's Ledger grants it in `pushers`. The refusal names the rule and what
 /// the machine may use instead.
-pub fn may_push(who: &Principal, source: &str, ledger: Option<&LedgerSpec>) -> Result<(), String> {
+pub fn may_push(who: &Principal, source: &str, ledger: Option<&LedgerSpec>) -> Result<(), PushRefused> {
     let Principal::Machine(machine) = who else { return Ok(()) };
     let own = own_source(machine);
-    let granted: Vec<&str> = ledger
+    let granted: Vec<String> = ledger
         .into_iter()
         .flat_map(|l| &l.pushers)
         .filter(|p| &p.machine == machine)
-        .flat_map(|p| p.sources.iter().map(String::as_str))
+        .flat_map(|p| p.sources.iter().cloned())
         .collect();
-    if source == own || granted.contains(&source) {
+    if source == own || granted.iter().any(|g| g == source) {
         return Ok(());
     }
-    let also = if granted.is_empty() { String::new() } else { format!(" or {}", granted.join(", ")) };
-    Err(format!(
-        "{machine} may push only to its own source {own}{also} (T11; a Ledger grants more in `pushers`), not to {source:?}"
-    ))
+    Err(PushRefused { machine: machine.clone(), own, granted, asked: source.to_string() })
+}
+
+/// T11: a machine named a source that is neither its own nor granted to it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{machine} may push only to its own source {own}{also} (T11; a Ledger grants more in `pushers`), not to {asked:?}",
+    also = or_granted(.granted)
+)]
+pub struct PushRefused {
+    pub machine: String,
+    pub own: String,
+    pub granted: Vec<String>,
+    /// The source the push named.
+    pub asked: String,
+}
+
+fn or_granted(granted: &[String]) -> String {
+    if granted.is_empty() { String::new() } else { format!(" or {}", granted.join(", ")) }
 }
 
 #[cfg(test)]
@@ -60,7 +75,7 @@ mod tests {
         let l = ledger();
         assert_eq!(may_push(&builder, "push:builder", Some(&l)), Ok(()));
         assert_eq!(may_push(&builder, "ci", Some(&l)), Ok(()));
-        let refused = may_push(&builder, "admin-file", Some(&l)).expect_err("another source");
+        let refused = may_push(&builder, "admin-file", Some(&l)).expect_err("another source").to_string();
         assert!(refused.contains("T11") && refused.contains("push:builder or ci"), "{refused}");
         let laptop = Principal::Machine("laptop".into());
         assert!(may_push(&laptop, "ci", Some(&l)).is_err(), "a grant is the named machine's only");

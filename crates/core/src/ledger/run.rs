@@ -111,11 +111,20 @@ pub struct Edit {
     pub assignee: Option<String>,
 }
 
+/// A state a person may not set on a row: not a state at all, or the runner's own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEditState {
+    #[error(transparent)]
+    Unknown(#[from] crate::names::UnknownName),
+    #[error("running is set by the runner, not by hand")]
+    Running,
+}
+
 impl Edit {
     /// The state a person asks for: any but running, which only the runner sets (L8).
-    pub fn state(text: Option<&str>) -> Result<Option<RowState>, String> {
-        match text.map(str::parse::<RowState>).transpose().map_err(|e| e.to_string())? {
-            Some(RowState::Running) => Err("running is set by the runner, not by hand".into()),
+    pub fn state(text: Option<&str>) -> Result<Option<RowState>, BadEditState> {
+        match text.map(str::parse::<RowState>).transpose()? {
+            Some(RowState::Running) => Err(BadEditState::Running),
             state => Ok(state),
         }
     }
@@ -277,7 +286,8 @@ mod tests {
         assert_eq!((edited.state, edited.task.as_str()), (row.state, row.task.as_str()));
         assert_eq!(Edit::state(Some("完了")), Ok(Some(RowState::Done)));
         assert_eq!(Edit::state(None), Ok(None));
-        assert_eq!(Edit::state(Some("running")), Err("running is set by the runner, not by hand".into()));
+        assert_eq!(Edit::state(Some("running")), Err(BadEditState::Running));
+        assert_eq!(BadEditState::Running.to_string(), "running is set by the runner, not by hand");
         assert!(Edit::state(Some("finished")).is_err());
     }
 

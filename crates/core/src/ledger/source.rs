@@ -48,15 +48,32 @@ pub fn format_of(source: &LedgerSource) -> SourceFormat {
     }
 }
 
-pub fn parse_items(format: SourceFormat, text: &str) -> Result<Vec<Item>, String> {
+/// Why a source's text gave no items; each names where in the text, as a person finds it.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("YAML: {0}")]
+    Yaml(serde_yaml_ng::Error),
+    #[error("line {line}: {error}")]
+    JsonLine { line: usize, error: serde_json::Error },
+    #[error("CSV line {line}, column {column}: a quoted field opened here is never closed")]
+    UnclosedQuote { line: usize, column: usize },
+    #[error("CSV line 1: the header row has no `task` column")]
+    NoTaskColumn,
+    #[error("{}", csv_positioned(.0))]
+    Csv(csv::Error),
+}
+
+pub fn parse_items(format: SourceFormat, text: &str) -> Result<Vec<Item>, SourceError> {
     match format {
-        SourceFormat::Json => serde_json::from_str(text).map_err(|e| format!("JSON: {e}")),
-        SourceFormat::Yaml => serde_yaml_ng::from_str(text).map_err(|e| format!("YAML: {e}")),
+        SourceFormat::Json => serde_json::from_str(text).map_err(SourceError::Json),
+        SourceFormat::Yaml => serde_yaml_ng::from_str(text).map_err(SourceError::Yaml),
         SourceFormat::Jsonl => text
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+            .map(|(i, l)| serde_json::from_str(l).map_err(|error| SourceError::JsonLine { line: i + 1, error }))
             .collect(),
         SourceFormat::Csv => parse_csv(text),
     }
@@ -64,19 +81,19 @@ pub fn parse_items(format: SourceFormat, text: &str) -> Result<Vec<Item>, String
 
 /// RFC 4180 CSV with a header row naming the item fields (others ignored); a problem names
 /// where it is.
-fn parse_csv(text: &str) -> Result<Vec<Item>, String> {
+fn parse_csv(text: &str) -> Result<Vec<Item>, SourceError> {
     let text = text.trim_start_matches('\u{feff}');
     if let Some((line, column)) = unclosed_quote(text) {
-        return Err(format!("CSV line {line}, column {column}: a quoted field opened here is never closed"));
+        return Err(SourceError::UnclosedQuote { line, column });
     }
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text.as_bytes());
-    let header = reader.headers().map_err(positioned)?.clone();
+    let header = reader.headers().map_err(SourceError::Csv)?.clone();
     let col = |name: &str| header.iter().position(|h| h.trim().eq_ignore_ascii_case(name));
-    let task = col("task").ok_or("CSV line 1: the header row has no `task` column")?;
+    let task = col("task").ok_or(SourceError::NoTaskColumn)?;
     let cols = [col("content"), col("evidence"), col("due"), col("assignee"), col("function")];
     let mut items = Vec::new();
     for record in reader.records() {
-        let r = record.map_err(positioned)?;
+        let r = record.map_err(SourceError::Csv)?;
         if r.iter().all(|c| c.trim().is_empty()) {
             continue;
         }
@@ -94,7 +111,7 @@ fn parse_csv(text: &str) -> Result<Vec<Item>, String> {
 }
 
 /// A csv error as a person finds it in the file: by its line.
-fn positioned(e: csv::Error) -> String {
+fn csv_positioned(e: &csv::Error) -> String {
     match e.position() {
         Some(p) => format!("CSV line {}: {e}", p.line()),
         None => format!("CSV: {e}"),
@@ -141,7 +158,7 @@ mod tests {
         );
         assert_eq!(items[1].task, "say \"hi\"");
         assert_eq!(
-            parse_items(SourceFormat::Csv, "content\nx\n"),
+            parse_items(SourceFormat::Csv, "content\nx\n").map_err(|e| e.to_string()),
             Err("CSV line 1: the header row has no `task` column".into())
         );
     }
@@ -154,7 +171,7 @@ mod tests {
         assert_eq!(items[0].task, "a", "the BOM is not part of the first header");
         let broken = "task,content\na,ok\nb,\"never closed\nc,lost\n";
         assert_eq!(
-            parse_items(SourceFormat::Csv, broken),
+            parse_items(SourceFormat::Csv, broken).map_err(|e| e.to_string()),
             Err("CSV line 3, column 3: a quoted field opened here is never closed".into())
         );
     }
@@ -169,7 +186,8 @@ mod tests {
         let lines = parse_items(SourceFormat::Jsonl, "{\"task\": \"c\"}\n\n{\"task\": \"d\"}\n").expect("jsonl");
         assert_eq!(lines.len(), 2);
         assert!(
-            parse_items(SourceFormat::Jsonl, "{\"task\": \"c\"}\nnot json\n").is_err_and(|e| e.starts_with("line 2"))
+            parse_items(SourceFormat::Jsonl, "{\"task\": \"c\"}\nnot json\n")
+                .is_err_and(|e| e.to_string().starts_with("line 2"))
         );
     }
 }

@@ -132,42 +132,96 @@ pub fn plan_send(
         .now
         .checked_add_signed(req.ttl.unwrap_or(ctx.policy.ttl).to_chrono())
         .ok_or_else(|| SendError::Invalid("ttl is too large".into()))?;
-    let base = |id: String, to: String, kind: MailKind, hop: u32| Mail {
-        kind,
-        subject: req.subject.clone(),
-        body: req.body.clone(),
-        urgent: req.urgent,
-        auto: req.auto,
-        hop,
-        reply_to: req.reply_to.clone(),
-        ..Mail::new(id, sender.to_string(), to, ctx.now, expires_at)
-    };
+    let draft = Draft { req, sender, now: ctx.now, expires_at };
+    match &req.reply_to {
+        None => plan_new(&draft, &seen, ctx),
+        Some(parent_id) => plan_reply(&draft, parent_id, &seen, ctx),
+    }
+}
 
-    let Some(parent_id) = &req.reply_to else {
-        let to = roster::resolve(ctx.roster, &req.to)?;
-        let id = req.id.clone().unwrap_or_else(|| ctx.fresh_id.clone());
-        if !ids::is_mail_id(&id) {
-            return Err(SendError::Invalid(format!("mail id {id:?} must be {}", ids::MAIL_ID_SHAPE)));
-        }
-        let mail = base(id.clone(), to, req.kind.unwrap_or_default(), 0);
-        if let Some(same) = seen.candidate {
-            // A client re-sending after a lost answer gets the same id, not a duplicate (M4).
-            let resend = same.from == mail.from
-                && same.to == mail.to
-                && same.subject == mail.subject
-                && same.body == mail.body
-                && same.reply_to.is_none();
-            if resend {
-                return Ok(SendPlan { id, outcome: SendOutcome::AlreadySent, insert: None, parent_update: None });
-            }
-            return Err(SendError::DuplicateId(id));
-        }
-        return Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update: None });
-    };
+/// What every mail a request makes shares, new or reply.
+struct Draft<'a> {
+    req: &'a SendRequest,
+    sender: &'a str,
+    now: Ts,
+    expires_at: Ts,
+}
 
+impl Draft<'_> {
+    fn mail(&self, id: String, to: String, kind: MailKind, hop: u32) -> Mail {
+        let req = self.req;
+        Mail {
+            kind,
+            subject: req.subject.clone(),
+            body: req.body.clone(),
+            urgent: req.urgent,
+            auto: req.auto,
+            hop,
+            reply_to: req.reply_to.clone(),
+            ..Mail::new(id, self.sender.to_string(), to, self.now, self.expires_at)
+        }
+    }
+
+    /// M4/M6: `same`, stored already, is this request sent again after a lost answer (same
+    /// sender, body and parent), not another mail.
+    fn is_resent_as(&self, same: &Mail) -> bool {
+        same.from == self.sender && same.body == self.req.body && same.reply_to == self.req.reply_to
+    }
+}
+
+/// A mail's id must have the stored shape (M4: the client may draw it).
+fn check_mail_id(id: &str) -> Result<(), SendError> {
+    if ids::is_mail_id(id) {
+        Ok(())
+    } else {
+        Err(SendError::Invalid(format!("mail id {id:?} must be {}", ids::MAIL_ID_SHAPE)))
+    }
+}
+
+/// A new mail (M3: to exactly one machine of the Roster).
+fn plan_new(draft: &Draft<'_>, seen: &SendObserved<'_>, ctx: &SendContext<'_>) -> Result<SendPlan, SendError> {
+    let req = draft.req;
+    let to = roster::resolve(ctx.roster, &req.to)?;
+    let id = req.id.clone().unwrap_or_else(|| ctx.fresh_id.clone());
+    check_mail_id(&id)?;
+    let mail = draft.mail(id.clone(), to, req.kind.unwrap_or_default(), 0);
+    if let Some(same) = seen.candidate {
+        // A client re-sending after a lost answer gets the same id, not a duplicate (M4).
+        if draft.is_resent_as(same) && same.to == mail.to && same.subject == mail.subject {
+            return Ok(SendPlan { id, outcome: SendOutcome::AlreadySent, insert: None, parent_update: None });
+        }
+        return Err(SendError::DuplicateId(id));
+    }
+    Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update: None })
+}
+
+/// A reply (M5–M7): to the parent's sender, under the loop guards, moving the parent to done.
+fn plan_reply(
+    draft: &Draft<'_>,
+    parent_id: &str,
+    seen: &SendObserved<'_>,
+    ctx: &SendContext<'_>,
+) -> Result<SendPlan, SendError> {
+    let (req, sender) = (draft.req, draft.sender);
     // T16: a parent the sender may not see is, to the sender, not there.
     let visible = seen.parent.filter(|p| p.to == sender || p.from == sender);
-    let parent = visible.ok_or_else(|| SendError::ParentNotFound(parent_id.clone()))?;
+    let parent = visible.ok_or_else(|| SendError::ParentNotFound(parent_id.to_string()))?;
+    let hop = check_reply(parent, req, sender, ctx)?;
+    let parent_update = apply_step(parent, &Step::Done { result: Some(req.body.clone()) }, sender, ctx.now);
+    let id = match reply_id(draft, parent, seen, ctx)? {
+        ReplyId::Resent(id) => {
+            return Ok(SendPlan { id, outcome: SendOutcome::AlreadySent, insert: None, parent_update });
+        }
+        ReplyId::New(id) => id,
+    };
+    let subject = if req.subject.is_empty() { format!("Re: {}", parent.subject) } else { req.subject.clone() };
+    let mut mail = draft.mail(id.clone(), parent.from.clone(), req.kind.unwrap_or(MailKind::Answer), hop);
+    mail.subject = subject;
+    Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update })
+}
+
+/// Whether `sender` may reply to `parent` at all; answers the reply's hop (M5's loop guards).
+fn check_reply(parent: &Mail, req: &SendRequest, sender: &str, ctx: &SendContext<'_>) -> Result<u32, SendError> {
     if parent.to != sender {
         return Err(SendError::NotRecipient(parent.id.clone()));
     }
@@ -190,42 +244,37 @@ pub fn plan_send(
     if hop >= ctx.policy.max_hop {
         return Err(SendError::Loop(format!("hop {hop} reaches maxHop {}", ctx.policy.max_hop)));
     }
-    let parent_update = apply_step(parent, &Step::Done { result: Some(req.body.clone()) }, sender, ctx.now);
-    let id = match seen.candidate {
-        None => ids::reply_id(&parent.id, sender),
-        Some(same) if same.body == req.body && same.from == sender && same.reply_to == req.reply_to => {
-            return Ok(SendPlan {
-                id: same.id.clone(),
-                outcome: SendOutcome::AlreadySent,
-                insert: None,
-                parent_update,
-            });
-        }
+    Ok(hop)
+}
+
+/// The id a reply is stored under, or the id it already was.
+enum ReplyId {
+    New(String),
+    Resent(String),
+}
+
+/// M6: a reply's id is fixed by its parent and sender; the identical reply again is the one
+/// stored.
+fn reply_id(
+    draft: &Draft<'_>,
+    parent: &Mail,
+    seen: &SendObserved<'_>,
+    ctx: &SendContext<'_>,
+) -> Result<ReplyId, SendError> {
+    match seen.candidate {
+        None => Ok(ReplyId::New(ids::reply_id(&parent.id, draft.sender))),
+        Some(same) if draft.is_resent_as(same) => Ok(ReplyId::Resent(same.id.clone())),
         // M6: a different body must not be swallowed by an earlier receipt-ack. It takes the
         // client's id when it brings one, so that re-sending it after a lost answer is the
         // same mail again, not a second one.
-        Some(_) => match (&req.id, seen.client_row) {
-            (Some(_), Some(same)) if same.body == req.body && same.from == sender && same.reply_to == req.reply_to => {
-                return Ok(SendPlan {
-                    id: same.id.clone(),
-                    outcome: SendOutcome::AlreadySent,
-                    insert: None,
-                    parent_update,
-                });
-            }
-            (Some(id), Some(_)) => return Err(SendError::DuplicateId(id.clone())),
-            (Some(id), None) if ids::is_mail_id(id) => id.clone(),
-            (Some(id), None) => {
-                return Err(SendError::Invalid(format!("mail id {id:?} must be {}", ids::MAIL_ID_SHAPE)));
-            }
-            (None, _) if seen.fresh_taken => return Err(SendError::DuplicateId(ctx.fresh_id.clone())),
-            (None, _) => ctx.fresh_id.clone(),
+        Some(_) => match (&draft.req.id, seen.client_row) {
+            (Some(_), Some(same)) if draft.is_resent_as(same) => Ok(ReplyId::Resent(same.id.clone())),
+            (Some(id), Some(_)) => Err(SendError::DuplicateId(id.clone())),
+            (Some(id), None) => check_mail_id(id).map(|()| ReplyId::New(id.clone())),
+            (None, _) if seen.fresh_taken => Err(SendError::DuplicateId(ctx.fresh_id.clone())),
+            (None, _) => Ok(ReplyId::New(ctx.fresh_id.clone())),
         },
-    };
-    let subject = if req.subject.is_empty() { format!("Re: {}", parent.subject) } else { req.subject.clone() };
-    let mut mail = base(id.clone(), parent.from.clone(), req.kind.unwrap_or(MailKind::Answer), hop);
-    mail.subject = subject;
-    Ok(SendPlan { id, outcome: SendOutcome::Created, insert: Some(mail), parent_update })
+    }
 }
 
 /// M5, client side: a reply to a mail that is itself a reply is refused before sending;

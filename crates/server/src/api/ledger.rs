@@ -83,7 +83,8 @@ pub async fn push(
     }
     let ledger = app.runtime().ledgers.iter().find(|l| l.project == project).cloned();
     for item in &req.items {
-        push::may_push(&caller.principal, &item.source, ledger.as_ref()).map_err(ServiceError::forbidden)?;
+        push::may_push(&caller.principal, &item.source, ledger.as_ref())
+            .map_err(|e| ServiceError::forbidden(e.to_string()))?;
     }
     let actor = caller.machine().unwrap_or("admin").to_string();
     Ok(Json(

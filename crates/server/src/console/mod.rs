@@ -204,7 +204,7 @@ async fn login(
     app.auth_failures().succeeded(&client);
     let id = match sessions.create(&app.admin_token_hash()) {
         Ok(id) => id,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     ([(header::SET_COOKIE, session::set_cookie(&id))], Redirect::to("/ui/overview")).into_response()
 }
@@ -259,17 +259,27 @@ async fn overview(State(app): State<App>, ctx: Ctx) -> Page {
 fn listing_of<S: std::str::FromStr<Err = pcmail_core::names::UnknownName>>(
     app: &App,
     q: Result<Query<Listing>, QueryRejection>,
-) -> Result<Listing, String> {
-    let mut listing = q.map_err(|e| e.body_text())?.0.normalized();
+) -> Result<Listing, BadListing> {
+    let mut listing = q?.0.normalized();
     listing.machine = listing.machine.map(|m| app.runtime().machine_label(&m));
     if let Some(state) = &listing.state {
-        state.parse::<S>().map_err(|e| e.to_string())?;
+        state.parse::<S>()?;
     }
     Ok(listing)
 }
 
-fn bad_request(ctx: &Ctx) -> impl Fn(String) -> Response + '_ {
-    move |e| failure(ctx, StatusCode::BAD_REQUEST, &e)
+/// U3: a listing's query string that names no page: malformed, or a state the listing lacks.
+#[derive(Debug, thiserror::Error)]
+enum BadListing {
+    /// In axum's own words for the malformed query.
+    #[error("{}", .0.body_text())]
+    Query(#[from] QueryRejection),
+    #[error(transparent)]
+    State(#[from] pcmail_core::names::UnknownName),
+}
+
+fn bad_request(ctx: &Ctx) -> impl Fn(BadListing) -> Response + '_ {
+    move |e| failure(ctx, StatusCode::BAD_REQUEST, &e.to_string())
 }
 
 /// Where a page of `shown` items with `left` after it sits among `matching`.

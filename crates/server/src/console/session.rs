@@ -19,6 +19,14 @@ struct Session {
     used: Instant,
 }
 
+/// The system gave no random bytes for a session's id or CSRF token.
+#[derive(Debug, thiserror::Error)]
+#[error("no randomness for {what}: {error}")]
+pub struct NoRandomness {
+    what: &'static str,
+    error: getrandom::Error,
+}
+
 #[derive(Default)]
 pub struct Sessions {
     by_id: Mutex<HashMap<String, Session>>,
@@ -26,9 +34,9 @@ pub struct Sessions {
 
 impl Sessions {
     /// A new session signed in with the admin token whose hash is `admin_hash`; answers its id.
-    pub fn create(&self, admin_hash: &str) -> Result<String, String> {
-        let id = crate::auth::new_token("").map_err(|e| format!("no randomness for a session: {e}"))?;
-        let csrf = crate::auth::new_token("").map_err(|e| format!("no randomness for a CSRF token: {e}"))?;
+    pub fn create(&self, admin_hash: &str) -> Result<String, NoRandomness> {
+        let id = crate::auth::new_token("").map_err(|e| NoRandomness { what: "a session", error: e })?;
+        let csrf = crate::auth::new_token("").map_err(|e| NoRandomness { what: "a CSRF token", error: e })?;
         let mut map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
         map.retain(|_, s| s.used.elapsed() < IDLE);
         map.insert(id.clone(), Session { csrf, admin_hash: admin_hash.to_string(), used: Instant::now() });

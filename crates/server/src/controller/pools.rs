@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use pcmail_core::duration::Dur;
 use pcmail_core::holding::{self, Attempt, Next, Outage, OutageNews, OwnLease, RunEnd};
 use pcmail_core::jobs::{Actor, Job, Report, began, check_lease};
+use pcmail_core::manifest::spec::WorkerPoolSpec;
 use pcmail_store::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -209,105 +210,133 @@ impl Shared {
 async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>, grace: Duration) {
     let mut shutdown = app.watch_shutdown();
     let (ended, reports) = mpsc::unbounded_channel::<Ended>();
-    let shared = Arc::new(Shared {
-        app: app.clone(),
-        pool: pool.clone(),
-        origin: Instant::now(),
-        outage: Mutex::new(Outage::default()),
-    });
+    let shared = Arc::new(Shared { app, pool, origin: Instant::now(), outage: Mutex::new(Outage::default()) });
     let recorder = tokio::spawn(record_ends(shared.clone(), reports));
-    let slots = Arc::new(Slots::default());
     // E17: set once the shutdown grace is over: runs still going are killed and handed back.
     let (abandon, abandoned) = watch::channel(false);
-    let mut claimed: JoinSet<()> = JoinSet::new();
-    let mut idle = IDLE_MIN;
-    loop {
-        if *stop.borrow() || *shutdown.borrow() {
-            break;
-        }
-        let rt = app.runtime();
-        let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == pool) else { break };
-        let limit = spec.workers as usize;
-        slots.set_limit(limit);
-        // P9: up to one more job per slot is claimed ahead, so a slot that frees starts its next
-        // job at once, and claims come in batches: a refill when that reserve is used up. A
-        // rate-limited pool claims one job at a time, each paced, and nothing ahead.
-        let in_flight = claimed.len();
-        let (refill, want) = match spec.rate_limit {
-            Some(_) => (in_flight < limit, 1),
-            None => (in_flight <= limit && in_flight < 2 * limit, (2 * limit).saturating_sub(in_flight)),
-        };
-        let mut got = 0;
-        let mut store_down = false;
-        if refill {
-            if let Some(rate) = spec.rate_limit {
-                app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
-            }
-            for queue in &spec.queues {
-                if got == want {
-                    break;
-                }
-                let lease = spec.lease_duration;
-                let asked = shared.now();
-                match jobs::pool_claim(&app, &pool, queue, want - got, lease, app.lease_now()).await {
-                    Ok(jobs) => {
-                        shared.store_answered(Ok(()));
-                        for job in jobs {
-                            got += 1;
-                            let held = OwnLease::extended(asked, lease);
-                            let (shared, slots, abandoned) = (shared.clone(), slots.clone(), abandoned.clone());
-                            claimed.spawn(run_job(shared, ended.clone(), job, (lease, held), slots, abandoned));
-                        }
-                    }
-                    Err(e) => {
-                        shared.store_answered(Err(&e));
-                        store_down = true;
-                    }
-                }
-            }
-        }
-        if got > 0 {
-            idle = IDLE_MIN;
-            continue;
-        }
-        if store_down {
-            idle = IDLE_MAX;
-        }
-        tokio::select! {
-            Some(_) = claimed.join_next(), if !claimed.is_empty() => {}
-            _ = tokio::time::sleep(idle), if refill => idle = (idle * 2).min(IDLE_MAX),
-            _ = app.job_enqueued(), if refill => {}
-            _ = stop.changed() => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-    // Drain: jobs waiting for a slot are handed back; running ones finish — on shutdown within
-    // the grace, after which they are killed and handed back (E17).
-    slots.close();
-    let stopping = *shutdown.borrow();
-    let mut deadline = stopping.then(|| tokio::time::Instant::now() + grace);
-    loop {
-        let grace_over = async {
-            match deadline {
-                Some(at) if !*abandon.borrow() => tokio::time::sleep_until(at).await,
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            joined = claimed.join_next() => if joined.is_none() { break },
-            _ = shutdown.changed(), if deadline.is_none() => {
-                if *shutdown.borrow() {
-                    deadline = Some(tokio::time::Instant::now() + grace);
-                }
-            }
-            _ = grace_over => {
-                tracing::warn!(pool = %pool, jobs = claimed.len(), ?grace, "shutdown grace over: handing running jobs back");
-                abandon.send_replace(true);
-            }
-        }
-    }
-    drop(ended);
+    let mut run =
+        PoolRun { shared, ended, slots: Arc::new(Slots::default()), abandon, abandoned, claimed: JoinSet::new() };
+    run.claim_until_stopped(&mut stop, &mut shutdown).await;
+    run.drain(&mut shutdown, grace).await;
+    // The last sender of ends goes: the recorder commits what is left and ends.
+    drop(run);
     let _ = recorder.await;
+}
+
+/// One pool's runner while it runs: what its claims and its drain share.
+struct PoolRun {
+    shared: Arc<Shared>,
+    ended: mpsc::UnboundedSender<Ended>,
+    slots: Arc<Slots>,
+    abandon: watch::Sender<bool>,
+    abandoned: watch::Receiver<bool>,
+    /// The jobs claimed and not yet ended, waiting for a slot or running.
+    claimed: JoinSet<()>,
+}
+
+impl PoolRun {
+    /// Claims and starts jobs until the pool is stopped or deleted or `serve` shuts down; idle,
+    /// it waits for a slot, a new job or a backoff that doubles up to `IDLE_MAX`.
+    async fn claim_until_stopped(&mut self, stop: &mut watch::Receiver<bool>, shutdown: &mut watch::Receiver<bool>) {
+        let app = self.shared.app.clone();
+        let mut idle = IDLE_MIN;
+        loop {
+            if *stop.borrow() || *shutdown.borrow() {
+                break;
+            }
+            let rt = app.runtime();
+            let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == self.shared.pool) else { break };
+            let limit = spec.workers as usize;
+            self.slots.set_limit(limit);
+            // P9: up to one more job per slot is claimed ahead, so a slot that frees starts its
+            // next job at once, and claims come in batches: a refill when that reserve is used
+            // up. A rate-limited pool claims one job at a time, each paced, and nothing ahead.
+            let in_flight = self.claimed.len();
+            let (refill, want) = match spec.rate_limit {
+                Some(_) => (in_flight < limit, 1),
+                None => (in_flight <= limit && in_flight < 2 * limit, (2 * limit).saturating_sub(in_flight)),
+            };
+            let (got, store_down) = if refill { self.claim(spec, want).await } else { (0, false) };
+            if got > 0 {
+                idle = IDLE_MIN;
+                continue;
+            }
+            if store_down {
+                idle = IDLE_MAX;
+            }
+            tokio::select! {
+                Some(_) = self.claimed.join_next(), if !self.claimed.is_empty() => {}
+                _ = tokio::time::sleep(idle), if refill => idle = (idle * 2).min(IDLE_MAX),
+                _ = app.job_enqueued(), if refill => {}
+                _ = stop.changed() => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+
+    /// One claim of up to `want` jobs across the pool's queues in order, each started as it
+    /// comes; answers how many came and whether the store failed to answer.
+    async fn claim(&mut self, spec: &WorkerPoolSpec, want: usize) -> (usize, bool) {
+        let (app, pool) = (&self.shared.app, &self.shared.pool);
+        if let Some(rate) = spec.rate_limit {
+            app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
+        }
+        let (mut got, mut store_down) = (0, false);
+        for queue in &spec.queues {
+            if got == want {
+                break;
+            }
+            let lease = spec.lease_duration;
+            let asked = self.shared.now();
+            match jobs::pool_claim(app, pool, queue, want - got, lease, app.lease_now()).await {
+                Ok(jobs) => {
+                    self.shared.store_answered(Ok(()));
+                    for job in jobs {
+                        got += 1;
+                        let held = OwnLease::extended(asked, lease);
+                        let (shared, slots, abandoned) =
+                            (self.shared.clone(), self.slots.clone(), self.abandoned.clone());
+                        self.claimed.spawn(run_job(shared, self.ended.clone(), job, (lease, held), slots, abandoned));
+                    }
+                }
+                Err(e) => {
+                    self.shared.store_answered(Err(&e));
+                    store_down = true;
+                }
+            }
+        }
+        (got, store_down)
+    }
+
+    /// Drain: jobs waiting for a slot are handed back; running ones finish — on shutdown within
+    /// the grace, after which they are killed and handed back (E17).
+    async fn drain(&mut self, shutdown: &mut watch::Receiver<bool>, grace: Duration) {
+        self.slots.close();
+        let stopping = *shutdown.borrow();
+        let mut deadline = stopping.then(|| tokio::time::Instant::now() + grace);
+        loop {
+            let abandon = &self.abandon;
+            let grace_over = async {
+                match deadline {
+                    Some(at) if !*abandon.borrow() => tokio::time::sleep_until(at).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                joined = self.claimed.join_next() => if joined.is_none() { break },
+                _ = shutdown.changed(), if deadline.is_none() => {
+                    if *shutdown.borrow() {
+                        deadline = Some(tokio::time::Instant::now() + grace);
+                    }
+                }
+                _ = grace_over => {
+                    let (pool, jobs) = (&self.shared.pool, self.claimed.len());
+                    tracing::warn!(pool = %pool, jobs, ?grace, "shutdown grace over: handing running jobs back");
+                    self.abandon.send_replace(true);
+                }
+            }
+        }
+    }
 }
 
 /// Records what jobs report: the first that arrives, with every other already waiting, in
@@ -446,7 +475,7 @@ async fn run_job(
         };
         // Dropping the run kills the Function's whole session (E16).
         tokio::select! {
-            outcome = run => RunEnd::Finished(outcome),
+            outcome = run => outcome.map_or_else(RunEnd::Failed, RunEnd::Succeeded),
             _ = lost.wait_for(|l| *l) => {
                 tracing::warn!(job = %job.id, "run killed: its lease ended");
                 RunEnd::LeaseLost

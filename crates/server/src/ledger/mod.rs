@@ -5,7 +5,7 @@
 use pcmail_core::Ts;
 use pcmail_core::api::{Event, MergeCounts, SyncReport};
 use pcmail_core::jobs::LEDGER_UNIQUE_PREFIX;
-use pcmail_core::ledger::source::{Item, format_of, parse_items};
+use pcmail_core::ledger::source::{Item, SourceError, format_of, parse_items};
 use pcmail_core::ledger::{
     Incoming, PurgePlan, Row, RowState, Trigger, ViewLine, ViewProject, aggregate, build_prompt, hands_off,
     heavy_queue, ledger_ref, merge_plan, plan_claim, plan_edit, plan_handoff, plan_purge, plan_result, plan_skip,
@@ -73,13 +73,28 @@ pub async fn merge(
         .await
 }
 
+/// Why a source gave no items this sync; the report shows it after the source's name.
+#[derive(Debug, thiserror::Error)]
+enum PullError {
+    #[error("{file}: {error}")]
+    Read { file: String, error: std::io::Error },
+    #[error(transparent)]
+    Command(#[from] crate::exec::SourceCommandError),
+    #[error("neither file nor command")]
+    NoInput,
+    #[error(transparent)]
+    Parse(#[from] SourceError),
+}
+
 /// L7 pull: reads one source into items (a file, or a command's JSON lines).
-async fn pull(source: &LedgerSource) -> Result<Vec<Incoming>, String> {
+async fn pull(source: &LedgerSource) -> Result<Vec<Incoming>, PullError> {
     let text = match (&source.file, &source.command) {
-        (Some(file), _) => tokio::fs::read_to_string(file).await.map_err(|e| format!("{file}: {e}"))?,
+        (Some(file), _) => {
+            tokio::fs::read_to_string(file).await.map_err(|error| PullError::Read { file: file.clone(), error })?
+        }
         // E17: run as a Function is (cleared environment, its own session, output capped).
         (None, Some(argv)) => crate::exec::run_source(argv).await?,
-        (None, None) => return Err("neither file nor command".into()),
+        (None, None) => return Err(PullError::NoInput),
     };
     let items: Vec<Item> = parse_items(format_of(source), &text)?;
     Ok(match &source.aggregate {
@@ -340,7 +355,7 @@ pub async fn set_row(
     edit: pcmail_core::api::RowEdit,
     now: Ts,
 ) -> Result<Row, ServiceError> {
-    let edit = edit.edit().map_err(ServiceError::bad_request)?;
+    let edit = edit.edit().map_err(|e| ServiceError::bad_request(e.to_string()))?;
     let (p, id_owned) = (project.to_string(), id.to_string());
     app.store()
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {

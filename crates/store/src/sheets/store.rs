@@ -30,7 +30,7 @@ use pcmail_core::sheet::layout::{
     ALERTS, JOBS, LEDGER, Lang, LayoutError, MAIL, SHARED_LEDGER_TITLE, Tab, header_row, ledger_project, ledger_title,
     locate, view_title,
 };
-use pcmail_core::sheet::plan::{Fields, plan_sync, row_after_deletes, row_key};
+use pcmail_core::sheet::plan::{Fields, SyncPlan, plan_sync, row_after_deletes, row_key};
 
 use super::client::{Client, SheetsConfig};
 use super::render::{FieldRow, fields, names};
@@ -540,27 +540,8 @@ impl SheetsStore {
         grids: &mut BTreeMap<String, Grid>,
         cycle: &mut Cycle,
     ) -> Result<()> {
-        let (tab, title, lang) = (kept.layout, kept.title.as_str(), self.inner.lang);
-        let columns = if header.is_empty() {
-            let row = header_row(tab, lang);
-            cycle.values.push(ValueRange {
-                range: a1_row_range(title, 1, 0, row.len() - 1),
-                major_dimension: None,
-                values: vec![row.into_iter().map(serde_json::Value::String).collect()],
-            });
-            (0..tab.fields.len()).collect()
-        } else {
-            let columns = columns_of(tab, title, &header)?;
-            // Late fields an older tab lacks: their headers are written after its last column.
-            for (f, &column) in columns.iter().enumerate().filter(|(_, c)| **c >= header.len()) {
-                cycle.values.push(ValueRange {
-                    range: a1_row_range(title, 1, column, column),
-                    major_dimension: None,
-                    values: vec![vec![serde_json::Value::String(lang.header(&tab.fields[f]).into())]],
-                });
-            }
-            columns
-        };
+        let (tab, title) = (kept.layout, kept.title.as_str());
+        let columns = header_columns(tab, title, self.inner.lang, &header, cycle)?;
         let width = columns.iter().max().map_or(0, |m| m + 1).max(header.len());
         let grid = self.ensure_grid(title, width, grids, cycle);
         if !self.dressed(grid, cycle).await? {
@@ -573,48 +554,15 @@ impl SheetsStore {
         if tab.title == "ledger" && !plan.adopt.is_empty() {
             self.adopt(plan.adopt.clone()).await?;
         }
-        let kind = |column: usize| {
-            columns.iter().position(|c| *c == column).map_or(CellKind::Text, |f| CellKind::of(&tab.fields[f]))
-        };
-        cycle.structure.extend(plan.deletes.iter().map(|&(first, last)| delete_rows(grid.id, first, last)));
-        for run in &plan.updates {
-            let last = run.first_column + run.values.len() - 1;
-            let row = row_after_deletes(run.row, &plan.deletes);
-            let values = run.values.iter().enumerate().map(|(i, v)| to_wire(v, kind(run.first_column + i))).collect();
-            cycle.values.push(ValueRange {
-                range: a1_row_range(title, row, run.first_column, last),
-                major_dimension: None,
-                values: vec![values],
-            });
-        }
+        let writes = TabWrites { tab, title, columns: &columns, grid };
+        writes.deletes_and_updates(&plan, cycle);
         // The grid as it is once the deletes are gone.
         let deleted: usize = plan.deletes.iter().map(|(first, last)| last - first + 1).sum();
         let have = grid.rows.saturating_sub(deleted);
+        // Appends are written from the row after the last one read (deleted rows above taken off).
+        let grown = writes.appends(&plan.appends, rows.len() + 2 - deleted, have, cycle);
         if let Some(g) = grids.get_mut(title) {
-            g.rows = have;
-        }
-        if !plan.appends.is_empty() {
-            // Written from the row after the last one read (deleted rows above taken off), the
-            // append anchored there: the rows get checkboxes, and only they (seed 001 §10).
-            let first = rows.len() + 2 - deleted;
-            let last = first + plan.appends.len() - 1;
-            if have < last {
-                cycle.structure.extend(grow_rows(tab, &columns, grid.id, have, last));
-                if let Some(g) = grids.get_mut(title) {
-                    g.rows = last;
-                }
-            }
-            for (f, field) in tab.fields.iter().enumerate() {
-                if field.boolean && field.editable {
-                    cycle.structure.push(checkboxes(grid.id, columns[f], first, last));
-                }
-            }
-            let rows = plan
-                .appends
-                .iter()
-                .map(|cells| cells.iter().enumerate().map(|(c, v)| to_wire(v, kind(c))).collect())
-                .collect();
-            cycle.appends.push((format!("{}!A{first}", quote_title(title)), rows));
+            g.rows = grown.unwrap_or(have);
         }
         if plan.synced != base {
             cycle.bases.push((title.to_string(), plan.synced));
@@ -759,6 +707,86 @@ fn view_cells(lang: Lang, line: &ViewLine) -> Vec<String> {
         }
     }
     cells
+}
+
+/// A tab's columns by field, from the header read; an empty tab gets the whole header row,
+/// and an older tab the headers of the late fields it lacks, after its last column.
+fn header_columns(tab: &Tab, title: &str, lang: Lang, header: &[String], cycle: &mut Cycle) -> Result<Vec<usize>> {
+    if header.is_empty() {
+        let row = header_row(tab, lang);
+        cycle.values.push(ValueRange {
+            range: a1_row_range(title, 1, 0, row.len() - 1),
+            major_dimension: None,
+            values: vec![row.into_iter().map(serde_json::Value::String).collect()],
+        });
+        return Ok((0..tab.fields.len()).collect());
+    }
+    let columns = columns_of(tab, title, header)?;
+    for (f, &column) in columns.iter().enumerate().filter(|(_, c)| **c >= header.len()) {
+        cycle.values.push(ValueRange {
+            range: a1_row_range(title, 1, column, column),
+            major_dimension: None,
+            values: vec![vec![serde_json::Value::String(lang.header(&tab.fields[f]).into())]],
+        });
+    }
+    Ok(columns)
+}
+
+/// Where one tab's planned writes go: its layout, title, columns by field and grid.
+struct TabWrites<'a> {
+    tab: &'a Tab,
+    title: &'a str,
+    columns: &'a [usize],
+    grid: Grid,
+}
+
+impl TabWrites<'_> {
+    /// How the cell of a sheet column goes over the wire (people's own columns are text).
+    fn kind(&self, column: usize) -> CellKind {
+        self.columns.iter().position(|c| *c == column).map_or(CellKind::Text, |f| CellKind::of(&self.tab.fields[f]))
+    }
+
+    /// The plan's row deletes (bottom-up) and its changed cells, at their rows after the deletes.
+    fn deletes_and_updates(&self, plan: &SyncPlan, cycle: &mut Cycle) {
+        cycle.structure.extend(plan.deletes.iter().map(|&(first, last)| delete_rows(self.grid.id, first, last)));
+        for run in &plan.updates {
+            let last = run.first_column + run.values.len() - 1;
+            let row = row_after_deletes(run.row, &plan.deletes);
+            let values =
+                run.values.iter().enumerate().map(|(i, v)| to_wire(v, self.kind(run.first_column + i))).collect();
+            cycle.values.push(ValueRange {
+                range: a1_row_range(self.title, row, run.first_column, last),
+                major_dimension: None,
+                values: vec![values],
+            });
+        }
+    }
+
+    /// New rows from sheet row `first`, the append anchored there, on a grid of `have` rows:
+    /// the rows get checkboxes, and only they (seed 001 §10). Answers the grid's rows when it
+    /// had to grow.
+    fn appends(&self, appends: &[Vec<String>], first: usize, have: usize, cycle: &mut Cycle) -> Option<usize> {
+        if appends.is_empty() {
+            return None;
+        }
+        let (tab, id) = (self.tab, self.grid.id);
+        let last = first + appends.len() - 1;
+        let grown = (have < last).then(|| {
+            cycle.structure.extend(grow_rows(tab, self.columns, id, have, last));
+            last
+        });
+        for (f, field) in tab.fields.iter().enumerate() {
+            if field.boolean && field.editable {
+                cycle.structure.push(checkboxes(id, self.columns[f], first, last));
+            }
+        }
+        let rows = appends
+            .iter()
+            .map(|cells| cells.iter().enumerate().map(|(c, v)| to_wire(v, self.kind(c))).collect())
+            .collect();
+        cycle.appends.push((format!("{}!A{first}", quote_title(self.title)), rows));
+        grown
+    }
 }
 
 /// Rows `have + 1 ..= last` added to a tab's grid, its date columns formatted on them too (a row
