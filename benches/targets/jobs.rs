@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use pcmail_core::Ts;
-use pcmail_core::jobs::{Actor, Job, JobState, check_lease, lease_owner};
+use pcmail_core::jobs::{Actor, Job, JobState, LeaseOwner, check_lease};
 use pcmail_store::{Claim, JobSelect, PgStore, SqliteStore, Store};
 
 use crate::table::Row;
@@ -32,7 +32,7 @@ async fn through_store(store: &impl Store) -> f64 {
         let claim = Claim {
             queue: "bench".into(),
             limit: BATCH,
-            owner: lease_owner(Actor::Pool, "w"),
+            owner: LeaseOwner::of(Actor::Pool, "w"),
             token_prefix: "w-".into(),
             now,
             lease_until: now + chrono::TimeDelta::seconds(60),

@@ -918,8 +918,9 @@ fn v6_the_changelogs_newest_release_is_the_declared_version_with_breaking_change
 /// `(line, the filter)`. A filter built from the core (`state IN ({})`, `kind = '{}'`) is not one.
 fn sql_name_literals(code: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    for column in ["state", "kind"] {
-        for op in [" IN (", " = ", " != "] {
+    // R1: an event's reason and its object's kind are the core's too (`pcmail_core::trail`).
+    for column in ["state", "kind", "reason", "object"] {
+        for op in [" IN (", " = ", " != ", " LIKE "] {
             let prefix = format!("{column}{op}");
             for (at, _) in code.match_indices(&prefix) {
                 let rest = &code[at + prefix.len()..];
@@ -946,6 +947,8 @@ fn r3_the_scanner_finds_a_state_written_into_a_query() {
     let hand = "let q = \"SELECT * FROM mail WHERE state IN ('new', 'seen') AND kind = 'intent'\";";
     let found = sql_name_literals(hand);
     assert_eq!(found.len(), 2, "{found:?}");
+    let trail = "\"SELECT 1 FROM events WHERE s.reason = 'Sent' AND d.object LIKE 'mail/%'\"";
+    assert_eq!(sql_name_literals(trail).len(), 2, "R1: reasons and object kinds too");
     assert!(sql_name_literals("format!(\"state IN ({}) AND kind = '{}'\", a, b)").is_empty());
     let code = blank_code("const MIGRATIONS: &[&str] = &[\n    \"WHERE state = 'new'\",\n];\nfn f() {}", true);
     assert!(sql_name_literals(&without_migrations(&code)).is_empty());

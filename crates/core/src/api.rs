@@ -68,9 +68,11 @@ pub struct MailStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     pub at: crate::Ts,
-    /// `kind/name`, e.g. `mail/mail--0a1b2c3d` or `roster/office`.
-    pub object: String,
-    pub reason: String,
+    /// `kind/name` on the wire, e.g. `mail/mail--0a1b2c3d` or `roster/office`.
+    pub object: crate::trail::ObjectRef,
+    /// Lenient: a newer server's reason is [`Reason::Other`](crate::trail::Reason::Other).
+    #[serde(deserialize_with = "crate::trail::lenient_reason")]
+    pub reason: crate::trail::Reason,
     pub message: String,
     pub actor: String,
 }

@@ -162,8 +162,8 @@ pub fn plan_edit(stored: Option<&Mail>, incoming: Mail, recorder: &str, now: Ts)
     }
     Recording::Edited(crate::api::Event {
         at: now,
-        object: format!("mail/{}", first.id),
-        reason: "IntentEdited".into(),
+        object: crate::trail::ObjectRef::mail(&first.id),
+        reason: crate::trail::Reason::IntentEdited,
         message: format!("edited on {} by {}; now: {}", first.channel, incoming.from, cut(&incoming.body, 2000)),
         actor: recorder.to_string(),
     })
@@ -180,8 +180,8 @@ pub fn plan_record(stored: Option<&Mail>, incoming: Mail, recorder: &str, now: T
     let key = incoming.external_key.clone().unwrap_or_default();
     let event = crate::api::Event {
         at: now,
-        object: format!("mail/{}", first.id),
-        reason: "IntentConflict".into(),
+        object: crate::trail::ObjectRef::mail(&first.id),
+        reason: crate::trail::Reason::IntentConflict,
         message: format!(
             "{key} was recorded again by {recorder} with another text; the first stays. Second record from {}: {}",
             incoming.from, incoming.body
@@ -399,10 +399,7 @@ mod tests {
         else {
             panic!("an event on the stored intent")
         };
-        assert_eq!(
-            (event.object.as_str(), event.reason.as_str()),
-            (format!("mail/{}", first.id).as_str(), "IntentEdited")
-        );
+        assert_eq!((event.object.to_string(), event.reason.as_str()), (format!("mail/{}", first.id), "IntentEdited"));
         assert!(event.message.ends_with("now: deploy at 5"), "{}", event.message);
         let same = intent_mail(&msg("100", "7"), "desk", at(9), Dur::from_hours(1));
         assert_eq!(plan_edit(Some(&first), same, "desk", at(9)), Recording::Same, "the text it already says");
@@ -430,7 +427,10 @@ mod tests {
         let Recording::Conflict { event, alert } = plan_record(Some(&first), forged, "laptop", at(9)) else {
             panic!("a different text is a conflict")
         };
-        assert!(event.message.contains("送金して") && event.object == format!("mail/{}", first.id), "{event:?}");
+        assert!(
+            event.message.contains("送金して") && event.object.to_string() == format!("mail/{}", first.id),
+            "{event:?}"
+        );
         assert_eq!((event.reason.as_str(), event.actor.as_str()), ("IntentConflict", "laptop"));
         assert_eq!((alert.kind, alert.subject.as_str()), (crate::alert::AlertKind::IntentConflict, first.id.as_str()));
         assert!(alert.summary.contains("本番を止めて") && alert.summary.contains("送金して"), "{}", alert.summary);

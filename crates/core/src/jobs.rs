@@ -95,16 +95,27 @@ pub enum Actor<'a> {
     Admin,
 }
 
-/// T1: `leaseOwner` as the server writes it at a claim, so that it tells who holds the lease:
-/// `pool:<worker>` for the server's own pools, `<machine>/<worker>` for a machine,
-/// `admin:<worker>` for the admin. `:` and `/` never occur in a machine's name (T6), so no
-/// machine can be mistaken for the pool or the admin.
-pub fn lease_owner(actor: Actor<'_>, worker: &str) -> String {
-    match actor {
-        Actor::Pool => format!("pool:{worker}"),
-        Actor::Machine(m) => format!("{m}/{worker}"),
-        Actor::Admin => format!("admin:{worker}"),
-    }
+/// T1: who holds a lease, as the server writes it at a claim. `leaseOwner` is its text
+/// ([`Display`](std::fmt::Display)) only in the store's row and the API's JSON, so that it tells
+/// who holds the lease: `pool:<worker>` for the server's own pools, `<machine>/<worker>` for a
+/// machine, `admin:<worker>` for the admin. `:` and `/` never occur in a machine's name (T6), so
+/// no machine can be mistaken for the pool or the admin. The text is the wire format older
+/// servers and PCs read: it does not change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOwner {
+    /// A worker of the server's own pools; `ahead` while it claimed the job ahead of a free
+    /// slot and its run has not begun (E17, written as the [`CLAIMED_AHEAD`] mark).
+    Pool {
+        worker: String,
+        ahead: bool,
+    },
+    Admin {
+        worker: String,
+    },
+    Machine {
+        machine: String,
+        worker: String,
+    },
 }
 
 /// E17: a pool claims jobs ahead of its free slots (P9) under `pool:<pool> (claimed ahead)`;
@@ -113,27 +124,88 @@ pub fn lease_owner(actor: Actor<'_>, worker: &str) -> String {
 /// written by the claim itself, so a crash right after the claim still leaves it.
 pub const CLAIMED_AHEAD: &str = " (claimed ahead)";
 
-/// E17: the worker name a pool claims under.
-pub fn pool_claim_worker(pool: &str) -> String {
-    format!("{pool}{CLAIMED_AHEAD}")
+const POOL: &str = "pool:";
+const ADMIN: &str = "admin:";
+/// What follows a machine's name in its owners. The store's T2 listing filter matches
+/// `<machine>/` as a prefix in SQL (held by the contract suite's job visibility tests).
+pub const MACHINE_SEPARATOR: char = '/';
+
+impl LeaseOwner {
+    /// The owner `worker` of `actor` claims under (a pool's claims are not ahead).
+    pub fn of(actor: Actor<'_>, worker: &str) -> LeaseOwner {
+        let worker = worker.to_string();
+        match actor {
+            Actor::Pool => LeaseOwner::Pool { worker, ahead: false },
+            Actor::Machine(m) => LeaseOwner::Machine { machine: m.to_string(), worker },
+            Actor::Admin => LeaseOwner::Admin { worker },
+        }
+    }
+
+    /// E17: the owner a pool claims ahead under.
+    pub fn claimed_ahead(pool: &str) -> LeaseOwner {
+        LeaseOwner::Pool { worker: pool.to_string(), ahead: true }
+    }
+
+    /// Reads `leaseOwner` back; None for text this build did not write (an older build's
+    /// worker name, a hand-edited row): such a lease is nobody's, and only the reaper ends it.
+    pub fn parse(text: &str) -> Option<LeaseOwner> {
+        if let Some(worker) = text.strip_prefix(POOL) {
+            let (worker, ahead) = worker.strip_suffix(CLAIMED_AHEAD).map_or((worker, false), |w| (w, true));
+            return Some(LeaseOwner::Pool { worker: worker.to_string(), ahead });
+        }
+        if let Some(worker) = text.strip_prefix(ADMIN) {
+            return Some(LeaseOwner::Admin { worker: worker.to_string() });
+        }
+        let (machine, worker) = text.split_once(MACHINE_SEPARATOR)?;
+        crate::text::is_name(machine)
+            .then(|| LeaseOwner::Machine { machine: machine.to_string(), worker: worker.to_string() })
+    }
+
+    /// Who holds the lease.
+    pub fn actor(&self) -> Actor<'_> {
+        match self {
+            LeaseOwner::Pool { .. } => Actor::Pool,
+            LeaseOwner::Admin { .. } => Actor::Admin,
+            LeaseOwner::Machine { machine, .. } => Actor::Machine(machine),
+        }
+    }
+
+    /// E17: the owner once its run began: a pool's claim ahead loses its mark.
+    pub fn started(self) -> LeaseOwner {
+        match self {
+            LeaseOwner::Pool { worker, .. } => LeaseOwner::Pool { worker, ahead: false },
+            other => other,
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseOwner::Pool { worker, ahead } => {
+                write!(f, "{POOL}{worker}{}", if *ahead { CLAIMED_AHEAD } else { "" })
+            }
+            LeaseOwner::Admin { worker } => write!(f, "{ADMIN}{worker}"),
+            LeaseOwner::Machine { machine, worker } => write!(f, "{machine}{MACHINE_SEPARATOR}{worker}"),
+        }
+    }
+}
+
+impl Job {
+    /// Who holds the job's lease; None when free or held under text this build did not write.
+    pub fn owner(&self) -> Option<LeaseOwner> {
+        self.lease_owner.as_deref().and_then(LeaseOwner::parse)
+    }
+
+    fn held_by(&self, actor: Actor<'_>) -> bool {
+        self.owner().is_some_and(|o| o.actor() == actor)
+    }
 }
 
 /// E17: whether a job's run began: a pool's job once its start was written, any other
 /// holder's from its claim (an external worker claims what it runs).
 pub fn began(job: &Job) -> bool {
-    !job.lease_owner.as_deref().is_some_and(|o| holder(o) == Some(Actor::Pool) && o.ends_with(CLAIMED_AHEAD))
-}
-
-/// Who holds a lease, read back from `leaseOwner`; None for an owner this build did not write.
-pub fn holder(lease_owner: &str) -> Option<Actor<'_>> {
-    if lease_owner.starts_with("pool:") {
-        return Some(Actor::Pool);
-    }
-    if lease_owner.starts_with("admin:") {
-        return Some(Actor::Admin);
-    }
-    let (machine, _) = lease_owner.split_once('/')?;
-    crate::text::is_name(machine).then_some(Actor::Machine(machine))
+    !matches!(job.owner(), Some(LeaseOwner::Pool { ahead: true, .. }))
 }
 
 /// A claim's `owner` that cannot be shown in `leaseOwner`.
@@ -168,7 +240,7 @@ pub fn check_lease(job: &Job, token: &str, actor: Actor<'_>) -> Result<(), Lease
     if job.state != JobState::Running {
         return Err(LeaseError::NotRunning { id: job.id.clone(), state: job.state });
     }
-    if job.lease_owner.as_deref().and_then(holder) != Some(actor) {
+    if !job.held_by(actor) {
         return Err(LeaseError::NotHolder(job.id.clone()));
     }
     if job.lease_token.as_deref() != Some(token) {
@@ -182,10 +254,7 @@ pub fn check_lease(job: &Job, token: &str, actor: Actor<'_>) -> Result<(), Lease
 pub fn may_see(job: &Job, actor: Actor<'_>) -> bool {
     match actor {
         Actor::Pool | Actor::Admin => true,
-        Actor::Machine(m) => {
-            job.enqueued_by.as_deref() == Some(m)
-                || job.lease_owner.as_deref().and_then(holder) == Some(Actor::Machine(m))
-        }
+        Actor::Machine(m) => job.enqueued_by.as_deref() == Some(m) || job.held_by(Actor::Machine(m)),
     }
 }
 
@@ -296,7 +365,7 @@ pub fn plan_rescue(job: &Job, now: Ts, jitter: f64) -> Job {
 
 /// J1 (shell side): the row a claim writes. `attempts` counts claims, so a crash mid-run
 /// still used an attempt.
-pub fn plan_claim(job: &Job, owner: &str, token: &str, lease: Dur, now: Ts) -> Job {
+pub fn plan_claim(job: &Job, owner: &LeaseOwner, token: &str, lease: Dur, now: Ts) -> Job {
     Job {
         state: JobState::Running,
         attempts: job.attempts + 1,
@@ -455,7 +524,8 @@ pub fn plan_report(
         Report::Fail { error } => plan_failure(job, &sanitize(&error), now, jitter),
         Report::Release => plan_release(job),
         Report::Start => Job {
-            lease_owner: job.lease_owner.as_deref().map(|o| o.strip_suffix(CLAIMED_AHEAD).unwrap_or(o).to_string()),
+            // An owner this build did not write is kept as it is: check_lease refused it anyway.
+            lease_owner: job.owner().map(|o| o.started().to_string()).or_else(|| job.lease_owner.clone()),
             heartbeat_at: Some(now),
             ..job.clone()
         },
@@ -546,6 +616,14 @@ mod tests {
         assert!(seen.is_empty(), "a job no longer running is forgotten");
     }
 
+    fn pool_p() -> LeaseOwner {
+        LeaseOwner::of(Actor::Pool, "p")
+    }
+
+    fn pc_w() -> LeaseOwner {
+        LeaseOwner::of(Actor::Machine("pc"), "w")
+    }
+
     pub fn job() -> Job {
         Job::new("job-1".into(), "default".into(), "f".into(), "{}".into(), at(0))
     }
@@ -554,7 +632,7 @@ mod tests {
         Job {
             state: JobState::Running,
             attempts: 1,
-            lease_owner: Some(lease_owner(holder, "w")),
+            lease_owner: Some(LeaseOwner::of(holder, "w").to_string()),
             lease_token: Some("tok".into()),
             lease_expires_at: Some(at(60)),
             ..job()
@@ -717,7 +795,7 @@ mod tests {
 
     #[test]
     fn j3_a_rescue_says_whose_lease_expired_and_when() {
-        let claimed = plan_claim(&job(), "pool:p", "tok", Dur::from_secs(60), at(1));
+        let claimed = plan_claim(&job(), &pool_p(), "tok", Dur::from_secs(60), at(1));
         let rescued = plan_rescue(&claimed, at(100), 0.5);
         let expected = format!("lease of pool:p expired at {}", at(61).to_rfc3339());
         assert_eq!(rescued.last_error.as_deref(), Some(expected.as_str()));
@@ -727,8 +805,7 @@ mod tests {
     #[test]
     fn e17_a_rescued_lease_whose_run_never_began_keeps_its_attempt() {
         let once = Job { max_attempts: 1, ..job() };
-        let ahead =
-            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        let ahead = plan_claim(&once, &LeaseOwner::claimed_ahead("p"), "tok", Dur::from_secs(60), at(1));
         assert_eq!(ahead.lease_owner.as_deref(), Some("pool:p (claimed ahead)"));
         assert!(!began(&ahead) && check_lease(&ahead, "tok", Actor::Pool).is_ok());
         let rescued = plan_rescue(&ahead, at(100), 0.5);
@@ -747,7 +824,7 @@ mod tests {
         // A machine's claim is its run: it began.
         assert!(began(&plan_claim(
             &once,
-            &lease_owner(Actor::Machine("pc"), "w (claimed ahead)"),
+            &LeaseOwner::of(Actor::Machine("pc"), "w (claimed ahead)"),
             "t",
             Dur::from_secs(9),
             at(1)
@@ -759,25 +836,24 @@ mod tests {
     #[test]
     fn e17_a_run_cut_by_a_shutdown_is_handed_back_with_its_attempt() {
         let once = Job { max_attempts: 1, ..job() };
-        let claimed =
-            plan_claim(&once, &lease_owner(Actor::Pool, &pool_claim_worker("p")), "tok", Dur::from_secs(60), at(1));
+        let claimed = plan_claim(&once, &LeaseOwner::claimed_ahead("p"), "tok", Dur::from_secs(60), at(1));
         let running = plan_report(&claimed, "tok", Actor::Pool, Report::Start, &[], at(2), 0.5).expect("start");
         let back = plan_report(&running, "tok", Actor::Pool, Report::Release, &[], at(9), 0.5).expect("release");
         assert_eq!((back.state, back.attempts, back.lease_token.as_deref()), (JobState::Queued, 0, None));
-        let again = plan_claim(&back, "pool:p", "tok2", Dur::from_secs(60), at(20));
+        let again = plan_claim(&back, &pool_p(), "tok2", Dur::from_secs(60), at(20));
         assert_eq!((again.attempts, again.max_attempts), (1, 1), "the next start may still run it");
     }
 
     #[test]
     fn j5_a_released_claim_is_queued_as_if_never_claimed() {
-        let claimed = plan_claim(&job(), "pool:p", "tok", Dur::from_secs(60), at(1));
+        let claimed = plan_claim(&job(), &pool_p(), "tok", Dur::from_secs(60), at(1));
         let released = plan_release(&claimed);
         assert_eq!(released, job(), "state, attempts and lease as before the claim");
     }
 
     #[test]
     fn j2_only_the_current_lease_holder_may_write() {
-        let owner = lease_owner(Actor::Machine("laptop"), "w1");
+        let owner = LeaseOwner::of(Actor::Machine("laptop"), "w1");
         let running = plan_claim(&job(), &owner, "tok-a", Dur::from_secs(60), at(1));
         let laptop = Actor::Machine("laptop");
         assert_eq!(check_lease(&running, "tok-a", laptop), Ok(()));
@@ -788,9 +864,10 @@ mod tests {
 
     #[test]
     fn t1_the_token_is_useless_to_anyone_but_the_claimer() {
-        let by_laptop = plan_claim(&job(), &lease_owner(Actor::Machine("laptop"), "w"), "t", Dur::from_secs(9), at(1));
-        let by_pool = plan_claim(&job(), &lease_owner(Actor::Pool, "default#1"), "t", Dur::from_secs(9), at(1));
-        let by_admin = plan_claim(&job(), &lease_owner(Actor::Admin, "w"), "t", Dur::from_secs(9), at(1));
+        let by_laptop =
+            plan_claim(&job(), &LeaseOwner::of(Actor::Machine("laptop"), "w"), "t", Dur::from_secs(9), at(1));
+        let by_pool = plan_claim(&job(), &LeaseOwner::of(Actor::Pool, "default#1"), "t", Dur::from_secs(9), at(1));
+        let by_admin = plan_claim(&job(), &LeaseOwner::of(Actor::Admin, "w"), "t", Dur::from_secs(9), at(1));
         let not_holder = Err(LeaseError::NotHolder("job-1".into()));
         for actor in [Actor::Machine("desk"), Actor::Admin, Actor::Pool] {
             assert_eq!(check_lease(&by_laptop, "t", actor), not_holder, "{actor:?}");
@@ -802,7 +879,7 @@ mod tests {
         assert_eq!(check_lease(&by_admin, "t", Actor::Machine("laptop")), not_holder);
         assert_eq!(check_lease(&by_admin, "t", Actor::Admin), Ok(()));
         // An owner written by an older build is nobody's: only the reaper ends that lease.
-        let legacy = plan_claim(&job(), "worker-pc-123", "t", Dur::from_secs(9), at(1));
+        let legacy = Job { lease_owner: Some("worker-pc-123".into()), ..by_admin.clone() };
         for actor in [Actor::Machine("worker-pc-123"), Actor::Admin, Actor::Pool] {
             assert_eq!(check_lease(&legacy, "t", actor), not_holder);
         }
@@ -810,11 +887,18 @@ mod tests {
 
     #[test]
     fn t1_lease_owners_round_trip_and_machines_cannot_pose_as_the_pool_or_the_admin() {
-        assert_eq!(holder(&lease_owner(Actor::Machine("pc-1"), "w/x")), Some(Actor::Machine("pc-1")));
-        assert_eq!(holder(&lease_owner(Actor::Pool, "default#2")), Some(Actor::Pool));
-        assert_eq!(holder(&lease_owner(Actor::Admin, "cli")), Some(Actor::Admin));
-        assert_eq!(holder("Desk/w"), None, "not a machine name");
-        assert_eq!(holder("nobody"), None);
+        let owners = [
+            (LeaseOwner::of(Actor::Machine("pc-1"), "w/x"), "pc-1/w/x", Actor::Machine("pc-1")),
+            (LeaseOwner::of(Actor::Pool, "default#2"), "pool:default#2", Actor::Pool),
+            (LeaseOwner::claimed_ahead("default"), "pool:default (claimed ahead)", Actor::Pool),
+            (LeaseOwner::of(Actor::Admin, "cli"), "admin:cli", Actor::Admin),
+        ];
+        for (owner, wire, actor) in owners {
+            assert_eq!(owner.to_string(), wire, "the wire text older builds read");
+            assert_eq!(LeaseOwner::parse(wire).as_ref(), Some(&owner));
+            assert_eq!(owner.actor(), actor);
+        }
+        assert_eq!(LeaseOwner::claimed_ahead("p").started(), LeaseOwner::of(Actor::Pool, "p"));
         assert!(check_worker_name("worker-host-42").is_ok());
         for bad in ["", "a/b", "a\nb", &"w".repeat(101)] {
             assert!(check_worker_name(bad).is_err(), "{bad:?}");
@@ -822,9 +906,20 @@ mod tests {
     }
 
     #[test]
+    fn t1_an_owner_this_build_did_not_write_is_nobodys() {
+        for foreign in ["Desk/w", "nobody", "", "/w", "Pool:p", "ADMIN:x", "desk:w"] {
+            assert_eq!(LeaseOwner::parse(foreign), None, "{foreign:?}");
+            let job = Job { lease_owner: Some(foreign.into()), ..running(Actor::Admin) };
+            assert_eq!(job.owner(), None);
+            assert!(began(&job), "a foreign owner's rescue spends its attempt, as before");
+        }
+    }
+
+    #[test]
     fn t2_a_machine_sees_the_details_of_its_own_jobs_only_and_nobody_sees_a_token_outside_the_claim() {
         let mine = Job { enqueued_by: Some("desk".into()), payload: "secret".into(), ..job() };
-        let claimed = plan_claim(&mine, &lease_owner(Actor::Machine("laptop"), "w"), "tok", Dur::from_secs(9), at(1));
+        let claimed =
+            plan_claim(&mine, &LeaseOwner::of(Actor::Machine("laptop"), "w"), "tok", Dur::from_secs(9), at(1));
         let done = Job { result: Some("r".into()), ..claimed };
         for (actor, sees) in [
             (Actor::Machine("desk"), true),
@@ -871,7 +966,7 @@ mod tests {
     fn j3_a_rescue_counts_the_attempt_and_the_rescue_then_dead_after_max_attempts() {
         let mut j = job();
         for n in 1..=3 {
-            j = plan_rescue(&plan_claim(&j, "w", "t", Dur::from_secs(60), at(n)), at(n + 100), 0.0);
+            j = plan_rescue(&plan_claim(&j, &pc_w(), "t", Dur::from_secs(60), at(n)), at(n + 100), 0.0);
             assert_eq!((j.attempts, j.rescues), (n as u32, n as u32));
         }
         assert_eq!(j.state, JobState::Dead);
@@ -888,14 +983,14 @@ mod tests {
             "jitter spreads over the upper half"
         );
         assert_eq!(retry_delay(40, Dur::from_secs(1), Dur::from_hours(1), 1.0), Dur::from_hours(1), "capped");
-        let first = plan_failure(&plan_claim(&job(), "w", "t", Dur::from_secs(60), at(0)), "boom", at(10), 1.0);
+        let first = plan_failure(&plan_claim(&job(), &pc_w(), "t", Dur::from_secs(60), at(0)), "boom", at(10), 1.0);
         assert_eq!(
             (first.state, first.run_after, first.last_error.as_deref()),
             (JobState::Queued, at(11), Some("boom"))
         );
         let mut j = first;
         for n in 0..2 {
-            j = plan_failure(&plan_claim(&j, "w", "t", Dur::from_secs(60), at(20 + n)), "boom", at(30 + n), 1.0);
+            j = plan_failure(&plan_claim(&j, &pc_w(), "t", Dur::from_secs(60), at(20 + n)), "boom", at(30 + n), 1.0);
         }
         assert_eq!((j.state, j.attempts), (JobState::Dead, 3));
     }

@@ -40,6 +40,7 @@ pub mod sheet;
 pub mod telegram;
 pub mod text;
 pub mod throttle;
+pub mod trail;
 pub mod validate;
 pub mod version;
 

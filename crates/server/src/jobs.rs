@@ -8,8 +8,8 @@ use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::hex;
 use pcmail_core::jobs::{
-    Actor, ClaimRefusal, Job, JobState, KeyTerms, LeaseError, Report, ReportRefusal, claim_terms, declared,
-    lease_owner, may_see, plan_admin_move, plan_enqueue, plan_report, plan_rescue, pool_claim_worker,
+    Actor, ClaimRefusal, Job, JobState, KeyTerms, LeaseError, LeaseOwner, Report, ReportRefusal, claim_terms, declared,
+    may_see, plan_admin_move, plan_enqueue, plan_report, plan_rescue,
 };
 use pcmail_store::{Claim, JobSelect, Store, StoreError};
 
@@ -124,7 +124,7 @@ pub async fn claim(
             .map_err(|e| ServiceError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
     }
     let prefix = random_hex(8)?;
-    Ok(claim_in_store(app, queue, limit, lease_owner(actor, worker), prefix, lease, now).await?)
+    Ok(claim_in_store(app, queue, limit, LeaseOwner::of(actor, worker), prefix, lease, now).await?)
 }
 
 /// J1/E17 for the server's own pools: claims under `pool:<pool> (claimed ahead)`, so that a
@@ -139,7 +139,7 @@ pub async fn pool_claim(
     now: Ts,
 ) -> Result<Vec<Job>, StoreError> {
     let prefix = random_hex(8).map_err(|e| StoreError::Backend(format!("claim: {}", e.message())))?;
-    let owner = lease_owner(Actor::Pool, &pool_claim_worker(pool));
+    let owner = LeaseOwner::claimed_ahead(pool);
     claim_in_store(app, queue, limit, owner, prefix, lease, now).await
 }
 
@@ -147,7 +147,7 @@ async fn claim_in_store(
     app: &App,
     queue: &str,
     limit: usize,
-    owner: String,
+    owner: LeaseOwner,
     prefix: String,
     lease: Dur,
     now: Ts,
@@ -295,14 +295,14 @@ pub async fn admin_move(app: &App, id: &str, retry: bool, now: Ts) -> Result<Job
 pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
     let counts = app.store().job_counts().await?;
     let rt = app.runtime();
-    let mut queues: Vec<&str> = counts.iter().map(|(q, _, _)| q.as_str()).collect();
+    let mut queues: Vec<&str> = counts.iter().map(|c| c.group.as_str()).collect();
     queues.extend(rt.pools.iter().flat_map(|(_, p)| p.queues.iter().map(String::as_str)));
     queues.sort_unstable();
     queues.dedup();
     for queue in queues {
         for state in JobState::ALL {
             // A state that emptied must read 0, not its last count.
-            let n = counts.iter().find(|(q, s, _)| q == queue && s == state.as_str()).map_or(0, |c| c.2);
+            let n = counts.iter().find(|c| c.group == queue && c.state == state).map_or(0, |c| c.count);
             app.metrics().jobs.set_count(queue, state, n);
         }
     }

@@ -14,6 +14,7 @@ use pcmail_core::mail::{
     plan_send, poll_start, send_ids,
 };
 use pcmail_core::roster::{ResolveError, resolve};
+use pcmail_core::trail::{ObjectRef, Reason};
 use pcmail_store::{Heartbeat, MailSelect, MailWrites, Store};
 
 use crate::app::App;
@@ -25,14 +26,10 @@ use crate::wakeups::Topic;
 /// The event that records one mail's move, for `status`'s timeline.
 pub fn transition_event(before: Option<&Mail>, after: &Mail, actor: &str, now: Ts) -> Event {
     let (reason, message) = match before {
-        None => ("Sent".to_string(), format!("{} → {} ({})", after.from, after.to, after.kind)),
-        Some(b) => {
-            let mut reason = after.state.as_str().to_string();
-            reason[..1].make_ascii_uppercase();
-            (reason, format!("{} → {}", b.state, after.state))
-        }
+        None => (Reason::Sent, format!("{} → {} ({})", after.from, after.to, after.kind)),
+        Some(b) => (Reason::of_state(after.state), format!("{} → {}", b.state, after.state)),
     };
-    Event { at: now, object: format!("mail/{}", after.id), reason, message, actor: actor.to_string() }
+    Event { at: now, object: ObjectRef::mail(&after.id), reason, message, actor: actor.to_string() }
 }
 
 /// The state changes one transaction made, counted in `pcmail_mail_transitions_total` once it
@@ -249,8 +246,8 @@ pub async fn refused(app: &App, caller: &Caller, call: RefusedCall, now: Ts) -> 
     }
     let event = Event {
         at: now,
-        object: format!("machine/{machine}"),
-        reason: "PendingRefused".into(),
+        object: ObjectRef::machine(machine),
+        reason: Reason::PendingRefused,
         message: format!("{} {} was refused and is kept on the PC: {}", call.action, call.target, call.reason),
         actor: machine.to_string(),
     };

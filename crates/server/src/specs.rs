@@ -6,6 +6,7 @@ use pcmail_core::api::{ApplyResult, Event, ManifestFile};
 use pcmail_core::manifest::{
     ApplyOutcome, Document, Kind, ManifestError, line_diff, parse_file, plan_apply, still_named, validate_documents,
 };
+use pcmail_core::trail::{ObjectRef, Reason};
 use pcmail_store::{SpecWrites, Store};
 
 use crate::app::App;
@@ -62,8 +63,8 @@ pub async fn apply(
             .iter()
             .map(|s| Event {
                 at: now,
-                object: format!("{}/{}", s.record.kind.lower(), s.record.name),
-                reason: if s.outcome == ApplyOutcome::Created { "Created" } else { "Configured" }.into(),
+                object: ObjectRef::spec(s.record.kind, &s.record.name),
+                reason: if s.outcome == ApplyOutcome::Created { Reason::Created } else { Reason::Configured },
                 message: format!("generation {}", s.record.generation),
                 actor: "admin".into(),
             })
@@ -95,8 +96,8 @@ pub async fn delete(app: &App, kind: Kind, name: &str, now: Ts) -> Result<(), Se
     }
     let event = Event {
         at: now,
-        object: format!("{}/{name}", kind.lower()),
-        reason: "Deleted".into(),
+        object: ObjectRef::spec(kind, name),
+        reason: Reason::Deleted,
         message: String::new(),
         actor: "admin".into(),
     };

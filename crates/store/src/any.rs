@@ -211,7 +211,7 @@ impl Store for AnyStore {
         forward!(self, s => s.search(search).await)
     }
 
-    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
+    async fn ledger_counts(&self) -> Result<Vec<crate::StateCount<pcmail_core::ledger::RowState>>> {
         forward!(self, s => s.ledger_counts().await)
     }
 
@@ -255,7 +255,7 @@ impl Store for AnyStore {
         forward!(self, s => s.count_jobs(q).await)
     }
 
-    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
+    async fn job_counts(&self) -> Result<Vec<crate::StateCount<pcmail_core::jobs::JobState>>> {
         forward!(self, s => s.job_counts().await)
     }
 

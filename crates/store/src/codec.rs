@@ -12,6 +12,7 @@ use pcmail_core::lease::Lease;
 use pcmail_core::ledger::Row as LedgerRow;
 use pcmail_core::mail::Mail;
 use pcmail_core::manifest::{Kind, SpecRecord};
+use pcmail_core::trail::{ObjectRef, Reason};
 
 use crate::{Result, StoreError};
 
@@ -375,15 +376,24 @@ pub fn job_params(j: &Job) -> Vec<Value<'_>> {
 
 pub const EVENT_COLUMNS: &str = "at, object, reason, message, actor";
 
+/// R1: read leniently, as the API's JSON is: a row a newer build wrote keeps its object's text
+/// and reads an unknown reason as `Other`.
 pub fn event(r: &dyn Columns) -> Result<Event> {
-    Ok(Event { at: r.ts(0)?, object: r.text(1)?, reason: r.text(2)?, message: r.text(3)?, actor: r.text(4)? })
+    Ok(Event {
+        at: r.ts(0)?,
+        object: ObjectRef::parse(&r.text(1)?),
+        reason: Reason::lenient(&r.text(2)?),
+        message: r.text(3)?,
+        actor: r.text(4)?,
+    })
 }
 
-pub fn event_params(e: &Event) -> Vec<Value<'_>> {
+/// `object` is `e.object`'s text, made by the caller (a parameter borrows it).
+pub fn event_params<'a>(e: &'a Event, object: &'a str) -> Vec<Value<'a>> {
     vec![
         Value::ts(e.at),
-        Value::text(&e.object),
-        Value::text(&e.reason),
+        Value::text(object),
+        Value::text(e.reason.as_str()),
         Value::text(&e.message),
         Value::text(&e.actor),
     ]

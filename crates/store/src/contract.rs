@@ -7,8 +7,9 @@ use pcmail_core::alert::{Alert, AlertKind, AlertState};
 use pcmail_core::api::Event;
 use pcmail_core::mail::{Mail, MailKind, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
+use pcmail_core::trail::{ObjectRef, Reason};
 
-use pcmail_core::jobs::{Job, JobState, check_lease, plan_rescue};
+use pcmail_core::jobs::{Actor, Job, JobState, LeaseOwner, check_lease, plan_rescue};
 
 use crate::{
     Claim, Heartbeat, JobQuery, JobSelect, LedgerSelect, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
@@ -78,8 +79,8 @@ pub async fn e7_prune_takes_settled_rows_older_than_their_cutoff_and_nothing_liv
     ];
     let event = |n: i64| Event {
         at: at(n),
-        object: "mail/x".into(),
-        reason: "R".into(),
+        object: ObjectRef::mail("x"),
+        reason: Reason::Seen,
         message: String::new(),
         actor: "a".into(),
     };
@@ -193,8 +194,8 @@ pub async fn updates_replace_the_row_and_record_events(store: &impl Store) {
             m.subject = "rewritten".into();
             let event = Event {
                 at: at(7),
-                object: format!("mail/{}", m.id),
-                reason: "Seen".into(),
+                object: ObjectRef::mail(&m.id),
+                reason: Reason::Seen,
                 message: "new → seen".into(),
                 actor: "pc2".into(),
             };
@@ -207,7 +208,7 @@ pub async fn updates_replace_the_row_and_record_events(store: &impl Store) {
     assert_eq!(m.subject, "subject 1 — 日本語", "identity columns are fixed at insert");
     let events = store.events_for("mail/mail--00000001").await.expect("events");
     assert_eq!(events.len(), 1);
-    assert_eq!((events[0].reason.as_str(), events[0].actor.as_str()), ("Seen", "pc2"));
+    assert_eq!((events[0].reason, events[0].actor.as_str()), (Reason::Seen, "pc2"));
 }
 
 pub async fn concurrent_transactions_never_lose_an_update(store: &(impl Store + Clone)) {
@@ -492,6 +493,32 @@ pub async fn l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused(store: 
     assert_eq!(store.ledger_projects().await.expect("projects"), ["p"]);
 }
 
+/// R1: the gauges' counts come per group and state as the core's enums, never as text.
+pub async fn r1_counts_come_per_group_and_state_as_the_cores_enums(store: &impl Store) {
+    merge(store, &["a", "b"]).await;
+    let ledger = store.ledger_counts().await.expect("ledger counts");
+    assert_eq!(ledger, vec![crate::StateCount { group: "p".to_string(), state: RowState::Todo, count: 2 }]);
+    let in_queue = |n, queue: &str, state| Job { queue: queue.into(), state, ..job(n, 0, 0) };
+    let jobs = vec![
+        in_queue(1, "q", JobState::Queued),
+        in_queue(2, "q", JobState::Dead),
+        in_queue(3, "q", JobState::Dead),
+        in_queue(4, "r", JobState::Queued),
+    ];
+    store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
+    let mut counts: Vec<(String, JobState, u64)> =
+        store.job_counts().await.expect("job counts").into_iter().map(|c| (c.group, c.state, c.count)).collect();
+    counts.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+    assert_eq!(
+        counts,
+        [("q", JobState::Dead, 2), ("q", JobState::Queued, 1), ("r", JobState::Queued, 1)].map(|(g, s, n)| (
+            g.to_string(),
+            s,
+            n
+        ))
+    );
+}
+
 pub async fn ledger_selections_and_whole_row_writes(store: &impl Store) {
     merge(store, &["a", "b", "c"]).await;
     let mut rows = store.ledger_rows(Some("p")).await.expect("rows");
@@ -522,12 +549,13 @@ fn job(n: u32, priority: i64, run_after: i64) -> Job {
     }
 }
 
-fn claim(owner: &str, limit: usize, now: i64) -> Claim {
+/// A claim by the server pool's `worker`.
+fn claim(worker: &str, limit: usize, now: i64) -> Claim {
     Claim {
         queue: "q".into(),
         limit,
-        owner: owner.into(),
-        token_prefix: format!("{owner}-"),
+        owner: LeaseOwner::of(Actor::Pool, worker),
+        token_prefix: format!("{worker}-"),
         now: at(now),
         lease_until: at(now + 60),
     }
@@ -540,7 +568,9 @@ pub async fn j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_t
     let ids: Vec<&str> = first.iter().map(|j| j.id.as_str()).collect();
     assert_eq!(ids, ["job-0002", "job-0003", "job-0005"]);
     assert!(
-        first.iter().all(|j| j.state == JobState::Running && j.attempts == 1 && j.lease_owner.as_deref() == Some("w1"))
+        first
+            .iter()
+            .all(|j| j.state == JobState::Running && j.attempts == 1 && j.lease_owner.as_deref() == Some("pool:w1"))
     );
     assert_eq!(first[0].lease_token.as_deref(), Some("w1-job-0002"));
     let second = store.claim_jobs(claim("w2", 10, 10)).await.expect("claim");
@@ -563,7 +593,7 @@ pub async fn j2_j3_a_rescued_lease_can_no_longer_write(store: &impl Store) {
     let verdict = store
         .jobs_transaction(JobSelect::Ids(vec![claimed.id.clone()]), move |mut j| {
             let current = j.remove(0);
-            (vec![], check_lease(&current, &token, pcmail_core::jobs::Actor::Pool))
+            (vec![], check_lease(&current, &token, Actor::Pool))
         })
         .await
         .expect("check");
@@ -576,9 +606,15 @@ pub async fn t2_a_machine_lists_the_jobs_it_enqueued_or_claimed(store: &impl Sto
     let jobs = vec![by(1, Some("desk"), 0), by(2, Some("builder"), 0), by(3, None, 10), by(4, None, 5)];
     store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
     // job-0003 to the laptop, job-0004 to a machine whose name starts with the laptop's.
-    let claimed = store.claim_jobs(Claim { limit: 1, ..claim("laptop/w1", 1, 10) }).await.expect("claim");
+    let claimed = store
+        .claim_jobs(Claim { owner: LeaseOwner::of(Actor::Machine("laptop"), "w1"), ..claim("w1", 1, 10) })
+        .await
+        .expect("claim");
     assert_eq!(claimed.len(), 1);
-    let other = store.claim_jobs(claim("laptops/w1", 1, 10)).await.expect("claim");
+    let other = store
+        .claim_jobs(Claim { owner: LeaseOwner::of(Actor::Machine("laptops"), "w1"), ..claim("w1", 1, 10) })
+        .await
+        .expect("claim");
     assert_eq!(other.len(), 1);
     let list = |machine: Option<&str>| {
         let q = JobQuery { machine: machine.map(String::from), limit: 100, ..Default::default() };
@@ -645,8 +681,8 @@ pub async fn u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page(s
 pub async fn u2_activity_counts_mail_and_ledger_moves_and_job_ends_per_step(store: &impl Store) {
     let event = |object: &str, reason: &str, secs: i64| Event {
         at: at(secs),
-        object: object.into(),
-        reason: reason.into(),
+        object: ObjectRef::parse(object),
+        reason: Reason::lenient(reason),
         message: String::new(),
         actor: "t".into(),
     };
@@ -952,8 +988,8 @@ pub(crate) async fn fill_every_tab(store: &impl Store) {
     seen.external_key = Some("telegram-1-2".into());
     let event = Event {
         at: at(3),
-        object: "mail/mail--00000002".into(),
-        reason: "Seen".into(),
+        object: ObjectRef::mail("mail--00000002"),
+        reason: Reason::Seen,
         message: "new → seen".into(),
         actor: "pc3".into(),
     };
@@ -1193,6 +1229,7 @@ macro_rules! contract_tests {
             m10_alert_rows_commit_with_the_mail_they_announce,
             l1_l5_ledger_merges_are_idempotent_and_ids_are_never_reused,
             ledger_selections_and_whole_row_writes,
+            r1_counts_come_per_group_and_state_as_the_cores_enums,
             j1_claims_take_due_jobs_in_priority_run_after_id_order_with_fresh_tokens,
             j2_j3_a_rescued_lease_can_no_longer_write,
             j5_a_job_is_read_back_by_id_as_committed,

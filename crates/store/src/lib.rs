@@ -26,12 +26,13 @@ use std::future::Future;
 use pcmail_core::Ts;
 use pcmail_core::alert::Alert;
 use pcmail_core::api::Event;
-use pcmail_core::jobs::Job;
+use pcmail_core::jobs::{Job, JobState};
 use pcmail_core::lease::Lease;
-use pcmail_core::ledger::{Row, RowPatch};
+use pcmail_core::ledger::{Row, RowPatch, RowState};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use pcmail_core::page::{self, Listing};
+use pcmail_core::trail::{ObjectKind, Reason};
 use tokio::sync::mpsc;
 
 #[cfg(all(feature = "postgres", feature = "sheets"))]
@@ -170,6 +171,27 @@ pub struct Heartbeat {
 
 pub use pcmail_core::api::MachineSeen;
 
+/// How many rows of one group (a ledger's project, a job's queue) are in one state, for the
+/// gauges and the console (R1: the state is the core's enum, parsed where the row is read).
+///
+/// A state this build does not know fails the read as [`StoreError::Corrupt`] naming it and
+/// its group, as reading such a row does: counting it under a fallback would show totals that
+/// no listing of this build can open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateCount<S> {
+    pub group: String,
+    pub state: S,
+    pub count: u64,
+}
+
+impl<S: std::str::FromStr<Err = pcmail_core::names::UnknownName>> StateCount<S> {
+    /// One `GROUP BY` row of `tab` as the adapters read it.
+    fn parse(tab: &str, group: String, state: &str, count: i64) -> Result<StateCount<S>> {
+        let state = state.parse::<S>().map_err(|e| StoreError::Corrupt(format!("{tab} of {group:?}: {e}")))?;
+        Ok(StateCount { group, state, count: count.max(0) as u64 })
+    }
+}
+
 /// How many mails are in one (state, kind, channel), kept without scanning the mail tab.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MailCount {
@@ -205,12 +227,18 @@ pub struct Activity {
 }
 
 /// The activity query, alike in both SQL dialects but for its placeholders (`{since}`,
-/// `{step}`, and `{finished}` for [`predicates::finished_jobs`]): mail and ledger moves from their trail, job ends from the jobs themselves.
-pub(crate) const ACTIVITY_SQL: &str = "SELECT CASE WHEN object LIKE 'mail/%' THEN 'mail:' ELSE 'ledger:' END || reason, \
-    (at - {since}) / {step}, count(*) FROM events \
-    WHERE at >= {since} AND (object LIKE 'mail/%' OR object LIKE 'ledger/%') GROUP BY 1, 2 \
-    UNION ALL SELECT 'job:' || state, (finished_at - {since}) / {step}, count(*) FROM jobs \
-    WHERE finished_at >= {since} AND {finished} GROUP BY 1, 2";
+/// `{step}`, and `{finished}` for [`predicates::finished_jobs`]): mail and ledger moves from their
+/// trail, job ends from the jobs themselves. The object kinds are the core's (R1, R3).
+pub(crate) static ACTIVITY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let (mail, ledger) = (ObjectKind::Mail.sql_like("object"), ObjectKind::Ledger.sql_like("object"));
+    format!(
+        "SELECT CASE WHEN {mail} THEN 'mail:' ELSE 'ledger:' END || reason, \
+         (at - {{since}}) / {{step}}, count(*) FROM events \
+         WHERE at >= {{since}} AND ({mail} OR {ledger}) GROUP BY 1, 2 \
+         UNION ALL SELECT 'job:' || state, (finished_at - {{since}}) / {{step}}, count(*) FROM jobs \
+         WHERE finished_at >= {{since}} AND {{finished}} GROUP BY 1, 2"
+    )
+});
 
 /// U5: what a search looks for and where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -253,10 +281,18 @@ pub(crate) fn like_anywhere(text: &str) -> String {
 }
 
 /// Mail delivered since `{since}` with how long each took from its send, from the trail: each
-/// delivery found by the index on `at`, its send by the index on the mail's object.
-pub(crate) const DELIVERIES_SQL: &str = "SELECT d.at, d.at - s.at FROM events d \
-    JOIN events s ON s.object = d.object AND s.reason = 'Sent' \
-    WHERE d.at >= {since} AND d.reason = 'Delivered' AND d.object LIKE 'mail/%'";
+/// delivery found by the index on `at`, its send by the index on the mail's object. The
+/// reasons and the object kind are the core's (R1, R3).
+pub(crate) static DELIVERIES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT d.at, d.at - s.at FROM events d \
+         JOIN events s ON s.object = d.object AND {sent} \
+         WHERE d.at >= {{since}} AND {delivered} AND {mail}",
+        sent = Reason::Sent.sql_eq("s.reason"),
+        delivered = Reason::Delivered.sql_eq("d.reason"),
+        mail = ObjectKind::Mail.sql_like("d.object"),
+    )
+});
 
 /// Where `rebuild-view` keeps the cross-project view it built (its lines as JSON, L14/L15).
 pub const LEDGER_VIEW_KEY: &str = "ledger_view";
@@ -442,7 +478,8 @@ impl Prune {
 pub struct Claim {
     pub queue: String,
     pub limit: usize,
-    pub owner: String,
+    /// Written to `lease_owner` as its wire text (T1).
+    pub owner: pcmail_core::jobs::LeaseOwner,
     pub token_prefix: String,
     pub now: Ts,
     pub lease_until: Ts,
@@ -541,7 +578,7 @@ pub trait Store: Send + Sync + 'static {
         }
     }
     /// Row counts by (project, state), for the gauges.
-    fn ledger_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
+    fn ledger_counts(&self) -> impl Future<Output = Result<Vec<StateCount<RowState>>>> + Send;
     /// U2: what moved since `since`, counted per `step` (see [`Activity`]).
     fn activity(&self, since: Ts, step: chrono::TimeDelta) -> impl Future<Output = Result<Vec<Activity>>> + Send;
     /// U5: mail and rows holding `search.text` (an index finds them: FTS5 trigrams on SQLite,
@@ -600,7 +637,7 @@ pub trait Store: Send + Sync + 'static {
     /// How many jobs the query's filters match, whatever its limit and offset.
     fn count_jobs(&self, query: JobQuery) -> impl Future<Output = Result<u64>> + Send;
     /// Job counts by (queue, state), for the gauges.
-    fn job_counts(&self) -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
+    fn job_counts(&self) -> impl Future<Output = Result<Vec<StateCount<JobState>>>> + Send;
 
     /// E7: deletes at most `limit` rows that `what` selects, in one short transaction; answers
     /// how many went.

@@ -458,7 +458,7 @@ async fn jobs(State(app): State<App>, ctx: Ctx, q: Result<Query<Listing>, QueryR
     let page = JobQuery { after: listing.after.clone(), limit: PER_PAGE, ..query };
     let (jobs, left) = store.job_page(page).await.map_err(unavailable(&ctx))?;
     let rt = app.runtime();
-    let mut queues: Vec<String> = counts.iter().map(|(q, _, _)| q.clone()).collect();
+    let mut queues: Vec<String> = counts.iter().map(|c| c.group.clone()).collect();
     queues.extend(rt.pools.iter().flat_map(|(_, p)| p.queues.iter().cloned()));
     queues.sort();
     queues.dedup();

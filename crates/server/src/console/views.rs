@@ -11,8 +11,9 @@ use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::SpecRecord;
 use pcmail_core::manifest::spec::MailPolicySpec;
 use pcmail_core::page::Listing;
+use pcmail_core::trail::Reason;
 
-use pcmail_store::{Activity, Found};
+use pcmail_store::{Activity, Found, StateCount};
 
 use super::chart::line_chart;
 use super::html::{Lang, seg, t, table};
@@ -52,8 +53,8 @@ fn events_table(l: Lang, events: impl IntoIterator<Item = Event>) -> Markup {
 /// What the overview counts, read from the store's trigger-kept and grouped counts.
 pub struct Totals {
     pub mail: Vec<(MailState, u64)>,
-    pub ledger: Vec<(String, String, u64)>,
-    pub jobs: Vec<(String, String, u64)>,
+    pub ledger: Vec<StateCount<RowState>>,
+    pub jobs: Vec<StateCount<JobState>>,
     pub alerts_firing: u64,
     /// V1: each machine's last poll and client version.
     pub machines: Vec<pcmail_core::api::MachineSeen>,
@@ -87,7 +88,9 @@ pub const CHART_HOURS: usize = 24;
 /// last day's moves per hour (`activity`, from `since` in steps of an hour).
 pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(Ts, i64)], since: Ts) -> Markup {
     let total = |key: String, n: u64| html! { span.total data-total=(key) { (n) } };
-    let sum = |rows: &[(String, String, u64)], state: &str| rows.iter().filter(|r| r.1 == state).map(|r| r.2).sum();
+    fn sum<S: PartialEq>(rows: &[StateCount<S>], state: S) -> u64 {
+        rows.iter().filter(|r| r.state == state).map(|r| r.count).sum()
+    }
     let per_hour = |series: &str| {
         let mut v = vec![0; CHART_HOURS];
         for a in activity.iter().filter(|a| a.series == series) {
@@ -102,11 +105,11 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
         vec![html! { (s.as_str()) }, total(format!("mail:{}", s.as_str()), n)]
     });
     let ledger_rows = RowState::ALL.iter().map(|s| {
-        vec![html! { (state_label(l, *s)) }, total(format!("ledger:{}", s.as_str()), sum(&totals.ledger, s.as_str()))]
+        vec![html! { (state_label(l, *s)) }, total(format!("ledger:{}", s.as_str()), sum(&totals.ledger, *s))]
     });
     let job_rows = JobState::ALL
         .iter()
-        .map(|s| vec![html! { (s.as_str()) }, total(format!("jobs:{}", s.as_str()), sum(&totals.jobs, s.as_str()))]);
+        .map(|s| vec![html! { (s.as_str()) }, total(format!("jobs:{}", s.as_str()), sum(&totals.jobs, *s))]);
     let machine_rows = totals.machines.iter().map(|m| {
         let client = if m.client.is_empty() { "-" } else { m.client.as_str() };
         vec![
@@ -134,13 +137,13 @@ pub fn overview(l: Lang, totals: &Totals, activity: &[Activity], deliveries: &[(
         }
         div #charts data-live {
             (line_chart("chart-mail", t(l, "Mail moves per hour", "メールの動き（1時間ごと）"), hours, CHART_HOURS,
-                &["Sent", "Delivered", "Seen", "Done"].map(|s| (s, per_hour(&format!("mail:{s}"))))))
+                &[Reason::Sent, Reason::Delivered, Reason::Seen, Reason::Done].map(|r| (r.as_str(), per_hour(&format!("mail:{r}"))))))
             (line_chart("chart-delivery", t(l, "Send → delivered, p95 per hour (ms)", "送信→配達 p95（1時間ごと, ms）"), hours, CHART_HOURS,
                 &[("p95", p95_per_hour(deliveries, since, CHART_HOURS))]))
             (line_chart("chart-ledger", t(l, "Ledger runs per hour", "台帳の実行（1時間ごと）"), hours, CHART_HOURS,
-                &["Succeeded", "Failed"].map(|s| (s, per_hour(&format!("ledger:{s}"))))))
+                &[Reason::Succeeded, Reason::Failed].map(|r| (r.as_str(), per_hour(&format!("ledger:{r}"))))))
             (line_chart("chart-jobs", t(l, "Jobs ended per hour", "ジョブの終了（1時間ごと）"), hours, CHART_HOURS,
-                &["succeeded", "dead"].map(|s| (s, per_hour(&format!("job:{s}"))))))
+                &[JobState::Succeeded, JobState::Dead].map(|s| (s.as_str(), per_hour(&format!("job:{s}"))))))
         }
     }
 }
@@ -365,8 +368,8 @@ fn hidden_listing(listing: &Listing) -> Markup {
 
 /// Job counts by queue and state, then the listing: filters, one page, and a retry or cancel
 /// button where a person may press one.
-pub fn jobs(l: Lang, csrf: &str, counts: &[(String, String, u64)], jobs: &[Job], listed: &Listed) -> Markup {
-    let counts = counts.iter().map(|(q, s, n)| vec![html! { (q) }, html! { (s) }, html! { (n) }]);
+pub fn jobs(l: Lang, csrf: &str, counts: &[StateCount<JobState>], jobs: &[Job], listed: &Listed) -> Markup {
+    let counts = counts.iter().map(|c| vec![html! { (c.group) }, html! { (c.state) }, html! { (c.count) }]);
     let action = |id: &str, verb: &str, label: &str| {
         html! {
             form.inline method="post" action={ "/ui/jobs/" (seg(id)) "/" (verb) } {

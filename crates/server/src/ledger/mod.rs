@@ -12,6 +12,7 @@ use pcmail_core::ledger::{
     plan_stale, runs_in_pass, sync_order, view_lines,
 };
 use pcmail_core::manifest::spec::{LedgerSource, LedgerSpec};
+use pcmail_core::trail::{ObjectRef, Reason};
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
 
 use crate::app::App;
@@ -20,8 +21,8 @@ use crate::metrics::RunOutcome;
 
 pub mod settle;
 
-fn event(project: &str, id: &str, reason: &str, message: String, actor: &str, now: Ts) -> Event {
-    Event { at: now, object: format!("ledger/{project}/{id}"), reason: reason.into(), message, actor: actor.into() }
+fn event(project: &str, id: &str, reason: Reason, message: String, actor: &str, now: Ts) -> Event {
+    Event { at: now, object: ObjectRef::ledger_row(project, id), reason, message, actor: actor.into() }
 }
 
 /// The project a request means: the one named (it must have a Ledger), or the only one.
@@ -54,12 +55,11 @@ pub async fn merge(
             let counts = MergeCounts { added: plan.add.len(), updated: plan.update.len(), skipped: plan.skipped };
             // T11: every row change is an event naming its actor, so a row's history shows who
             // changed what.
-            let added = plan
-                .add
-                .iter()
-                .map(|r| event(&project_owned, &r.id, "Added", format!("from {}: {}", r.source, r.task), &actor, now));
+            let added = plan.add.iter().map(|r| {
+                event(&project_owned, &r.id, Reason::Added, format!("from {}: {}", r.source, r.task), &actor, now)
+            });
             let updated =
-                plan.update.iter().map(|p| event(&project_owned, &p.id, "Updated", p.describe(), &actor, now));
+                plan.update.iter().map(|p| event(&project_owned, &p.id, Reason::Updated, p.describe(), &actor, now));
             let events = added.chain(updated).collect();
             let writes = LedgerWrites {
                 add: plan.add,
@@ -197,7 +197,7 @@ pub async fn handoff_if_heavy(
         .ledger_transaction(project, LedgerSelect::Ids(vec![id.to_string()]), move |s| {
             let Some(row) = s.rows.first() else { return (LedgerWrites::default(), None) };
             let next = plan_handoff(row, &job_id, &queue);
-            let ev = event(&p, &next.id, "Enqueued", next.result.clone(), "admin", now);
+            let ev = event(&p, &next.id, Reason::Enqueued, next.result.clone(), "admin", now);
             (LedgerWrites { replace: vec![next.clone()], events: vec![ev], ..Default::default() }, Some(next))
         })
         .await?;
@@ -217,7 +217,8 @@ pub async fn claim_row(app: &App, project: &str, id: &str, trigger: Trigger, now
             };
             match plan_claim(row, rt.function_mode(&row.function), trigger, now) {
                 Ok(claimed) => {
-                    let ev = event(&p, &claimed.id, "Claimed", format!("running {}", claimed.function), actor, now);
+                    let ev =
+                        event(&p, &claimed.id, Reason::Claimed, format!("running {}", claimed.function), actor, now);
                     (
                         LedgerWrites { replace: vec![claimed.clone()], events: vec![ev], ..Default::default() },
                         Ok(claimed),
@@ -266,8 +267,8 @@ pub async fn finish_row(app: &App, claimed: Row) -> Result<Row, ServiceError> {
         .ledger_transaction(project, LedgerSelect::Ids(vec![claimed.id.clone()]), move |state| {
             let Some(current) = state.rows.first() else { return (LedgerWrites::default(), None) };
             let (reason, message) = match &outcome {
-                Ok(_) => ("Succeeded", "result written; review it".to_string()),
-                Err(e) => ("Failed", e.to_string()),
+                Ok(_) => (Reason::Succeeded, "result written; review it".to_string()),
+                Err(e) => (Reason::Failed, e.to_string()),
             };
             let ran = outcome.as_deref().map_err(|_| message.as_str());
             let Some(next) = plan_result(current, executed_at, ran) else {
@@ -292,7 +293,7 @@ pub async fn recover_stale(app: &App, now: Ts) -> Result<usize, StoreError> {
                 let recovered: Vec<Row> = state.rows.iter().filter_map(|r| plan_stale(r, stale_after, now)).collect();
                 let events = recovered
                     .iter()
-                    .map(|r| event(&p, &r.id, "TimedOut", r.result.clone(), "controller", now))
+                    .map(|r| event(&p, &r.id, Reason::TimedOut, r.result.clone(), "controller", now))
                     .collect();
                 let n = recovered.len();
                 (LedgerWrites { replace: recovered, events, ..Default::default() }, n)
@@ -335,7 +336,7 @@ pub async fn execute_pass(app: &App, trigger: Trigger, limit: usize, now: Ts) ->
                         app.store()
                             .ledger_transaction(&ledger.project, LedgerSelect::Ids(vec![row.id.clone()]), move |s| {
                                 let replace = s.rows.first().and_then(plan_skip).into_iter().collect();
-                                let ev = event(&p, &id, "Skipped", why, "controller", now);
+                                let ev = event(&p, &id, Reason::Skipped, why, "controller", now);
                                 (LedgerWrites { replace, events: vec![ev], ..Default::default() }, ())
                             })
                             .await?;
@@ -362,7 +363,7 @@ pub async fn set_row(
             let Some(row) = s.rows.first().map(|r| plan_edit(r, edit)) else {
                 return (LedgerWrites::default(), Err(ServiceError::not_found(format!("{p}/{id_owned} not found"))));
             };
-            let ev = event(&p, &row.id, "Edited", "set-row".into(), "admin", now);
+            let ev = event(&p, &row.id, Reason::Edited, "set-row".into(), "admin", now);
             (LedgerWrites { replace: vec![row], events: vec![ev], ..Default::default() }, Ok(()))
         })
         .await??;
@@ -385,7 +386,7 @@ pub async fn purge(app: &App, project: &str, source: &str, yes: bool, now: Ts) -
             let events = plan
                 .delete
                 .iter()
-                .map(|id| event(&p, id, "Purged", format!("source {source}"), "admin", now))
+                .map(|id| event(&p, id, Reason::Purged, format!("source {source}"), "admin", now))
                 .collect();
             (LedgerWrites { delete: plan.delete.clone(), events, ..Default::default() }, plan)
         })
@@ -420,7 +421,7 @@ pub async fn refresh_metrics(app: &App) -> Result<(), StoreError> {
     let counts = app.store().ledger_counts().await?;
     for l in &app.runtime().ledgers {
         for s in RowState::ALL {
-            let n = counts.iter().find(|(p, st, _)| *p == l.project && st == s.as_str()).map_or(0, |c| c.2);
+            let n = counts.iter().find(|c| c.group == l.project && c.state == s).map_or(0, |c| c.count);
             app.metrics().ledger.set_rows(&l.project, s, n);
         }
     }

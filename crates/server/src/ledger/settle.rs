@@ -4,6 +4,7 @@
 use pcmail_core::Ts;
 use pcmail_core::jobs::{Actor, Job, JobState, Report};
 use pcmail_core::ledger::{Row, awaited_job, awaits_job, plan_failure, plan_success};
+use pcmail_core::trail::Reason;
 use pcmail_store::{LedgerSelect, LedgerWrites, Store, StoreError};
 
 use super::event;
@@ -100,8 +101,8 @@ async fn job_ended(app: &App, job: &Job, now: Ts) -> Result<(), StoreError> {
                 return (LedgerWrites::default(), ());
             };
             let (next, reason) = match &outcome {
-                Ok(stdout) => (Row { executed_at: Some(now), ..plan_success(row, stdout) }, "Succeeded"),
-                Err(e) => (plan_failure(row, e), "Failed"),
+                Ok(stdout) => (Row { executed_at: Some(now), ..plan_success(row, stdout) }, Reason::Succeeded),
+                Err(e) => (plan_failure(row, e), Reason::Failed),
             };
             let ev = event(&p, &next.id, reason, format!("job {job_id} ended"), "job-queue", now);
             (LedgerWrites { replace: vec![next], events: vec![ev], ..Default::default() }, ())

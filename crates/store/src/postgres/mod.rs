@@ -19,7 +19,7 @@ use pcmail_core::alert::{Alert, AlertState};
 use pcmail_core::api::Event;
 use pcmail_core::jobs::{Job, JobState};
 use pcmail_core::lease::Lease;
-use pcmail_core::ledger::Row as LedgerRow;
+use pcmail_core::ledger::{Row as LedgerRow, RowState};
 use pcmail_core::mail::{Mail, MailState};
 use pcmail_core::manifest::{Kind, SpecRecord, Status};
 use tokio::sync::{broadcast, mpsc};
@@ -33,7 +33,7 @@ use crate::predicates;
 use crate::transfer;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery,
-    MailSelect, MailWrites, Prune, Result, SpecWrites, Store, StoreError,
+    MailSelect, MailWrites, Prune, Result, SpecWrites, StateCount, Store, StoreError,
 };
 use conn::{Conn, Param, Pool, column_params, params, transpose, unnest};
 
@@ -263,7 +263,8 @@ async fn upsert_alerts(c: &mut Conn, alerts: &[Alert]) -> Result<()> {
 async fn insert_events(c: &mut Conn, events: &[Event]) -> Result<()> {
     let sql = format!("INSERT INTO events ({EVENT_COLUMNS}) {}", values(EVENT_COLUMNS));
     for e in events {
-        c.execute(&sql, &params(&codec::event_params(e))).await?;
+        let object = e.object.to_string();
+        c.execute(&sql, &params(&codec::event_params(e, &object))).await?;
     }
     Ok(())
 }
@@ -545,8 +546,8 @@ impl Store for PgStore {
         }
     }
 
-    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
+    async fn ledger_counts(&self) -> Result<Vec<StateCount<RowState>>> {
+        self.group_counts("ledger", "SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
     }
 
     async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
@@ -611,12 +612,13 @@ impl Store for PgStore {
             running = JobState::Running,
             queued = JobState::Queued,
         );
+        let owner = claim.owner.to_string();
         self.conn()
             .await?
             .decode(
                 &sql,
                 &[
-                    &claim.owner,
+                    &owner,
                     &claim.token_prefix,
                     &ms(claim.lease_until),
                     &ms(claim.now),
@@ -699,8 +701,8 @@ impl Store for PgStore {
         Ok(n.max(0) as u64)
     }
 
-    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
+    async fn job_counts(&self) -> Result<Vec<StateCount<JobState>>> {
+        self.group_counts("jobs", "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
     }
 
     async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
@@ -868,12 +870,16 @@ impl Store for PgStore {
 }
 
 impl PgStore {
-    async fn group_counts(&self, sql: &str) -> Result<Vec<(String, String, u64)>> {
+    /// `(group, state, count)` rows of a `GROUP BY` query over `tab`, for the gauges.
+    async fn group_counts<S>(&self, tab: &str, sql: &str) -> Result<Vec<StateCount<S>>>
+    where
+        S: std::str::FromStr<Err = pcmail_core::names::UnknownName>,
+    {
         let rows = self.conn().await?.query(sql, &[]).await?;
         rows.iter()
             .map(|r| {
                 use codec::Columns;
-                Ok((r.text(0)?, r.text(1)?, r.int(2)?.max(0) as u64))
+                StateCount::parse(tab, r.text(0)?, &r.text(1)?, r.int(2)?)
             })
             .collect()
     }

@@ -410,8 +410,8 @@ impl SheetsStore {
                     }
                     let event = Event {
                         at: crate::store_clock(),
-                        object: format!("ledger/{}/{}", row.project, row.id),
-                        reason: "EditedInSheet".into(),
+                        object: pcmail_core::trail::ObjectRef::ledger_row(&row.project, &row.id),
+                        reason: pcmail_core::trail::Reason::EditedInSheet,
                         message: format!("a person changed {} in the spreadsheet", changed.join(", ")),
                         actor: "sheet".into(),
                     };
@@ -922,7 +922,7 @@ impl Store for SheetsStore {
         self.inner.local.ledger_rows(project).await
     }
 
-    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
+    async fn ledger_counts(&self) -> Result<Vec<crate::StateCount<pcmail_core::ledger::RowState>>> {
         self.inner.local.ledger_counts().await
     }
 
@@ -987,7 +987,7 @@ impl Store for SheetsStore {
         self.inner.local.count_jobs(q).await
     }
 
-    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
+    async fn job_counts(&self) -> Result<Vec<crate::StateCount<pcmail_core::jobs::JobState>>> {
         self.inner.local.job_counts().await
     }
 
@@ -1171,7 +1171,7 @@ mod tests {
         let claim = Claim {
             queue: "q".into(),
             limit: 1,
-            owner: "laptop/w1".into(),
+            owner: pcmail_core::jobs::LeaseOwner::of(pcmail_core::jobs::Actor::Machine("laptop"), "w1"),
             token_prefix: "secret-".into(),
             now: pcmail_store_now(),
             lease_until: pcmail_store_now() + chrono::TimeDelta::minutes(1),
@@ -1292,7 +1292,7 @@ mod tests {
             (RowState::Dropped, "もっと短く", true)
         );
         let events = store.events_for("ledger/p/T-0001").await.expect("events");
-        assert!(events.iter().any(|e| e.reason == "EditedInSheet"), "{events:?}");
+        assert!(events.iter().any(|e| e.reason == pcmail_core::trail::Reason::EditedInSheet), "{events:?}");
     }
 
     #[tokio::test]

@@ -27,11 +27,11 @@ use crate::predicates;
 use crate::transfer;
 use crate::{
     Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MachineSeen, MailCount, MailQuery, MailSelect,
-    MailWrites, Prune, Result, SpecWrites, Store, StoreError,
+    MailWrites, Prune, Result, SpecWrites, StateCount, Store, StoreError,
 };
 use pcmail_core::jobs::{Job, JobState, LeaseSeen, expired_by_sight};
 use pcmail_core::lease::{Lease, Sighting, as_seen};
-use pcmail_core::ledger::Row as LedgerRow;
+use pcmail_core::ledger::{Row as LedgerRow, RowState};
 use rows::collect;
 
 /// Readers kept open for reuse, and the most reads at once: a flood of concurrent requests
@@ -460,7 +460,8 @@ fn insert_events(conn: &Connection, events: &[Event]) -> Result<()> {
         .prepare_cached(&format!("INSERT INTO events ({EVENT_COLUMNS}) {}", values(EVENT_COLUMNS)))
         .map_err(map_err)?;
     for e in events {
-        stmt.execute(rusqlite::params_from_iter(codec::event_params(e))).map_err(map_err)?;
+        let object = e.object.to_string();
+        stmt.execute(rusqlite::params_from_iter(codec::event_params(e, &object))).map_err(map_err)?;
     }
     Ok(())
 }
@@ -701,8 +702,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn ledger_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.group_counts("SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
+    async fn ledger_counts(&self) -> Result<Vec<StateCount<RowState>>> {
+        self.group_counts("ledger", "SELECT project, state, count(*) FROM ledger GROUP BY project, state").await
     }
 
     async fn activity(&self, since: Ts, step: chrono::TimeDelta) -> Result<Vec<crate::Activity>> {
@@ -802,7 +803,7 @@ impl Store for SqliteStore {
                     ))
                     .map_err(map_err)?;
                 let args = params![
-                    claim.owner,
+                    claim.owner.to_string(),
                     claim.token_prefix,
                     ms(claim.lease_until),
                     ms(claim.now),
@@ -927,8 +928,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn job_counts(&self) -> Result<Vec<(String, String, u64)>> {
-        self.group_counts("SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
+    async fn job_counts(&self) -> Result<Vec<StateCount<JobState>>> {
+        self.group_counts("jobs", "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state").await
     }
 
     async fn prune(&self, what: Prune, limit: usize) -> Result<usize> {
@@ -1143,14 +1144,21 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
-    /// `(group, state, count)` rows of a `GROUP BY` query, for the gauges.
-    async fn group_counts(&self, sql: &'static str) -> Result<Vec<(String, String, u64)>> {
+    /// `(group, state, count)` rows of a `GROUP BY` query over `tab`, for the gauges.
+    async fn group_counts<S>(&self, tab: &'static str, sql: &'static str) -> Result<Vec<StateCount<S>>>
+    where
+        S: std::str::FromStr<Err = pcmail_core::names::UnknownName> + Send + 'static,
+    {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(sql).map_err(map_err)?;
             let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64)))
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?)))
                 .map_err(map_err)?;
-            rows.map(|r| r.map_err(map_err)).collect()
+            rows.map(|r| {
+                let (group, state, n) = r.map_err(map_err)?;
+                StateCount::parse(tab, group, &state, n)
+            })
+            .collect()
         })
         .await
     }
@@ -1172,6 +1180,19 @@ mod tests {
     }
 
     crate::contract::contract_tests!(fresh);
+
+    #[tokio::test]
+    async fn r1_a_count_of_a_state_this_build_does_not_know_fails_naming_it() {
+        let (dir, store) = fresh().await;
+        let job = Job::new("job-1".into(), "q".into(), "f".into(), "{}".into(), chrono::Utc::now());
+        store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (vec![job], ())).await.expect("enqueue");
+        let raw = Connection::open(dir.path().join("pcmail.db")).expect("raw open");
+        raw.execute_batch("UPDATE jobs SET state = 'paused'").expect("a newer build's state");
+        drop(raw);
+        let err = store.job_counts().await.expect_err("an unknown state is not counted away");
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+        assert!(err.to_string().contains(r#"jobs of "q": unknown job state "paused""#), "{err}");
+    }
 
     #[tokio::test]
     async fn i6_missing_column_fails_closed_naming_it() {
