@@ -122,7 +122,7 @@ pub async fn run() -> (tempfile::TempDir, Vec<Row>) {
     // P13: the indexer of `start` fills the search index behind the load; P1 measures an idle
     // pass, so it waits for the index to hold everything first.
     catch_up(&app).await;
-    assert!(app.is_leader(), "P1 measures the leader's pass, every key included");
+    assert!(app.leadership().is_leader(), "P1 measures the leader's pass, every key included");
     pass(&app).await.expect("warm-up pass");
     let mut idle = Vec::new();
     for _ in 0..200 {

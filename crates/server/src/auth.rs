@@ -98,7 +98,7 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, Serv
         .ok_or_else(|| ServiceError::unauthorized("missing bearer token; pass --token or run `pcmail-ctl login`"))?;
     let hash = sha256_hex(token);
     let as_machine = headers.get(AS_HEADER).map(|v| v.to_str().unwrap_or_default().to_string());
-    if constant_time_eq(&hash, &app.admin_token_hash()) {
+    if constant_time_eq(&hash, &app.access().admin_token_hash()) {
         let principal = match as_machine {
             None => Principal::Admin,
             Some(name) => {
@@ -131,7 +131,7 @@ pub async fn authenticate(app: &App, headers: &HeaderMap) -> Result<Caller, Serv
 /// hands out mail, so a token reissued or revoked while it waited delivers nothing.
 pub async fn still_valid(app: &App, caller: &Caller) -> Result<bool, ServiceError> {
     if caller.admin {
-        return Ok(constant_time_eq(&caller.token_hash, &app.admin_token_hash()));
+        return Ok(constant_time_eq(&caller.token_hash, &app.access().admin_token_hash()));
     }
     let now = app.store().machine_for_token(&caller.token_hash).await?;
     Ok(now.is_some() && now.as_deref() == caller.machine())

@@ -99,7 +99,7 @@ pub async fn enqueue_many(
     let terms_of = move |j: &Job| KeyTerms::of(&pools, &j.queue, asked.get(&j.id).copied().flatten());
     let answers = app.store().jobs_transaction(select, move |stored| plan_enqueue(stored, jobs, terms_of, now)).await?;
     if answers.iter().any(|(_, created)| *created) {
-        app.ring_job_bell();
+        app.pools().ring();
     }
     Ok(answers.into_iter().map(|(job, created)| EnqueueResponse { job, created }).collect())
 }

@@ -20,7 +20,7 @@ use crate::key::Key;
 /// One attempt to take or renew the lease; records the outcome on the app.
 pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> {
     let started = Instant::now();
-    let (me, duration) = (app.replica().to_string(), app.lease_duration());
+    let (me, duration) = (app.leadership().replica().to_string(), app.leadership().duration());
     let delta = chrono::TimeDelta::from_std(duration).unwrap_or(chrono::TimeDelta::MAX);
     let (leadership, store_now) = app
         .store()
@@ -31,7 +31,7 @@ pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> 
         .await?;
     // E13: job leases are stamped on the store's clock as read here; carried on from the answer,
     // it runs behind by at most the round trip, so no lease is judged expired early.
-    app.read_store_clock(store_now, Instant::now());
+    app.leadership().read_store_clock(store_now, Instant::now());
     let until = match &leadership {
         Leadership::Leading { .. } => Some(started + duration),
         Leadership::Following { .. } => None,
@@ -40,7 +40,7 @@ pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> 
         Leadership::Following { holder, .. } => Some(holder.as_str()),
         Leadership::Leading { .. } => None,
     };
-    if app.set_leading_until(until) {
+    if lead_until(app, until) {
         say_leadership(app, holder);
         if until.is_some() {
             // A new leader looks at everything at once instead of waiting for the resync.
@@ -55,7 +55,7 @@ pub async fn attempt(app: &App) -> Result<Leadership, pcmail_store::StoreError> 
 /// Runs until shutdown, then hands the lease back so another replica takes over at once.
 pub async fn run(app: App) {
     let mut shutdown = app.watch_shutdown();
-    let every = attempt_every(app.lease_duration()).max(Duration::from_millis(50));
+    let every = attempt_every(app.leadership().duration()).max(Duration::from_millis(50));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -74,12 +74,12 @@ pub async fn run(app: App) {
 }
 
 async fn release(app: &App) {
-    if !app.is_leader() {
+    if !app.leadership().is_leader() {
         return;
     }
-    app.set_leading_until(None);
+    lead_until(app, None);
     say_leadership(app, None);
-    let me = app.replica().to_string();
+    let me = app.leadership().replica().to_string();
     let released = app
         .store()
         .lease_transaction(CONTROLLER, move |current, now| (plan_release(current.as_ref(), &me, now), ()))
@@ -89,13 +89,24 @@ async fn release(app: &App) {
     }
 }
 
+/// Records a lease attempt's outcome and `pcmail_leader` with it; answers whether leadership
+/// changed.
+fn lead_until(app: &App, until: Option<Instant>) -> bool {
+    let changed = app.leadership().set_leading_until(until);
+    app.metrics().control.set_leader(app.leadership().is_leader());
+    changed
+}
+
 /// E18: logs a change of this replica's leadership once, whether an attempt or the lapse of
 /// its belief (renewals that failed) changed it; `holder` names who leads instead, if known.
 pub fn say_leadership(app: &App, holder: Option<&str>) {
-    match app.leadership_change() {
-        Some(Leading::Gained) => tracing::info!(replica = app.replica(), "leadership gained: this replica leads (C1)"),
+    app.metrics().control.set_leader(app.leadership().is_leader());
+    match app.leadership().change_to_say() {
+        Some(Leading::Gained) => {
+            tracing::info!(replica = app.leadership().replica(), "leadership gained: this replica leads (C1)")
+        }
         Some(Leading::Lost) => tracing::warn!(
-            replica = app.replica(),
+            replica = app.leadership().replica(),
             holder = holder.unwrap_or("unknown"),
             "leadership lost: this replica no longer leads (C1)"
         ),

@@ -235,7 +235,7 @@ pub async fn refused(app: &App, caller: &Caller, call: RefusedCall, now: Ts) -> 
     let machine = caller
         .machine()
         .ok_or_else(|| ServiceError::bad_request("only a machine reports its refused calls (use --as MACHINE)"))?;
-    match app.refusal_report(machine, call.action, &call.target, now) {
+    match app.access().refusal_report(machine, call.action, &call.target, now) {
         Report::Record => {}
         Report::Repeat => return Ok(()),
         Report::TooMany => {

@@ -49,7 +49,7 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     // tries again, the resync writes the statuses once there is room).
     tolerate_full_disk(leader::attempt(&app).await.map(drop), "the leader lease")?;
     tolerate_full_disk(specs::sync(&app, crate::clock::now()).await, "the objects' statuses")?;
-    app.set_pools_task(tokio::spawn(controller::pools::run(app.clone(), config.shutdown_grace)));
+    app.pools().set_task(tokio::spawn(controller::pools::run(app.clone(), config.shutdown_grace)));
     // Objects an older build stored that today's rules refuse: said once at start, and
     // on their status; everything else serves.
     for problem in &app.runtime().fenced {
@@ -148,7 +148,7 @@ async fn finish(app: &App, controller: tokio::task::JoinHandle<()>, leader: toki
     }
     // E17: the pools hand back what they hold — jobs claimed ahead at once, running ones
     // after the grace — and record every end before serve exits.
-    if let Some(pools) = app.take_pools_task()
+    if let Some(pools) = app.pools().take_task()
         && let Err(e) = pools.await
     {
         tracing::error!(error = %e, "pools task failed");
@@ -227,7 +227,7 @@ async fn watch_health(app: App) {
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         let now = crate::clock::now();
-        app.tick_uptime(now);
+        app.liveness().tick(now);
         let health = app.store().health();
         if health.refusing().is_some() {
             // Only a write that needs room can say the room is back.
@@ -237,7 +237,7 @@ async fn watch_health(app: App) {
             health.unreachable().map(|u| format!("the store cannot be reached; requests answer 503 ({u})"))
         });
         let failed = |r: pcmail_store::health::WriteReason| health.failed(r);
-        match app.observe_store(trouble, now) {
+        match app.liveness().observe_store(trouble, now) {
             Some(Say::Began(t)) => tracing::error!(write_errors = failed_total(&failed), "{t}"),
             Some(Say::Still(t)) => tracing::warn!(write_errors = failed_total(&failed), "still: {t}"),
             Some(Say::Ended(t)) => tracing::info!(was = %t, "the store answers and takes writes again"),
@@ -269,11 +269,11 @@ async fn follow_changes(app: App, mut changes: tokio::sync::broadcast::Receiver<
             }
             // Another replica's announcement names no mail: every status wait looks again.
             Change::MailMoved => app.wakeups().wake_all(|t| matches!(t, Topic::Mail(_))),
-            Change::Jobs => app.ring_job_bell(),
+            Change::Jobs => app.pools().ring(),
             Change::Specs => app.queue().add(Key::Specs),
             Change::Missed => {
                 app.wakeups().wake_all(|_| true);
-                app.ring_job_bell();
+                app.pools().ring();
                 app.queue().add(Key::Specs);
             }
         }

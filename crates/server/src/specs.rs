@@ -121,7 +121,7 @@ pub async fn sync(app: &App, now: Ts) -> Result<(), pcmail_store::StoreError> {
     // The pools follow the new runtime on their own (`controller::pools::run`).
     app.set_runtime(rt);
     // C1: statuses are the leader's to write, so replicas never overwrite each other's.
-    if app.is_leader() {
+    if app.leadership().is_leader() {
         for (record, status) in statuses {
             app.store().set_spec_status(record.kind, &record.name, status).await?;
         }

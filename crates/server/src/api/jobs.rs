@@ -30,7 +30,7 @@ pub async fn enqueue(
     let origin = Origin::Caller(caller.machine().map(String::from));
     let one = matches!(body, EnqueueBody::One(_));
     let answers =
-        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), !one, origin, app.lease_now()).await })
+        detached(async move { jobs::enqueue_many(&app, body.into_jobs(), !one, origin, app.leadership().now()).await })
             .await?;
     // J6 may answer another machine's job: as that machine's, never its details (T2); in a
     // list, a holder comes slim whoever it belongs to.
@@ -101,7 +101,7 @@ pub async fn claim(
         let caller = caller.clone();
         detached(async move {
             let who = (caller.actor(), req.owner.as_str());
-            jobs::claim(&app, &req.queue, req.limit as usize, who, req.lease, app.lease_now()).await
+            jobs::claim(&app, &req.queue, req.limit as usize, who, req.lease, app.leadership().now()).await
         })
         .await?
     };
@@ -123,7 +123,7 @@ pub async fn report(
         "retry" | "cancel" => {
             caller.require_admin()?;
             let retry = action == "retry";
-            let job = detached(async move { jobs::admin_move(&app, &id, retry, app.lease_now()).await }).await?;
+            let job = detached(async move { jobs::admin_move(&app, &id, retry, app.leadership().now()).await }).await?;
             return Ok(Json(redact(job, caller.actor())));
         }
         other => return Err(ServiceError::not_found(format!("no job action {other:?}"))),
@@ -134,7 +134,7 @@ pub async fn report(
     }
     let job = {
         let caller = caller.clone();
-        detached(async move { settle::report(&app, &id, &token, caller.actor(), report, app.lease_now()).await })
+        detached(async move { settle::report(&app, &id, &token, caller.actor(), report, app.leadership().now()).await })
             .await?
     };
     Ok(Json(redact(job, caller.actor())))

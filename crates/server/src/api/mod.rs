@@ -149,7 +149,7 @@ async fn require_token(
         }
         Err(e) if presented && e.failure() == crate::error::Failure::Unauthorized => {
             app.metrics().surface.auth_failed(crate::metrics::Surface::Api);
-            if let Err(wait) = app.auth_failures().attempt(&client, now) {
+            if let Err(wait) = app.access().failures().attempt(&client, now) {
                 let e = ServiceError::unauthorized(format!(
                     "too many wrong tokens from this address; try again in {wait} s (T18)"
                 ));
@@ -160,7 +160,7 @@ async fn require_token(
                 }
                 return answer;
             }
-            app.auth_failures().failed(&client, now);
+            app.access().failures().failed(&client, now);
             tracing::warn!(%client, path = %req.uri().path(), "API request with a token that is not recognized");
             e.into_response()
         }

@@ -105,7 +105,7 @@ impl axum::extract::FromRequestParts<App> for Ctx {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Ctx, Response> {
         let sessions = parts.extensions.get::<Arc<Sessions>>();
-        let admin = app.admin_token_hash();
+        let admin = app.access().admin_token_hash();
         let csrf = session::cookie(&parts.headers).and_then(|id| sessions?.csrf(&id, &admin));
         match csrf {
             Some(csrf) => Ok(Ctx { lang: language(&parts.headers), csrf }),
@@ -185,7 +185,7 @@ async fn login(
 ) -> Response {
     let lang = language(&headers);
     let now = crate::clock::now();
-    if let Err(wait) = app.auth_failures().attempt(&client, now) {
+    if let Err(wait) = app.access().failures().attempt(&client, now) {
         tracing::warn!(%client, "console sign-in refused: too many failed sign-ins from this address");
         let message = match lang {
             Lang::Ja => format!("サインインの失敗が多すぎます。{wait} 秒後にもう一度どうぞ。"),
@@ -194,15 +194,15 @@ async fn login(
         let body = login_page(lang, Some(&message));
         return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, wait.to_string())], Html(body)).into_response();
     }
-    if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), &app.admin_token_hash()) {
-        app.auth_failures().failed(&client, now);
+    if !crate::auth::constant_time_eq(&sha256_hex(form.token.trim()), &app.access().admin_token_hash()) {
+        app.access().failures().failed(&client, now);
         app.metrics().surface.auth_failed(Surface::Console);
         tracing::warn!(%client, "console sign-in failed: not the admin token");
         let message = t(lang, "That is not the admin token.", "管理トークンが違います。");
         return (StatusCode::UNAUTHORIZED, Html(login_page(lang, Some(message)))).into_response();
     }
-    app.auth_failures().succeeded(&client);
-    let id = match sessions.create(&app.admin_token_hash()) {
+    app.access().failures().succeeded(&client);
+    let id = match sessions.create(&app.access().admin_token_hash()) {
         Ok(id) => id,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
@@ -503,7 +503,7 @@ async fn job_action(
         "cancel" => false,
         _ => return Err(failure(&ctx, StatusCode::NOT_FOUND, &format!("no job action {action:?}"))),
     };
-    if let Err(e) = crate::jobs::admin_move(&app, &id, retry, app.lease_now()).await {
+    if let Err(e) = crate::jobs::admin_move(&app, &id, retry, app.leadership().now()).await {
         let status = match e.failure() {
             Failure::NotFound => StatusCode::NOT_FOUND,
             Failure::Unavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -93,7 +93,7 @@ async fn alerts(app: &App, now: Ts) -> Result<usize, StoreError> {
     }
     // E18: this pass is one of the server's ticks too, so a pass right after a pause already
     // knows the server was away.
-    let up_since = app.tick_uptime(now);
+    let up_since = app.liveness().tick(now);
     let inputs = AlertInputs {
         mails: &mails,
         last_polls: &polls,

@@ -80,7 +80,7 @@ async fn reconcile(app: &App, key: Key) -> bool {
 }
 
 async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
-    if key.leader_only() && !app.is_leader() {
+    if key.leader_only() && !app.leadership().is_leader() {
         return Ok(());
     }
     let now = crate::clock::now();
@@ -90,7 +90,7 @@ async fn run_key(app: &App, key: Key) -> Result<(), ReconcileError> {
         Key::Specs => crate::specs::sync(app, now).await?,
         // E13: job leases are judged on the store's clock.
         Key::JobReaper => {
-            crate::ledger::settle::rescue_expired(app, app.lease_now()).await?;
+            crate::ledger::settle::rescue_expired(app, app.leadership().now()).await?;
             crate::ledger::settle::settle_waiting(app, now).await.map(|_| ())?
         }
         Key::Prune => prune::run(app, now).await.map(|_| ())?,

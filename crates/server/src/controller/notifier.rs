@@ -57,7 +57,7 @@ pub async fn run(app: &App, now: Ts) -> Result<(), ReconcileError> {
         return Ok(());
     }
     let (url, body) = body_for(app, &notify, &batch, now);
-    app.notify_limiter(notify.min_interval).until_ready().await;
+    app.limits().notify(notify.min_interval).until_ready().await;
     match post(app, &url, &body).await {
         Ok(()) => {
             app.metrics().mail.notified(Notified::Sent, batch.len() as u64);
@@ -104,9 +104,9 @@ pub async fn watch_unwritable(app: App) {
         alert.observe(app.store().health().refusing().as_deref(), now);
         let Some(notify) = app.runtime().mail_policy.notify.clone() else { continue };
         let resend = (notify.format == NotifyFormat::AlertmanagerApi).then_some(RESEND);
-        let Some(due) = alert.due(app.replica(), resend, now) else { continue };
+        let Some(due) = alert.due(app.leadership().replica(), resend, now) else { continue };
         let (url, body) = body_for(&app, &notify, std::slice::from_ref(&due), now);
-        app.notify_limiter(notify.min_interval).until_ready().await;
+        app.limits().notify(notify.min_interval).until_ready().await;
         match post(&app, &url, &body).await {
             Ok(()) => {
                 app.metrics().mail.notified(Notified::Sent, 1);

@@ -18,7 +18,7 @@ use pcmail_store::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::app::App;
+use crate::app::{App, LimitKey};
 use crate::exec;
 use crate::jobs;
 use crate::ledger::settle;
@@ -187,7 +187,7 @@ impl Shared {
     /// One try of a lease-checked write of one job.
     async fn write(&self, id: &str, token: &str, report: Report) -> Attempt {
         let reports = vec![(id.to_string(), token.to_string(), report)];
-        match settle::record_many(&self.app, reports, Actor::Pool, self.app.lease_now()).await {
+        match settle::record_many(&self.app, reports, Actor::Pool, self.app.leadership().now()).await {
             Err(e) => {
                 self.store_answered(Err(&e));
                 Attempt::StoreFailed
@@ -267,7 +267,7 @@ impl PoolRun {
             tokio::select! {
                 Some(_) = self.claimed.join_next(), if !self.claimed.is_empty() => {}
                 _ = tokio::time::sleep(idle), if refill => idle = (idle * 2).min(IDLE_MAX),
-                _ = app.job_enqueued(), if refill => {}
+                _ = app.pools().rung(), if refill => {}
                 _ = stop.changed() => {}
                 _ = shutdown.changed() => {}
             }
@@ -279,7 +279,7 @@ impl PoolRun {
     async fn claim(&mut self, spec: &WorkerPoolSpec, want: usize) -> (usize, bool) {
         let (app, pool) = (&self.shared.app, &self.shared.pool);
         if let Some(rate) = spec.rate_limit {
-            app.limiter(&format!("pool/{pool}"), rate).until_ready().await;
+            app.limits().bucket(LimitKey::Pool(pool.to_string()), rate).until_ready().await;
         }
         let (mut got, mut store_down) = (0, false);
         for queue in &spec.queues {
@@ -288,7 +288,7 @@ impl PoolRun {
             }
             let lease = spec.lease_duration;
             let asked = self.shared.now();
-            match jobs::pool_claim(app, pool, queue, want - got, lease, app.lease_now()).await {
+            match jobs::pool_claim(app, pool, queue, want - got, lease, app.leadership().now()).await {
                 Ok(jobs) => {
                     self.shared.store_answered(Ok(()));
                     for job in jobs {
@@ -355,7 +355,7 @@ async fn record_ends(shared: Arc<Shared>, mut reports: mpsc::UnboundedReceiver<E
         }
         let batch: Vec<(String, String, Report)> =
             waiting.iter().map(|(id, token, report, _)| (id.clone(), token.clone(), report.clone())).collect();
-        match settle::record_many(&app, batch, Actor::Pool, app.lease_now()).await {
+        match settle::record_many(&app, batch, Actor::Pool, app.leadership().now()).await {
             Ok(outcomes) => {
                 shared.store_answered(Ok(()));
                 failures = 0;
@@ -465,7 +465,7 @@ async fn run_job(
             match rt.functions.iter().find(|(n, _)| *n == job.function) {
                 Some((name, function)) => {
                     if let Some(rate) = function.rate_limit {
-                        shared.app.limiter(&format!("function/{name}"), rate).until_ready().await;
+                        shared.app.limits().bucket(LimitKey::Function(name.to_string()), rate).until_ready().await;
                     }
                     let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
                     exec::run(name, function, &vars, job.payload.clone()).await.map_err(|e| e.to_string())

@@ -33,7 +33,7 @@ pub async fn run(app: App) {
             _ = tokio::time::sleep(TICK) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
-        if !app.is_leader() {
+        if !app.leadership().is_leader() {
             last.clear();
             continue;
         }
