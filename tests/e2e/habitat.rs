@@ -412,6 +412,15 @@ fn k6_a_permission_prompt_is_relayed_to_the_owners_chat_a_yes_there_runs_the_too
             &["--channels", "plugin:pcmail@pcmail", "--allowedTools", "mcp__plugin_pcmail_pcmail"],
         );
         term.await_screen("for shortcuts");
+        // Claude Code routes a prompt to a channel only once that channel is registered; the
+        // screen is ready before, and a tool call then gets the terminal's own dialog instead
+        // (seen in about 1 run in 8).
+        eventually(30, "pcmail's channel registered", || {
+            h.debug_log()
+                .lines()
+                .any(|l| l.contains("\"plugin:pcmail:pcmail\": Channel notifications registered"))
+                .then_some(())
+        });
         term.type_line("write the file");
         let id = relayed_prompt(&api, owner, "echo k6 > allowed.txt");
 
