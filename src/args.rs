@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pcmail_core::duration::Dur;
-use pcmail_core::mail::MailKind;
+use pcmail_core::mail::{MailKind, MailState};
 use pcmail_core::search::Scope;
 
 use crate::logging::Logging;
@@ -155,8 +155,9 @@ pub enum Command {
     Status {
         id: String,
         /// Return as soon as the mail is seen or done (or terminal); exit 5 on timeout
-        #[arg(long, value_parser = ["seen", "done"])]
-        wait_for: Option<String>,
+        #[arg(long, value_parser = PossibleValuesParser::new(MailState::AWAITABLE.map(MailState::as_str))
+            .try_map(|s| s.parse::<MailState>()))]
+        wait_for: Option<MailState>,
         #[arg(long, default_value = "5m")]
         timeout: Dur,
         #[arg(short, long, value_enum, default_value_t)]
@@ -629,7 +630,7 @@ pub struct SendArgs {
     /// The body text, or - to read it from stdin
     #[arg(long, default_value = "")]
     pub body: String,
-    #[arg(long, default_value = "note")]
+    #[arg(long, default_value_t)]
     pub kind: MailKind,
     #[arg(long)]
     pub urgent: bool,

@@ -150,33 +150,20 @@ pub async fn step(client: &Client, id: &str, action: Action, body: StepRequest) 
 pub async fn status(
     client: &Client,
     id: &str,
-    wait_for: Option<&str>,
+    wait_for: Option<MailState>,
     timeout: Dur,
     out: Output,
 ) -> anyhow::Result<i32> {
-    let target: Option<MailState> = wait_for
-        .map(|w| w.parse())
-        .transpose()
-        .map_err(|e: pcmail_core::names::UnknownName| CliError::new(Exit::Error, e.to_string()))?;
-    let (status, reached) = mail::status(client, id, target, timeout.to_std()).await?;
+    let (status, reached) = mail::status(client, id, wait_for, timeout.to_std()).await?;
     if !output::structured(out, &status)? {
         let m = &status.mail;
         println!("{}  {} → {}  {}  {}", m.id, m.from, m.to, m.kind, m.subject);
         println!("state: {}", m.state);
-        let rows = vec![
-            vec!["created".into(), when(Some(m.created_at)), m.from.clone()],
-            vec!["delivered".into(), when(m.delivered_at), m.delivered_by.clone().unwrap_or_default()],
-            vec!["seen".into(), when(m.seen_at), m.seen_by.clone().unwrap_or_default()],
-            vec![
-                match m.state {
-                    MailState::Failed => "failed".into(),
-                    _ => "done".into(),
-                },
-                when(m.done_at),
-                String::new(),
-            ],
-            vec!["expires".into(), when(Some(m.expires_at)), String::new()],
-        ];
+        let rows: Vec<Vec<String>> = m
+            .timeline()
+            .into_iter()
+            .map(|e| vec![e.milestone.label().into(), when(e.at), e.by.unwrap_or_default().into()])
+            .collect();
         output::table(&["STEP", "AT", "BY"], &rows);
         if let Some(r) = &m.result {
             println!("result: {}", cut(r, 200));
@@ -188,7 +175,11 @@ pub async fn status(
     if !reached {
         return Err(CliError::new(
             Exit::Timeout,
-            format!("{id} is still {} after {timeout}, not {}", status.mail.state, wait_for.unwrap_or_default()),
+            format!(
+                "{id} is still {} after {timeout}, not {}",
+                status.mail.state,
+                wait_for.map(MailState::as_str).unwrap_or_default()
+            ),
         )
         .into());
     }

@@ -120,9 +120,7 @@ async fn run_with_client(client: &Client, command: Command) -> anyhow::Result<i3
             mail::step(client, &id, Action::Fail, body).await
         }
         Command::Reply { id, body, auto } => mail::reply(client, &id, &body, auto).await,
-        Command::Status { id, wait_for, timeout, output } => {
-            mail::status(client, &id, wait_for.as_deref(), timeout, output).await
-        }
+        Command::Status { id, wait_for, timeout, output } => mail::status(client, &id, wait_for, timeout, output).await,
         Command::Poll { wait, output, quiet } => mail::poll(client, wait, output, quiet).await,
         Command::Agent { command, wait, logging } => agent::run(client, command, wait, &logging).await,
         Command::Alerts { state, machine, paging, output } => {

@@ -45,7 +45,7 @@ pub async fn diff(client: &Client, path: &Path) -> anyhow::Result<i32> {
     let mut changed = false;
     for r in results.iter().filter(|r| r.outcome != ApplyOutcome::Unchanged) {
         changed = true;
-        println!("=== {}/{} ({})", r.kind, r.name, if r.outcome == ApplyOutcome::Created { "new" } else { "changed" });
+        println!("=== {}/{} (would be {})", r.kind, r.name, r.outcome);
         print!("{}", r.diff);
     }
     Ok(i32::from(changed))

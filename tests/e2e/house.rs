@@ -973,3 +973,85 @@ fn r3_no_shipped_query_writes_a_state_or_kind_out() {
          (crates/store/src/predicates.rs, MailState::open_sql, …): {found:#?}"
     );
 }
+
+// ---- R2/R3: a mail state or kind is spelled once, where its enum declares it ----
+
+/// Where `code` spells one of `names` as a literal of its own: a string that is the name
+/// (`"seen"`) or quotes it for SQL (`'seen'`), as `(line, the line)`. A variant of an enum's
+/// declaration (`Seen = "seen",`, or `Failed => "failed"` in a label list) names a variant of its
+/// own enum and is not one; a match arm (`Action::Seen => "seen"`) copies a name and is.
+fn model_name_literals(code: &str, names: &[&str]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        for name in names {
+            for quote in ['"', '\''] {
+                let literal = format!("{quote}{name}{quote}");
+                for (at, _) in line.match_indices(&literal) {
+                    if !declares_a_variant(&line[..at]) {
+                        out.push((n + 1, line.trim().to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out.dedup();
+    out
+}
+
+/// Whether `before` (a line up to a literal) ends `Variant =` or `Variant =>`, a bare capitalised
+/// name: a variant's own declaration, not a path to one.
+fn declares_a_variant(before: &str) -> bool {
+    let before = before.trim_end();
+    let Some(rest) = before.strip_suffix("=>").or_else(|| before.strip_suffix('=')) else { return false };
+    let rest = rest.trim_end();
+    let ident: String = rest.chars().rev().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    let ahead = rest[..rest.len() - ident.len()].chars().next_back();
+    ident.chars().last().is_some_and(|c| c.is_ascii_uppercase()) && !matches!(ahead, Some(':' | '.'))
+}
+
+/// Literals that are another program's words, spelled as that program spells them.
+const FOREIGN_WORDS: &[(&str, &str, &str)] = &[
+    ("crates/agent/src/hooks.rs", "\"decision\"", "Claude Code's Stop hook answers {\"decision\": \"block\"}"),
+    ("crates/agent/src/install.rs", "\"failed\"", "what `systemctl --user is-active` prints"),
+];
+
+#[test]
+fn r3_the_name_scanner_tells_a_copy_from_a_declaration() {
+    let names = ["seen", "new"];
+    let copies = "let q = \"state = 'seen'\";\nmatch a { Action::Seen => \"seen\", _ => \"x\" }\nf(\"new\");";
+    assert_eq!(model_name_literals(copies, &names).iter().map(|(l, _)| *l).collect::<Vec<_>>(), [1, 2, 3]);
+    let declared = "enum A {\n    Seen = \"seen\",\n}\nlabels! { Outcome { New => \"new\", Old => \"old\" } }";
+    assert!(model_name_literals(declared, &names).is_empty());
+    assert!(model_name_literals("f(\"seen by\"); g(\"renew\"); h(MailState::New)", &names).is_empty());
+}
+
+#[test]
+fn r3_no_shipped_code_spells_a_mail_state_or_kind_outside_its_declaration() {
+    use pcmail_core::mail::{MailKind, MailState};
+    let names: Vec<&str> = MailState::NAMES.into_iter().chain(MailKind::NAMES).collect();
+    let home = "crates/core/src/mail/mod.rs";
+    let mut found = Vec::new();
+    for (file, code) in shipped_sources_as(true) {
+        // The schemas and migrations are history (V5): applied once, never regenerated; the
+        // predicates their indexes were written for are checked against the core by R3's tests.
+        if file.ends_with("/schema.rs") || file.ends_with("/earlier.rs") {
+            continue;
+        }
+        for (line, text) in model_name_literals(&without_migrations(&code), &names) {
+            let foreign = FOREIGN_WORDS.iter().any(|(f, word, _)| file == *f && text.contains(word));
+            let declared_here = file == home && text.starts_with(|c: char| c.is_ascii_uppercase());
+            if !foreign && !declared_here {
+                found.push(format!("{file}:{line}: {text}"));
+            }
+        }
+    }
+    let foreign_seen = FOREIGN_WORDS
+        .iter()
+        .all(|(f, word, _)| std::fs::read_to_string(root().join(f)).is_ok_and(|t| t.contains(word)));
+    assert!(foreign_seen, "an entry of FOREIGN_WORDS no longer names a word in its file: {FOREIGN_WORDS:?}");
+    assert!(
+        found.is_empty(),
+        "mail states and kinds spelled outside {home}'s declaration (use MailState/MailKind's names, \
+         as_str or sql_in): {found:#?}"
+    );
+}

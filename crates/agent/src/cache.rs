@@ -403,7 +403,8 @@ impl Cache {
             Ok(usize::try_from(n).unwrap_or(0))
         };
         let open = count("SELECT n FROM inbox_tally WHERE bucket = 'open'", &[])?;
-        let expired = count("SELECT n FROM inbox_tally WHERE bucket = 'expired'", &[])?;
+        // Migration 5's triggers name the bucket of expired mail by the state it counts.
+        let expired = count(&format!("SELECT n FROM inbox_tally WHERE bucket = '{}'", MailState::Expired), &[])?;
         let overdue =
             count(&format!("SELECT count(*) FROM inbox WHERE {} AND expires_at <= ?1", open_rows()), &[&ms(now)])?;
         Ok(Tally { eligible: open.saturating_sub(overdue), expired: expired + overdue })

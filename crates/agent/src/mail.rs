@@ -22,23 +22,8 @@ pub enum MailError {
     Random(String),
 }
 
-/// A mail's server step that takes no reply: M7's `ack` and `fail`, and `seen`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Seen,
-    Ack,
-    Fail,
-}
-
-impl Action {
-    fn route(self) -> &'static str {
-        match self {
-            Action::Seen => "seen",
-            Action::Ack => "ack",
-            Action::Fail => "fail",
-        }
-    }
-}
+/// A mail's server step that takes no reply, named as its route names it.
+pub use pcmail_core::mail::Action;
 
 fn random_mail_id() -> Result<String, MailError> {
     let mut bytes = [0u8; 4];
@@ -105,7 +90,7 @@ pub async fn list(client: &Client, sent: bool, all: bool) -> Result<Vec<Mail>, M
 /// Moves one mail a step at the server (`body`: `{"result"}` for ack, `{"reason"}` for fail)
 /// and in the cache; answers the server's copy.
 pub async fn step(client: &Client, id: &str, action: Action, body: &StepRequest) -> Result<Mail, MailError> {
-    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{}", action.route()), body).await?;
+    let mail: Mail = client.post(&format!("/api/v1/mail/{id}/{}", action), body).await?;
     refresh_cache(&mail);
     Ok(mail)
 }

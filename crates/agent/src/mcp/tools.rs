@@ -8,7 +8,7 @@ use std::time::Duration;
 use pcmail_core::api::{ErrorCode, MailStatus, SearchResults, SendRequest, StepRequest};
 use pcmail_core::ids;
 use pcmail_core::intent::listing;
-use pcmail_core::mail::{Mail, MailKind, MailState, Step};
+use pcmail_core::mail::{Mail, MailKind, MailState, Milestone, Step};
 use pcmail_core::present;
 use serde_json::{Map, Value, json};
 
@@ -73,7 +73,10 @@ pub fn catalogue() -> Vec<(&'static str, &'static str, Value)> {
         (
             "status",
             "How far a mail got, with times; wait_for waits up to timeout s (60).",
-            object(json!({"id": id, "wait_for": {"enum": ["seen", "done"]}, "timeout": {"type": "integer"}}), &["id"]),
+            object(
+                json!({"id": id, "wait_for": {"enum": MailState::AWAITABLE}, "timeout": {"type": "integer"}}),
+                &["id"],
+            ),
         ),
         (
             "search",
@@ -277,9 +280,13 @@ pub async fn call(
         "status" => {
             let wait_for = match args.opt_str("wait_for")?.as_deref() {
                 None => None,
-                Some("seen") => Some(MailState::Seen),
-                Some("done") => Some(MailState::Done),
-                Some(w) => return Err(ToolError(format!("`wait_for` must be seen or done, not {w:?}."))),
+                Some(w) => match MailState::from_name(w).filter(|s| MailState::AWAITABLE.contains(s)) {
+                    Some(state) => Some(state),
+                    None => {
+                        let names = MailState::AWAITABLE.map(MailState::as_str).join(" or ");
+                        return Err(ToolError(format!("`wait_for` must be {names}, not {w:?}.")));
+                    }
+                },
             };
             let timeout = args.seconds("timeout")?.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
             let (status, reached) = mail::status(client, &args.id()?, wait_for, timeout).await?;
@@ -450,15 +457,19 @@ fn step_text(m: &Mail) -> String {
 /// M12's timeline in a line or two; `missed` is the state waited for in vain.
 pub fn status_text(status: &MailStatus, missed: Option<MailState>, waited: Duration) -> String {
     let m = &status.mail;
-    let mut steps = vec![format!("created {}", when(m.created_at))];
-    for (step, at, by) in [("delivered", m.delivered_at, &m.delivered_by), ("seen", m.seen_at, &m.seen_by)] {
-        if let Some(at) = at {
-            steps.push(format!("{step} {}{}", when(at), by.as_ref().map(|b| format!(" by {b}")).unwrap_or_default()));
-        }
-    }
-    if let Some(at) = m.done_at {
-        steps.push(format!("{} {}", if m.state == MailState::Failed { "failed" } else { "done" }, when(at)));
-    }
+    let steps: Vec<String> = m
+        .timeline()
+        .into_iter()
+        .filter(|e| e.milestone != Milestone::Expires)
+        .filter_map(|e| {
+            // The creator is the sender, named at the line's start.
+            let by = match e.milestone {
+                Milestone::Reached(_) => e.by.map(|b| format!(" by {b}")).unwrap_or_default(),
+                Milestone::Created | Milestone::Expires => String::new(),
+            };
+            Some(format!("{} {}{by}", e.milestone.label(), when(e.at?)))
+        })
+        .collect();
     let mut out = format!("{} to {}: {} ({})", m.id, m.to, m.state, steps.join(", "));
     if let Some(r) = &m.result {
         out += &format!("\nresult: {r}");

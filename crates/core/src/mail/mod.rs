@@ -15,7 +15,7 @@ pub use send::{
     MAX_BODY_BYTES, MAX_SUBJECT_CHARS, SendContext, SendError, SendObserved, SendOutcome, SendPlan, SendRequest,
     plan_send, reply_refusal, send_ids,
 };
-pub use state::{Step, apply_step};
+pub use state::{Action, Step, apply_step};
 pub use sweep::{deliver_or_expire, plan_expiry, poll_start};
 
 /// One row of the `mail` tab. Field names are the tab's column names.
@@ -58,6 +58,23 @@ impl Mail {
     pub fn text_bytes(&self) -> usize {
         let optional = |t: &Option<String>| t.as_ref().map_or(0, String::len);
         self.subject.len() + self.body.len() + optional(&self.result) + optional(&self.fail_reason)
+    }
+
+    /// M12: the mail's timeline in order, each line with its stamp (None: not reached yet) and
+    /// who stamped it where the row keeps that. The closing line is the terminal state the mail
+    /// ended in: `failed`, else `done` (the expiry has its own line).
+    pub fn timeline(&self) -> [TimelineEntry<'_>; 5] {
+        let closing = if self.state == MailState::Failed { MailState::Failed } else { MailState::Done };
+        fn entry(milestone: Milestone, at: Option<Ts>, by: Option<&String>) -> TimelineEntry<'_> {
+            TimelineEntry { milestone, at, by: by.map(String::as_str) }
+        }
+        [
+            entry(Milestone::Created, Some(self.created_at), Some(&self.from)),
+            entry(Milestone::Reached(MailState::Delivered), self.delivered_at, self.delivered_by.as_ref()),
+            entry(Milestone::Reached(MailState::Seen), self.seen_at, self.seen_by.as_ref()),
+            entry(Milestone::Reached(closing), self.done_at, None),
+            entry(Milestone::Expires, Some(self.expires_at), None),
+        ]
     }
 
     /// A fresh `new` note on channel `pc`: hop 0, nothing stamped. Callers set the rest with
@@ -143,6 +160,38 @@ crate::wire_enum! {
         Answer = "answer",
         Intent = "intent",
     }
+}
+
+impl MailState {
+    /// M12: the states a caller may wait for a mail to reach (a terminal one ends the wait too).
+    pub const AWAITABLE: [MailState; 2] = [MailState::Seen, MailState::Done];
+}
+
+/// What one line of M12's timeline marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Milestone {
+    Created,
+    /// A state the mail moves through, labelled by its wire name.
+    Reached(MailState),
+    Expires,
+}
+
+impl Milestone {
+    pub fn label(self) -> &'static str {
+        match self {
+            Milestone::Created => "created",
+            Milestone::Reached(state) => state.as_str(),
+            Milestone::Expires => "expires",
+        }
+    }
+}
+
+/// One line of M12's timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineEntry<'a> {
+    pub milestone: Milestone,
+    pub at: Option<Ts>,
+    pub by: Option<&'a str>,
 }
 
 /// R2/R3: every rule that depends on a mail's kind is one of these methods, each an exhaustive
@@ -291,5 +340,32 @@ mod tests {
         assert_eq!(PresentationGroup::of(MailKind::Decision, true), Some(PresentationGroup::Decisions));
         assert_eq!(PresentationGroup::of(MailKind::Answer, true), Some(PresentationGroup::Work));
         assert_eq!(PresentationGroup::ALL.map(PresentationGroup::index), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn m12_the_timeline_stamps_each_state_reached_and_closes_with_the_one_it_ended_in() {
+        use fixtures::{at, mail};
+        let seen = Mail {
+            state: MailState::Seen,
+            delivered_at: Some(at(5)),
+            delivered_by: Some("pc2".into()),
+            seen_at: Some(at(7)),
+            seen_by: Some("pc2".into()),
+            ..mail("mail--00000001", "pc1", "pc2")
+        };
+        let lines: Vec<_> = seen.timeline().into_iter().map(|e| (e.milestone.label(), e.at, e.by)).collect();
+        assert_eq!(
+            lines,
+            [
+                ("created", Some(at(0)), Some("pc1")),
+                ("delivered", Some(at(5)), Some("pc2")),
+                ("seen", Some(at(7)), Some("pc2")),
+                ("done", None, None),
+                ("expires", Some(at(1000)), None),
+            ]
+        );
+        let failed = Mail { state: MailState::Failed, done_at: Some(at(9)), ..seen };
+        let closing = &failed.timeline()[3];
+        assert_eq!((closing.milestone, closing.at), (Milestone::Reached(MailState::Failed), Some(at(9))));
     }
 }

@@ -3,6 +3,16 @@
 use super::{Mail, MailState};
 use crate::Ts;
 
+crate::wire_enum! {
+    /// A step a machine asks for by name, `POST /api/v1/mail/{id}/{action}` (M7): named for
+    /// what the caller does, so only `seen` is spelled as the state it moves to.
+    pub enum Action as "mail action" {
+        Seen = "seen",
+        Ack = "ack",
+        Fail = "fail",
+    }
+}
+
 /// A requested move of one mail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {

@@ -119,7 +119,7 @@ pub async fn report(
     let report = match action.as_str() {
         "heartbeat" => Report::Heartbeat { lease: req.lease.unwrap_or(Dur::from_secs(60)) },
         "complete" => Report::Complete { result: req.result.unwrap_or_default() },
-        "fail" => Report::Fail { error: req.error.unwrap_or_else(|| "failed".into()) },
+        "fail" => Report::Fail { error: req.error.unwrap_or_else(|| "the worker gave no error".into()) },
         "retry" | "cancel" => {
             caller.require_admin()?;
             let retry = action == "retry";

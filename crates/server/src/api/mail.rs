@@ -12,7 +12,8 @@ use pcmail_core::api::{MailStatus, PollResponse, SendRequest, SendResponse, Step
 use pcmail_core::bounds;
 use pcmail_core::duration::Dur;
 use pcmail_core::ids::is_stored_id;
-use pcmail_core::mail::{Mail, MailState, Step, can_view};
+use pcmail_core::mail::{Action, Mail, MailState, Step, can_view};
+use pcmail_core::names::UnknownName;
 use pcmail_store::{MailQuery, Store};
 use serde::Deserialize;
 
@@ -158,16 +159,14 @@ pub async fn step(
 ) -> Result<Json<Mail>, ServiceError> {
     check_id(&id)?;
     let req: StepRequest = if body.is_empty() { StepRequest::default() } else { parse_json(&body)? };
-    let step = match step.as_str() {
-        "seen" => Step::See,
-        "ack" => Step::Done { result: req.result },
-        "fail" => match req.reason.filter(|r| !r.trim().is_empty()) {
+    let action: Action = step.parse().map_err(|e: UnknownName| ServiceError::not_found(e.to_string()))?;
+    let step = match action {
+        Action::Seen => Step::See,
+        Action::Ack => Step::Done { result: req.result },
+        Action::Fail => match req.reason.filter(|r| !r.trim().is_empty()) {
             Some(reason) => Step::Fail { reason },
             None => return Err(ServiceError::bad_request("fail needs a non-empty reason")),
         },
-        other => {
-            return Err(ServiceError::not_found(format!("no mail action {other:?}; use seen, ack or fail")));
-        }
     };
     Ok(Json(detached(async move { mailbox::step(&app, &caller, &id, step, crate::clock::now()).await }).await?))
 }

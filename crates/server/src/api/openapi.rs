@@ -8,7 +8,7 @@ use pcmail_core::agent::QueuedCall;
 use pcmail_core::alert::{AlertKind, AlertState};
 use pcmail_core::jobs::JobState;
 use pcmail_core::ledger::RowState;
-use pcmail_core::mail::{MailKind, MailState};
+use pcmail_core::mail::{Action, MailKind, MailState};
 use serde_json::Value;
 
 /// The description as committed: everything but the model's enums.
@@ -19,6 +19,7 @@ fn model_enum(name: &str) -> Option<Vec<&'static str>> {
     Some(match name {
         "mail-state" => MailState::NAMES.to_vec(),
         "mail-kind" => MailKind::NAMES.to_vec(),
+        "mail-action" => Action::NAMES.to_vec(),
         "sendable-mail-kind" => MailKind::ALL.into_iter().filter(|k| k.can_be_sent()).map(MailKind::as_str).collect(),
         "alert-kind" => AlertKind::NAMES.to_vec(),
         "alert-state" => AlertState::NAMES.to_vec(),
@@ -99,12 +100,13 @@ mod tests {
         assert_eq!(of("Mail/properties/kind"), MailKind::NAMES);
         assert_eq!(of("Mail/properties/state"), MailState::NAMES);
         assert_eq!(of("RefusedCall/properties/action"), ["seen", "ack", "fail", "intent"]);
+        assert_eq!(of("{step}/post/parameters/1/schema"), Action::NAMES, "the step route names the core's actions");
         let committed: Value = serde_json::from_str(COMMITTED).expect("committed JSON");
         let mut literal = Vec::new();
         enums(&committed, String::new(), &mut literal);
         let model: Vec<&str> = ["mail-state", "mail-kind", "sendable-mail-kind", "alert-kind", "alert-state"]
             .into_iter()
-            .chain(["job-state", "ledger-state", "queued-call"])
+            .chain(["job-state", "ledger-state", "queued-call", "mail-action"])
             .flat_map(|m| model_enum(m).unwrap_or_default())
             .collect();
         for (at, names) in literal {

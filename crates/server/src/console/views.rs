@@ -255,14 +255,10 @@ pub fn mail(l: Lang, mails: &[Mail], policy: &MailPolicySpec, now: Ts, listed: &
 
 /// One mail: who to whom, its stamps and its timeline.
 pub fn timeline(l: Lang, m: &Mail, events: Vec<Event>) -> Markup {
-    let stamps = [
-        ("created", Some(m.created_at)),
-        ("delivered", m.delivered_at),
-        ("seen", m.seen_at),
-        ("done", m.done_at),
-        ("expires", Some(m.expires_at)),
-    ];
-    let stamps = stamps.into_iter().filter_map(|(k, v)| Some(vec![html! { (k) }, html! { (v?.to_rfc3339()) }]));
+    let stamps = m.timeline().into_iter().filter_map(|e| {
+        let at = e.at?;
+        Some(vec![html! { (e.milestone.label()) }, html! { (at.to_rfc3339()) }])
+    });
     html! {
         p { (m.from) " → " (m.to) " · " b { (m.state.as_str()) } }
         h2 { (m.subject) }
