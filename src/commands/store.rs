@@ -51,8 +51,21 @@ async fn write_backup(
         remove_if_there(&with_suffix(partial, companion))?;
     }
     held.set_len(0).with_context(|| format!("emptying {}", partial.display()))?;
-    let to = SqliteStore::open(partial).await.with_context(|| format!("creating {}", partial.display()))?;
-    let copied = transfer::copy_counted(from, &to, &mut meter.rows()).await?;
+    let (to, copied) = match from.sqlite() {
+        Some(sqlite) => {
+            // P14: SQLite into SQLite copies pages; the checksums are of what the copy holds.
+            sqlite.back_up_pages(partial.to_path_buf()).await.context("copying the store's pages")?;
+            let copy = SqliteStore::open_read_only(partial).await.context("reading the copied pages")?;
+            let copied = transfer::digest_counted(&copy, &mut meter.rows()).await?;
+            drop(copy);
+            (SqliteStore::open(partial).await.with_context(|| format!("opening {}", partial.display()))?, copied)
+        }
+        None => {
+            let to = SqliteStore::open(partial).await.with_context(|| format!("creating {}", partial.display()))?;
+            let copied = transfer::copy_counted(from, &to, &mut meter.rows()).await?;
+            (to, copied)
+        }
+    };
     // E14: the checksums of what it holds travel inside it; restore and verify check them.
     to.kv_set(transfer::BACKUP_DIGEST_KEY, &transfer::seal_digest(&copied)).await.context("sealing the backup")?;
     to.seal().await.context("closing the backup")?;

@@ -83,6 +83,15 @@ impl AnyStore {
         }
     }
 
+    /// The SQLite file this store reads, when it is one (a spreadsheet's working copy opened to
+    /// read is): P14's backup copies its pages.
+    pub fn sqlite(&self) -> Option<&SqliteStore> {
+        match &self.adapter {
+            Adapter::Sqlite(s) => Some(s),
+            Adapter::Postgres(_) | Adapter::Sheets(_) => None,
+        }
+    }
+
     /// E15: how this store's calls have ended lately, from memory (it answers while the store
     /// does not).
     pub fn health(&self) -> &WriteHealth {

@@ -88,7 +88,7 @@ pub fn occupied_sql() -> String {
     let any: Vec<String> = TABS
         .iter()
         .map(|(t, _)| match *t {
-            "kv" => "EXISTS (SELECT 1 FROM kv WHERE key NOT LIKE 'store/%' AND key NOT LIKE 'sheets/%')".to_string(),
+            "kv" => format!("EXISTS (SELECT 1 FROM kv WHERE NOT ({OWN_KEYS}))"),
             t => format!("EXISTS (SELECT 1 FROM {t})"),
         })
         .collect();
@@ -106,7 +106,7 @@ pub fn clear_sql() -> Vec<String> {
     TABS.iter()
         .rev()
         .map(|(t, _)| match *t {
-            "kv" => "DELETE FROM kv WHERE key NOT LIKE 'store/%' AND key NOT LIKE 'sheets/%'".to_string(),
+            "kv" => format!("DELETE FROM kv WHERE NOT ({OWN_KEYS})"),
             t => format!("DELETE FROM {t}"),
         })
         .collect()
@@ -116,10 +116,14 @@ fn quoted(columns: &[&str]) -> String {
     columns.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ")
 }
 
+/// [`portable`]'s keys that stay behind, as a SQL condition on `kv`'s rows: prefixes compared
+/// exactly, as `starts_with` does (SQLite's `LIKE` ignores ASCII case).
+pub const OWN_KEYS: &str = "substr(key, 1, 6) = 'store/' OR substr(key, 1, 7) = 'sheets/'";
+
 /// Rows that belong to a store rather than to its data stay behind: its `store/` keys (its
 /// identity — E5: PCs see a moved or restored store as another one and merge from 0, so no
 /// mail is skipped — and the mark of a copy into it) and the sheets adapter's bookkeeping.
-fn portable(tab: &str, row: &[Cell]) -> bool {
+pub(crate) fn portable(tab: &str, row: &[Cell]) -> bool {
     match (tab, row.first()) {
         ("kv", Some(Cell::Text(key))) => !key.starts_with("store/") && !key.starts_with("sheets/"),
         _ => true,

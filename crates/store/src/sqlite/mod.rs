@@ -159,6 +159,34 @@ impl SqliteStore {
         }
     }
 
+    /// P14/O2: writes this store's pages into the empty file `to` with SQLite's online backup,
+    /// all of one snapshot while writers go on, and makes the copy a store of its own: this
+    /// store's `store/` and `sheets/` keys go (its identity among them: E5, a PC merges a
+    /// restored store from 0), a new identity is taken, and the copy is marked finished. Pages,
+    /// not rows: a row copy runs every insert's triggers and index writes again, about nine
+    /// times `sqlite3 .backup`'s time at 1M mails. The backup's checksums are the caller's.
+    pub async fn back_up_pages(&self, to: PathBuf) -> Result<()> {
+        self.read(move |conn| {
+            let mut copy = Connection::open(&to).map_err(map_err)?;
+            // -1: every page in one step, so all of them come from one snapshot.
+            let step = rusqlite::backup::Backup::new(conn, &mut copy).and_then(|b| b.step(-1)).map_err(map_err)?;
+            if step != rusqlite::backup::StepResult::Done {
+                return Err(StoreError::Backend(format!("the page copy into {} stopped: {step:?}", to.display())));
+            }
+            let tx = copy.transaction().map_err(map_err)?;
+            tx.execute(&format!("DELETE FROM kv WHERE {}", transfer::OWN_KEYS), []).map_err(map_err)?;
+            tx.execute(
+                "INSERT INTO kv (key, value) VALUES (?1, lower(hex(randomblob(16)))), (?2, 'finished')",
+                [crate::IDENTITY_KEY, transfer::COPY_KEY],
+            )
+            .map_err(map_err)?;
+            tx.commit().map_err(map_err)?;
+            // The source's header says WAL; a backup is one file (`seal`).
+            copy.pragma_update(None, "journal_mode", "DELETE").map_err(map_err)
+        })
+        .await
+    }
+
     /// O2: leaves the file whole and readable where nothing may be written (a backup kept on
     /// read-only media): the write-ahead log folded in, the rollback journal mode back.
     pub async fn seal(self) -> Result<()> {
@@ -1180,6 +1208,36 @@ mod tests {
     }
 
     crate::contract::contract_tests!(fresh);
+
+    #[tokio::test]
+    async fn p14_e5_a_page_copy_holds_every_row_as_its_own_store_and_leaves_the_sources_keys() {
+        let (dir, store) = fresh().await;
+        let mails: Vec<Mail> = (1..=300)
+            .map(|n| Mail {
+                subject: format!("件名 {n} 番"),
+                ..Mail::new(format!("mail--{n:08x}"), "pc1".into(), "pc2".into(), Ts::default(), Ts::default())
+            })
+            .collect();
+        let plan = move |_| (MailWrites { insert: mails, ..Default::default() }, ());
+        store.mail_transaction(MailSelect::Ids(vec![]), plan).await.expect("insert");
+        for (key, value) in [("telegram/offset", "7"), ("Store/kept", "a key of the data"), ("sheets/rev", "9")] {
+            store.kv_set(key, value).await.expect("kv");
+        }
+        store.kv_set(transfer::COPY_KEY, "unfinished").await.expect("a mark of the source's own");
+        let path = dir.path().join("backup.db");
+        store.back_up_pages(path.clone()).await.expect("page copy");
+
+        assert!(!dir.path().join("backup.db-wal").exists() && !dir.path().join("backup.db-journal").exists());
+        let copy = SqliteStore::open_read_only(&path).await.expect("the copy is a current store");
+        assert_eq!(transfer::digest(&copy).await.expect("digest"), transfer::digest(&store).await.expect("digest"));
+        let identity = copy.kv_get(crate::IDENTITY_KEY).await.expect("kv").expect("an identity of its own");
+        assert_ne!(Some(identity), store.kv_get(crate::IDENTITY_KEY).await.expect("kv"), "E5");
+        assert_eq!(copy.kv_get(transfer::COPY_KEY).await.expect("kv").as_deref(), Some("finished"));
+        assert_eq!(copy.kv_get("sheets/rev").await.expect("kv"), None);
+        assert_eq!(copy.kv_get("Store/kept").await.expect("kv").as_deref(), Some("a key of the data"));
+        let search = crate::Search { text: "件名 29 番".into(), mail: true, limit: 10, ..Default::default() };
+        assert_eq!(copy.search(search).await.expect("search").mail.len(), 1, "its search index came along");
+    }
 
     #[tokio::test]
     async fn r1_a_count_of_a_state_this_build_does_not_know_fails_naming_it() {
