@@ -56,7 +56,7 @@ async fn write_backup(
             // P14: SQLite into SQLite copies pages; the checksums are of what the copy holds.
             sqlite.back_up_pages(partial.to_path_buf()).await.context("copying the store's pages")?;
             let copy = SqliteStore::open_read_only(partial).await.context("reading the copied pages")?;
-            let copied = transfer::digest_counted(&copy, &mut meter.rows()).await?;
+            let copied = copy.digest_in_place(&mut meter.rows()).await?;
             drop(copy);
             (SqliteStore::open(partial).await.with_context(|| format!("opening {}", partial.display()))?, copied)
         }
@@ -283,9 +283,9 @@ async fn verify(ends: &StorePair) -> anyhow::Result<bool> {
         }
     }
     meter.phase("reading --from");
-    let ours = transfer::digest_counted(&from, &mut meter.rows()).await.context("reading --from")?;
+    let ours = from.digest(&mut meter.rows()).await.context("reading --from")?;
     meter.phase("reading --to");
-    let theirs = transfer::digest_counted(&to, &mut meter.rows()).await.context("reading --to")?;
+    let theirs = to.digest(&mut meter.rows()).await.context("reading --to")?;
     meter.pause();
     println!("{:<16} {:>10} {:>10}  CHECKSUMS", "TAB", "FROM", "TO");
     for (a, b) in ours.iter().zip(&theirs) {

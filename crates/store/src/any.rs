@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::cells::Batch;
 use crate::health::WriteHealth;
+use crate::transfer;
 use crate::{
     Change, Claim, JobQuery, JobSelect, LedgerSelect, LedgerState, LedgerWrites, MailCount, MailQuery, MailSelect,
     MailWrites, PgStore, Prune, Result, SheetsStore, SpecWrites, SqliteStore, Store, StoreError, redact_url, sheets,
@@ -89,6 +90,14 @@ impl AnyStore {
         match &self.adapter {
             Adapter::Sqlite(s) => Some(s),
             Adapter::Postgres(_) | Adapter::Sheets(_) => None,
+        }
+    }
+
+    /// [`transfer::digest_counted`], which a SQLite store reads in place (P14).
+    pub async fn digest(&self, on_rows: &mut transfer::OnRows<'_>) -> Result<Vec<transfer::TabDigest>> {
+        match &self.adapter {
+            Adapter::Sqlite(s) => s.digest_in_place(on_rows).await,
+            Adapter::Postgres(_) | Adapter::Sheets(_) => transfer::digest_counted(self, on_rows).await,
         }
     }
 

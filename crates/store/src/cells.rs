@@ -9,6 +9,26 @@ pub enum Cell {
     Bool(bool),
 }
 
+/// A value as a row's checksum reads it, borrowed where the adapter holds it (a flag is the
+/// integer it is stored as): what `transfer::RowHash` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellRef<'a> {
+    Null,
+    Int(i64),
+    Text(&'a str),
+}
+
+impl Cell {
+    pub fn as_ref(&self) -> CellRef<'_> {
+        match self {
+            Cell::Null => CellRef::Null,
+            Cell::Int(i) => CellRef::Int(*i),
+            Cell::Bool(b) => CellRef::Int(i64::from(*b)),
+            Cell::Text(t) => CellRef::Text(t),
+        }
+    }
+}
+
 /// Rows of one tab, each in [`crate::transfer::columns`] order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {

@@ -7,7 +7,7 @@
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::cells::{Batch, Cell, Incoming};
+use crate::cells::{Batch, Cell, CellRef, Incoming};
 use crate::codec::REQUIRED;
 use crate::{Result, Store, StoreError};
 
@@ -123,11 +123,13 @@ pub const OWN_KEYS: &str = "substr(key, 1, 6) = 'store/' OR substr(key, 1, 7) = 
 /// Rows that belong to a store rather than to its data stay behind: its `store/` keys (its
 /// identity — E5: PCs see a moved or restored store as another one and merge from 0, so no
 /// mail is skipped — and the mark of a copy into it) and the sheets adapter's bookkeeping.
-pub(crate) fn portable(tab: &str, row: &[Cell]) -> bool {
-    match (tab, row.first()) {
-        ("kv", Some(Cell::Text(key))) => !key.starts_with("store/") && !key.starts_with("sheets/"),
-        _ => true,
-    }
+fn portable(tab: &str, row: &[Cell]) -> bool {
+    !row.first().is_some_and(|first| stays_behind(tab, first.as_ref()))
+}
+
+/// Whether a row of `tab` whose first value is `first` stays behind (see [`portable`]).
+pub fn stays_behind(tab: &str, first: CellRef<'_>) -> bool {
+    matches!((tab, first), ("kv", CellRef::Text(key)) if key.starts_with("store/") || key.starts_with("sheets/"))
 }
 
 /// Where a copy marks its target: `unfinished` from before its first row until after its
@@ -187,7 +189,7 @@ pub async fn copy_counted(
     }
     to.kv_set(COPY_KEY, "unfinished").await?;
     to.import_started().await?;
-    let mut sums = Sums::new();
+    let mut sums = Sums::default();
     each_batch(from, async |batch: Batch| {
         sums.add(&batch);
         let (tab, rows) = (batch.tab, batch.rows.len() as u64);
@@ -207,7 +209,7 @@ pub async fn copy_counted(
 pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<TabDigest>> {
     let (tx, rx) = mpsc::channel::<Incoming>(4);
     let feed = async move {
-        let mut sums = Sums::new();
+        let mut sums = Sums::default();
         each_batch(from, async |batch: Batch| {
             sums.add(&batch);
             tx.send(Incoming::Rows(batch)).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))
@@ -230,23 +232,31 @@ pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec
 const STOPPED_TAKING: &str = "the store being restored stopped taking rows";
 
 /// The rows of each tab a digest or copy has seen, counted and summed.
-struct Sums(Vec<(&'static str, u64, u128)>);
+pub struct Sums(Vec<(&'static str, u64, u128)>);
 
-impl Sums {
-    fn new() -> Sums {
+impl Default for Sums {
+    fn default() -> Sums {
         Sums(TABS.iter().map(|(t, _)| (*t, 0, 0)).collect())
     }
+}
+
+impl Sums {
 
     fn add(&mut self, batch: &Batch) {
-        if let Some((_, rows, sum)) = self.0.iter_mut().find(|(t, ..)| *t == batch.tab) {
-            for row in &batch.rows {
-                *rows += 1;
-                *sum = sum.wrapping_add(row_hash(row));
-            }
+        for row in &batch.rows {
+            self.add_hash(batch.tab, row_hash(row));
         }
     }
 
-    fn finish(self) -> Vec<TabDigest> {
+    /// One row of `tab`, by its [`RowHash`]; a tab [`TABS`] does not name is not summed.
+    pub fn add_hash(&mut self, tab: &str, hash: u128) {
+        if let Some((_, rows, sum)) = self.0.iter_mut().find(|(t, ..)| *t == tab) {
+            *rows += 1;
+            *sum = sum.wrapping_add(hash);
+        }
+    }
+
+    pub fn finish(self) -> Vec<TabDigest> {
         self.0.into_iter().map(|(tab, rows, sum)| TabDigest { tab, rows, checksum: format!("{sum:032x}") }).collect()
     }
 }
@@ -461,7 +471,7 @@ pub async fn digest(store: &(impl Store + Clone)) -> Result<Vec<TabDigest>> {
 
 /// [`digest`], telling `on_rows` of each batch it reads.
 pub async fn digest_counted(store: &(impl Store + Clone), on_rows: &mut OnRows<'_>) -> Result<Vec<TabDigest>> {
-    let mut sums = Sums::new();
+    let mut sums = Sums::default();
     each_batch(store, async |batch: Batch| {
         sums.add(&batch);
         on_rows(batch.tab, batch.rows.len() as u64);
@@ -472,22 +482,62 @@ pub async fn digest_counted(store: &(impl Store + Clone), on_rows: &mut OnRows<'
 }
 
 fn row_hash(row: &[Cell]) -> u128 {
-    let mut h = Sha256::new();
-    for cell in row {
+    let mut hash = RowHash::default();
+    row.iter().for_each(|cell| hash.add(cell.as_ref()));
+    hash.finish()
+}
+
+/// One row's checksum, fed a value at a time so an adapter can hash the values it reads in
+/// place (P14): the first 128 bits of the SHA-256 of each value's canonical form — `N;`,
+/// `I<decimal>;` (a flag is the integer it is stored as), `T<bytes>:<text>` — in column order.
+/// Backups keep sums of it: the form never changes.
+#[derive(Default)]
+pub struct RowHash(Sha256);
+
+impl RowHash {
+    pub fn add(&mut self, cell: CellRef<'_>) {
+        let mut digits = [0u8; 20];
         match cell {
-            Cell::Null => h.update(b"N;"),
-            Cell::Int(i) => h.update(format!("I{i};")),
-            Cell::Bool(b) => h.update(format!("I{};", i64::from(*b))),
-            Cell::Text(t) => {
-                h.update(format!("T{}:", t.len()));
-                h.update(t.as_bytes());
+            CellRef::Null => self.0.update(b"N;"),
+            CellRef::Int(i) => {
+                self.0.update(b"I");
+                self.0.update(decimal(i, &mut digits));
+                self.0.update(b";");
+            }
+            CellRef::Text(t) => {
+                self.0.update(b"T");
+                self.0.update(decimal(i64::try_from(t.len()).unwrap_or(i64::MAX), &mut digits));
+                self.0.update(b":");
+                self.0.update(t.as_bytes());
             }
         }
     }
-    let bytes = h.finalize();
-    let mut first = [0u8; 16];
-    first.copy_from_slice(&bytes[..16]);
-    u128::from_be_bytes(first)
+
+    pub fn finish(self) -> u128 {
+        let bytes = self.0.finalize();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&bytes[..16]);
+        u128::from_be_bytes(first)
+    }
+}
+
+/// `i` in decimal, written into the end of `buf` (an i64 has at most 19 digits and a sign).
+fn decimal(i: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut n = i.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
 }
 
 /// The tabs whose counts or checksums differ.
@@ -498,6 +548,35 @@ pub fn differences(a: &[TabDigest], b: &[TabDigest]) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// E14: the form a row is hashed in is the one every earlier backup was sealed with.
+    #[test]
+    fn e14_a_row_hashes_as_backups_were_always_sealed() {
+        let sealed_form = |row: &[Cell]| {
+            let mut h = Sha256::new();
+            for cell in row {
+                match cell {
+                    Cell::Null => h.update(b"N;"),
+                    Cell::Int(i) => h.update(format!("I{i};")),
+                    Cell::Bool(b) => h.update(format!("I{};", i64::from(*b))),
+                    Cell::Text(t) => h.update(format!("T{}:{t}", t.len())),
+                }
+            }
+            u128::from_be_bytes(h.finalize()[..16].try_into().expect("16 bytes"))
+        };
+        let row = [
+            Cell::Int(i64::MIN),
+            Cell::Int(-1),
+            Cell::Int(0),
+            Cell::Int(i64::MAX),
+            Cell::Bool(true),
+            Cell::Null,
+            Cell::Text(String::new()),
+            Cell::Text("件名 — 1".into()),
+        ];
+        assert_eq!(row_hash(&row), sealed_form(&row));
+        assert_ne!(row_hash(&row[..1]), row_hash(&row[1..2]));
+    }
 
     #[test]
     fn p14_a_batch_is_inserted_by_one_statement_numbering_row_after_row() {
@@ -555,7 +634,7 @@ mod tests {
         assert!(select_sql("mail", "seq").contains("\"from\", \"to\""));
         let flags = occupied_sql();
         assert_eq!(flags.matches("EXISTS").count(), TABS.len());
-        assert!(flags.contains("key NOT LIKE 'store/%'"));
+        assert!(flags.contains(&format!("FROM kv WHERE NOT ({OWN_KEYS})")), "{flags}");
         assert_eq!(occupied(&[true, false, false, true]), ["specs", "kv"]);
     }
 

@@ -99,6 +99,40 @@ fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
     Ok(conn)
 }
 
+/// Every tab's count and sum, from one read transaction; `(tab, rows)` told each batch.
+fn digest_rows(
+    conn: &Connection,
+    told: &mpsc::UnboundedSender<(&'static str, u64)>,
+) -> Result<Vec<transfer::TabDigest>> {
+    let tx = conn.unchecked_transaction().map_err(map_err)?;
+    let mut sums = transfer::Sums::default();
+    for (tab, order) in transfer::TABS {
+        let names = transfer::columns(tab);
+        let mut stmt = tx.prepare(&transfer::select_sql(tab, order)).map_err(map_err)?;
+        let mut found = stmt.query([]).map_err(map_err)?;
+        let mut batch = 0;
+        'rows: while let Some(row) = found.next().map_err(map_err)? {
+            let mut hash = transfer::RowHash::default();
+            for (i, name) in names.iter().enumerate() {
+                let cell = rows::cell_ref(row.get_ref(i).map_err(map_err)?, tab, name)?;
+                if i == 0 && transfer::stays_behind(tab, cell) {
+                    continue 'rows;
+                }
+                hash.add(cell);
+            }
+            sums.add_hash(tab, hash.finish());
+            batch += 1;
+            if batch == transfer::BATCH as u64 {
+                let _ = told.send((tab, std::mem::take(&mut batch)));
+            }
+        }
+        if batch > 0 {
+            let _ = told.send((tab, batch));
+        }
+    }
+    Ok(sums.finish())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed, readable by its owner only) and migrates the database at `path`.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore> {
@@ -185,6 +219,20 @@ impl SqliteStore {
             copy.pragma_update(None, "journal_mode", "DELETE").map_err(map_err)
         })
         .await
+    }
+
+    /// P14: [`transfer::digest_counted`] of this store, read in place from one snapshot: each
+    /// value is hashed where SQLite holds it, none copied out into a row and handed over (a
+    /// third of a digest's time at 1M mails). Tells `on_rows` of each batch's tab and rows.
+    pub async fn digest_in_place(&self, on_rows: &mut transfer::OnRows<'_>) -> Result<Vec<transfer::TabDigest>> {
+        let (told, mut heard) = mpsc::unbounded_channel();
+        let store = self.clone();
+        let reading = tokio::spawn(async move { store.read(move |conn| digest_rows(conn, &told)).await });
+        // The channel closes when the reading ends, its sender dropped with it.
+        while let Some((tab, rows)) = heard.recv().await {
+            on_rows(tab, rows);
+        }
+        reading.await.map_err(|e| StoreError::Backend(format!("the digest stopped: {e}")))?
     }
 
     /// O2: leaves the file whole and readable where nothing may be written (a backup kept on
@@ -1229,7 +1277,12 @@ mod tests {
 
         assert!(!dir.path().join("backup.db-wal").exists() && !dir.path().join("backup.db-journal").exists());
         let copy = SqliteStore::open_read_only(&path).await.expect("the copy is a current store");
-        assert_eq!(transfer::digest(&copy).await.expect("digest"), transfer::digest(&store).await.expect("digest"));
+        let sums = transfer::digest(&store).await.expect("digest");
+        assert_eq!(transfer::digest(&copy).await.expect("digest"), sums);
+        let mut told = 0;
+        let in_place = copy.digest_in_place(&mut |_, rows| told += rows).await.expect("digest in place");
+        assert_eq!(in_place, sums, "read in place, the sums are the export's");
+        assert_eq!(told, sums.iter().map(|d| d.rows).sum::<u64>(), "every row summed is told");
         let identity = copy.kv_get(crate::IDENTITY_KEY).await.expect("kv").expect("an identity of its own");
         assert_ne!(Some(identity), store.kv_get(crate::IDENTITY_KEY).await.expect("kv"), "E5");
         assert_eq!(copy.kv_get(transfer::COPY_KEY).await.expect("kv").as_deref(), Some("finished"));

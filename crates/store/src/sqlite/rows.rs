@@ -2,7 +2,7 @@
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
-use crate::cells::Cell;
+use crate::cells::{Cell, CellRef};
 use crate::codec::{Columns, Value};
 use crate::{Result, StoreError};
 
@@ -54,13 +54,22 @@ impl rusqlite::ToSql for Cell {
     }
 }
 
-/// One value of an exported row; pcmail never stores reals or blobs.
+/// One value of an exported row.
 pub fn cell(value: ValueRef<'_>, tab: &str, column: &str) -> Result<Cell> {
+    Ok(match cell_ref(value, tab, column)? {
+        CellRef::Null => Cell::Null,
+        CellRef::Int(i) => Cell::Int(i),
+        CellRef::Text(t) => Cell::Text(t.to_string()),
+    })
+}
+
+/// One value of a row where SQLite holds it; pcmail never stores reals or blobs.
+pub fn cell_ref<'a>(value: ValueRef<'a>, tab: &str, column: &str) -> Result<CellRef<'a>> {
     match value {
-        ValueRef::Null => Ok(Cell::Null),
-        ValueRef::Integer(i) => Ok(Cell::Int(i)),
+        ValueRef::Null => Ok(CellRef::Null),
+        ValueRef::Integer(i) => Ok(CellRef::Int(i)),
         ValueRef::Text(t) => std::str::from_utf8(t)
-            .map(|t| Cell::Text(t.to_string()))
+            .map(CellRef::Text)
             .map_err(|_| StoreError::Corrupt(format!("{tab}.{column} holds text that is not UTF-8"))),
         ValueRef::Real(_) | ValueRef::Blob(_) => {
             Err(StoreError::Corrupt(format!("{tab}.{column} holds a {:?}, not text or an integer", value.data_type())))
