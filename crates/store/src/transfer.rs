@@ -241,7 +241,6 @@ impl Default for Sums {
 }
 
 impl Sums {
-
     fn add(&mut self, batch: &Batch) {
         for row in &batch.rows {
             self.add_hash(batch.tab, row_hash(row));
