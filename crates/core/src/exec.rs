@@ -210,9 +210,99 @@ fn stat_fields(stat: &str) -> Option<StatFields> {
     Some(StatFields { state, pgrp, session, started })
 }
 
+/// A time since boot (`CLOCK_BOOTTIME`) in the clock ticks `/proc/PID/stat` counts a start in
+/// (`clk_tck` a second, rounded down as the kernel does): read just before a child starts, it
+/// is no later than the child's own start.
+pub fn boot_ticks(since_boot: std::time::Duration, clk_tck: u64) -> u64 {
+    let ticks = since_boot.as_nanos().saturating_mul(u128::from(clk_tck)) / 1_000_000_000;
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
 /// When the process `/proc/PID/stat` describes started (0 if it does not say).
 pub fn started(stat: &str) -> u64 {
     stat_fields(stat).map_or(0, |f| if f.started == u64::MAX { 0 } else { f.started })
+}
+
+/// What `/proc` says of the pid counter at one moment (P9: where a run's strays can be).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidCounter {
+    /// The last pid handed out in this pid namespace (`/proc/loadavg`'s last field).
+    pub last: i32,
+    /// Tasks alive, zombies included (`/proc/loadavg`'s `running/total`).
+    pub tasks: u64,
+    /// Forks since boot, threads included (`/proc/stat`'s `processes`).
+    pub forks: u64,
+    /// `/proc/sys/kernel/pid_max`.
+    pub max: i32,
+}
+
+impl PidCounter {
+    /// Reads the three files' texts; None if one of them does not say.
+    pub fn parse(loadavg: &str, stat: &str, pid_max: &str) -> Option<PidCounter> {
+        let mut fields = loadavg.split_whitespace().skip(3);
+        let tasks = fields.next()?.split_once('/')?.1.parse().ok()?;
+        let last = fields.next()?.parse().ok()?;
+        let forks = stat.lines().find_map(|l| l.strip_prefix("processes "))?.trim().parse().ok()?;
+        let max = pid_max.trim().parse().ok()?;
+        Some(PidCounter { last, tasks, forks, max })
+    }
+}
+
+/// The pids Linux keeps back when its counter comes round (`RESERVED_PIDS`).
+const RESERVED_PIDS: u64 = 300;
+
+/// The pids a run's strays can hold when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suspects {
+    /// Any pid: the counter may have come round since the run's child started, or `/proc` did
+    /// not say.
+    Everywhere,
+    /// The pids handed out since the run's child got `child`, up to `last`, in the counter's
+    /// cycle: `(child, last]`.
+    Since { child: i32, last: i32 },
+}
+
+impl Suspects {
+    /// E16 at P9's rate: a stray descends from the run's child, so it got its pid after the
+    /// child's. Linux hands pids out in a cycle, each the next free one after the last, so every
+    /// pid given since lies in `(child, last]` — until the counter passes `child` again. To do
+    /// that it must move a whole cycle: one step per fork since and one per pid in use it
+    /// skips, at most three per task alive when the child started (its own, its group's and its
+    /// session's). `before` is any reading taken before the child started: it undercounts no
+    /// fork, and the tasks then were at most its tasks and its forks since.
+    pub fn of(child: i32, before: PidCounter, now: PidCounter) -> Suspects {
+        let max = before.max.min(now.max);
+        let moved = now.forks.checked_sub(before.forks).map(|forks| {
+            let in_use = before.tasks.saturating_add(forks).saturating_mul(3);
+            forks.saturating_add(in_use)
+        });
+        let cycle = u64::try_from(max).unwrap_or(0).saturating_sub(RESERVED_PIDS + 1);
+        match moved {
+            Some(moved) if moved < cycle && 0 < child && child < max && 0 < now.last && now.last < max => {
+                Suspects::Since { child, last: now.last }
+            }
+            _ => Suspects::Everywhere,
+        }
+    }
+
+    pub fn holds(&self, pid: i32) -> bool {
+        match *self {
+            Suspects::Everywhere => true,
+            Suspects::Since { child, last } if child <= last => child < pid && pid <= last,
+            Suspects::Since { child, last } => pid > child || pid <= last,
+        }
+    }
+
+    /// The suspects one by one, when there are at most `limit` of them (else None: list them
+    /// from `/proc`).
+    pub fn few(&self, limit: usize) -> Option<Vec<i32>> {
+        let Suspects::Since { child, last } = *self else { return None };
+        if child > last {
+            return None;
+        }
+        let count = usize::try_from(last - child).ok()?;
+        (count <= limit).then(|| (child + 1..=last).collect())
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +362,55 @@ mod tests {
         assert_eq!(tail_chars("  nope\n", 500), "nope");
         assert_eq!(tail_chars("見積書を送る", 2), "送る");
         assert_eq!(tail_chars("abc", 0), "");
+    }
+
+    fn counter(last: i32, tasks: u64, forks: u64) -> PidCounter {
+        PidCounter { last, tasks, forks, max: 32768 }
+    }
+
+    #[test]
+    fn e16_a_start_read_off_the_boot_clock_is_in_the_ticks_of_proc_stat() {
+        use std::time::Duration;
+        assert_eq!(boot_ticks(Duration::from_millis(123_456_789), 100), 12_345_678);
+        assert_eq!(boot_ticks(Duration::from_nanos(9_999_999), 100), 0, "rounded down");
+        assert_eq!(boot_ticks(Duration::from_secs(3), 250), 750);
+        assert_eq!(boot_ticks(Duration::MAX, 1_000_000), u64::MAX);
+    }
+
+    #[test]
+    fn e16_the_pid_counter_is_read_from_loadavg_stat_and_pid_max() {
+        let stat = "cpu  1 2 3\nintr 5 6\nctxt 9\nprocesses 14465\nprocs_running 1\n";
+        assert_eq!(
+            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", stat, "32768\n"),
+            Some(counter(12782, 138, 14465))
+        );
+        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138\n", stat, "32768"), None, "no last pid");
+        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138 12782", "cpu 1\n", "32768"), None, "no fork count");
+        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138 12782", stat, ""), None);
+    }
+
+    #[test]
+    fn e16_strays_are_looked_for_among_the_pids_handed_out_since_the_child_until_the_counter_can_come_round() {
+        let before = counter(4000, 100, 10_000);
+        let since = Suspects::of(4001, before, counter(4010, 104, 10_012));
+        assert_eq!(since, Suspects::Since { child: 4001, last: 4010 });
+        assert!(since.holds(4002) && since.holds(4010));
+        assert!(!since.holds(4001) && !since.holds(4011) && !since.holds(300), "the child and older pids");
+        assert_eq!(since.few(16), Some((4002..=4010).collect()));
+        assert_eq!(since.few(8), None, "nine suspects: listed from /proc");
+        // The counter came round past pid_max: the cycle's two ends.
+        let wrapped = Suspects::of(32700, before, counter(320, 104, 10_500));
+        assert!(wrapped.holds(32767) && wrapped.holds(300) && !wrapped.holds(4000) && !wrapped.holds(32700));
+        assert_eq!(wrapped.few(1 << 20), None);
+        // Enough forks (or pids in use to skip) to pass the child again: any pid may be a stray.
+        assert_eq!(Suspects::of(4001, before, counter(4010, 100, 10_000 + 8_100)), Suspects::Everywhere);
+        assert_eq!(Suspects::of(4001, counter(4000, 10_900, 10_000), counter(4010, 5, 10_012)), Suspects::Everywhere);
+        // An earlier reading serves as well, its forks since counted as tasks that may have been
+        // alive when the child started: 8,100 + 3 × (100 + 8,100) passes a cycle, 1,000 does not.
+        assert!(matches!(Suspects::of(4001, before, counter(4010, 100, 11_000)), Suspects::Since { .. }));
+        assert_eq!(Suspects::of(4001, before, counter(4010, 100, 9_999)), Suspects::Everywhere, "a counter gone back");
+        assert_eq!(Suspects::of(0, before, counter(4010, 100, 10_001)), Suspects::Everywhere, "no child pid");
+        assert!(Suspects::Everywhere.holds(1) && Suspects::Everywhere.few(usize::MAX).is_none());
     }
 
     fn run() -> RunId {

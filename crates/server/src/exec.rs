@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, RunId, Verdict};
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, PidCounter, RunId, Suspects, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -33,6 +33,9 @@ const SWEEPS: usize = 4;
 /// Entries of `/proc` looked at in one sweep.
 #[cfg(target_os = "linux")]
 const MAX_PROCS: usize = 1 << 20;
+/// Up to this many suspects are asked one by one; more, and `/proc` is listed.
+#[cfg(target_os = "linux")]
+const PROBE_MAX: usize = 512;
 
 /// Why a Function's run failed; the text is what a ledger row or a job records.
 #[derive(Debug, thiserror::Error)]
@@ -173,8 +176,12 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     // The function creates files with its user's usual permissions, not serve's 077 (T8).
     let umask = pcmail_store::private::inherited_umask();
     let plan = crate::spawner::Plan { paths: &paths, argv: &argv, env: &env, umask };
+    // Both read before the child starts: no fork since goes uncounted, and no stray of the
+    // run started earlier than this.
+    let (before, started) = (earlier_reading(), boot_ticks());
     let mut child = crate::spawner::spawn(&plan)?;
-    let guard = Live::register(RunId { session: child.pid, started: started_at(child.pid), mark });
+    let born = before.map(|before| Born { child: child.pid, before });
+    let guard = Live::register(RunId { session: child.pid, started, mark }, born);
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
     let feed = feed(child.stdin.take(), p.input);
@@ -222,7 +229,7 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mark = new_mark();
     let mut child = command(&p, &mark).spawn()?;
     let session = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
-    let guard = Live::register(RunId { session, started: started_at(session), mark });
+    let guard = Live::register(RunId { session, started: started_at(session), mark }, None);
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
     let feed = feed(child.stdin.take(), p.input);
@@ -308,7 +315,59 @@ impl CappedReader {
 }
 
 /// Every run alive in this process, so that `serve`'s stop kills them all ([`stop_all`]).
-static LIVE: Mutex<Vec<(u64, RunId)>> = Mutex::new(Vec::new());
+static LIVE: Mutex<Vec<(u64, RunId, Option<Born>)>> = Mutex::new(Vec::new());
+
+/// A run's child pid and the pid counter just before it started: where its strays can be
+/// ([`Suspects`]).
+#[derive(Debug, Clone, Copy)]
+struct Born {
+    child: i32,
+    before: PidCounter,
+}
+
+impl Born {
+    fn suspects(born: Option<&Born>) -> Suspects {
+        match (born, pid_counter()) {
+            (Some(b), Some(now)) => Suspects::of(b.child, b.before, now),
+            _ => Suspects::Everywhere,
+        }
+    }
+}
+
+/// The last reading of the pid counter, kept for the next run's start: any reading taken
+/// before a child started serves as its `before` ([`Suspects::of`]), so one reading a run is
+/// enough.
+static READING: Mutex<Option<PidCounter>> = Mutex::new(None);
+
+/// The pid counter now; None off Linux, or where `/proc` does not say.
+fn pid_counter() -> Option<PidCounter> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let now = PidCounter::parse(&read("/proc/loadavg")?, &read("/proc/stat")?, &read("/proc/sys/kernel/pid_max")?);
+    *READING.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    now
+}
+
+/// The last reading of the pid counter, or a new one.
+fn earlier_reading() -> Option<PidCounter> {
+    let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
+    kept.or_else(pid_counter)
+}
+
+/// Now on the clock `/proc/PID/stat` counts starts by, in its ticks (0 if unknown).
+#[cfg(target_os = "linux")]
+fn boot_ticks() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec; sysconf reads a constant.
+    let (read, clk_tck) =
+        unsafe { (libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts), libc::sysconf(libc::_SC_CLK_TCK)) };
+    match (read, u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec), u64::try_from(clk_tck)) {
+        (0, Ok(secs), Ok(nanos), Ok(tck)) if tck > 0 => rules::boot_ticks(Duration::new(secs, nanos), tck),
+        _ => 0,
+    }
+}
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One run registered in [`LIVE`]; dropped (its process exited, its timeout passed, or its
@@ -316,24 +375,25 @@ static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1)
 struct Live {
     key: u64,
     run: RunId,
+    born: Option<Born>,
 }
 
 impl Live {
-    fn register(run: RunId) -> Live {
+    fn register(run: RunId, born: Option<Born>) -> Live {
         let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        LIVE.lock().unwrap_or_else(PoisonError::into_inner).push((key, run.clone()));
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).push((key, run.clone(), born));
         if let Some(dir) = RECORDS.get() {
             // Best effort: a run is not refused for a record it cannot write (a full disk).
-            let _ = std::fs::write(dir.join(&run.mark), record(std::process::id(), run.started));
+            let _ = std::fs::write(dir.join(&run.mark), record(run.started));
         }
-        Live { key, run }
+        Live { key, run, born }
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        kill_run(&self.run);
-        LIVE.lock().unwrap_or_else(PoisonError::into_inner).retain(|(k, _)| *k != self.key);
+        kill_run(&self.run, self.born.as_ref());
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).retain(|(k, _, _)| *k != self.key);
         if let Some(dir) = RECORDS.get() {
             let _ = std::fs::remove_file(dir.join(&self.run.mark));
         }
@@ -347,8 +407,11 @@ static RECORDS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::n
 pub const RUNS_DIR: &str = "runs";
 
 /// A run's record: the serve that started it (pid and start) and when the run started.
-fn record(serve: u32, started: u64) -> String {
-    format!("{serve} {} {started}\n", started_at(i32::try_from(serve).unwrap_or(0)))
+fn record(started: u64) -> String {
+    static SERVE: std::sync::OnceLock<(u32, u64)> = std::sync::OnceLock::new();
+    let (serve, serve_started) =
+        *SERVE.get_or_init(|| (std::process::id(), started_at(i32::try_from(std::process::id()).unwrap_or(0))));
+    format!("{serve} {serve_started} {started}\n")
 }
 
 /// E16 at `serve`'s start: kills what the runs recorded in `data_dir` left running — a `serve`
@@ -389,7 +452,7 @@ fn kill_marked(run: &RunId) -> usize {
     {
         let mut killed = 0;
         for _ in 0..SWEEPS {
-            match sweep(run) {
+            match sweep(run, Suspects::Everywhere) {
                 0 => break,
                 n => killed += n,
             }
@@ -424,15 +487,17 @@ fn started_at(pid: i32) -> u64 {
 
 /// E16 at `serve`'s stop: every run still alive is killed with all it started.
 pub fn stop_all() {
-    let runs: Vec<RunId> = LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r)| r.clone()).collect();
-    for run in &runs {
-        kill_run(run);
+    let runs: Vec<(RunId, Option<Born>)> =
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r, b)| (r.clone(), *b)).collect();
+    for (run, born) in &runs {
+        kill_run(run, born.as_ref());
     }
 }
 
 /// Kills the run's process group, then (Linux) every process in its session or carrying its
-/// mark, sweeping `/proc` until a sweep finds none.
-fn kill_run(run: &RunId) {
+/// mark, sweeping `/proc` until a sweep finds none; each sweep asks only the pids handed out
+/// since the run's child, where they can be told (P9).
+fn kill_run(run: &RunId, born: Option<&Born>) {
     #[cfg(unix)]
     if run.session > 1 {
         // SAFETY: kill(2) with a negative pid signals the process group the run created.
@@ -442,20 +507,32 @@ fn kill_run(run: &RunId) {
     }
     #[cfg(target_os = "linux")]
     for _ in 0..SWEEPS {
-        if sweep(run) == 0 {
+        if sweep(run, Born::suspects(born)) == 0 {
             break;
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = born;
 }
 
-/// One pass over `/proc`: SIGKILL to each process the run owns; answers how many.
+/// One pass over the `suspects` among `/proc`'s processes: SIGKILL to each the run owns;
+/// answers how many.
 #[cfg(target_os = "linux")]
-fn sweep(run: &RunId) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+fn sweep(run: &RunId, suspects: Suspects) -> usize {
+    let pids: Vec<i32> = match suspects.few(PROBE_MAX) {
+        Some(few) => few,
+        None => {
+            let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+            dir.take(MAX_PROCS)
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+                .filter(|pid| suspects.holds(*pid))
+                .collect()
+        }
+    };
     let me = std::process::id();
     let mut killed = 0;
-    for entry in dir.take(MAX_PROCS).flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+    for pid in pids {
         if u32::try_from(pid).is_ok_and(|p| p == me) || pid <= 1 {
             continue;
         }
