@@ -16,7 +16,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, PidCounter, RunId, Suspects, Verdict};
+#[cfg(target_os = "linux")]
+use pcmail_core::exec::Suspects;
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, PidCounter, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -316,58 +318,6 @@ impl CappedReader {
 
 /// Every run alive in this process, so that `serve`'s stop kills them all ([`stop_all`]).
 static LIVE: Mutex<Vec<(u64, RunId, Option<Born>)>> = Mutex::new(Vec::new());
-
-/// A run's child pid and the pid counter just before it started: where its strays can be
-/// ([`Suspects`]).
-#[derive(Debug, Clone, Copy)]
-struct Born {
-    child: i32,
-    before: PidCounter,
-}
-
-impl Born {
-    fn suspects(born: Option<&Born>) -> Suspects {
-        match (born, pid_counter()) {
-            (Some(b), Some(now)) => Suspects::of(b.child, b.before, now),
-            _ => Suspects::Everywhere,
-        }
-    }
-}
-
-/// The last reading of the pid counter, kept for the next run's start: any reading taken
-/// before a child started serves as its `before` ([`Suspects::of`]), so one reading a run is
-/// enough.
-static READING: Mutex<Option<PidCounter>> = Mutex::new(None);
-
-/// The pid counter now; None off Linux, or where `/proc` does not say.
-fn pid_counter() -> Option<PidCounter> {
-    if !cfg!(target_os = "linux") {
-        return None;
-    }
-    let read = |path: &str| std::fs::read_to_string(path).ok();
-    let now = PidCounter::parse(&read("/proc/loadavg")?, &read("/proc/stat")?, &read("/proc/sys/kernel/pid_max")?);
-    *READING.lock().unwrap_or_else(PoisonError::into_inner) = now;
-    now
-}
-
-/// The last reading of the pid counter, or a new one.
-fn earlier_reading() -> Option<PidCounter> {
-    let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
-    kept.or_else(pid_counter)
-}
-
-/// Now on the clock `/proc/PID/stat` counts starts by, in its ticks (0 if unknown).
-#[cfg(target_os = "linux")]
-fn boot_ticks() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec; sysconf reads a constant.
-    let (read, clk_tck) =
-        unsafe { (libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts), libc::sysconf(libc::_SC_CLK_TCK)) };
-    match (read, u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec), u64::try_from(clk_tck)) {
-        (0, Ok(secs), Ok(nanos), Ok(tck)) if tck > 0 => rules::boot_ticks(Duration::new(secs, nanos), tck),
-        _ => 0,
-    }
-}
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One run registered in [`LIVE`]; dropped (its process exited, its timeout passed, or its
@@ -397,6 +347,60 @@ impl Drop for Live {
         if let Some(dir) = RECORDS.get() {
             let _ = std::fs::remove_file(dir.join(&self.run.mark));
         }
+    }
+}
+
+/// A run's child pid and the pid counter just before it started: where its strays can be
+/// ([`Suspects`]).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+struct Born {
+    child: i32,
+    before: PidCounter,
+}
+
+#[cfg(target_os = "linux")]
+impl Born {
+    fn suspects(born: Option<&Born>) -> Suspects {
+        match (born, pid_counter()) {
+            (Some(b), Some(now)) => Suspects::of(b.child, b.before, now),
+            _ => Suspects::Everywhere,
+        }
+    }
+}
+
+/// The last reading of the pid counter, kept for the next run's start: any reading taken
+/// before a child started serves as its `before` ([`Suspects::of`]), so one reading a run is
+/// enough.
+#[cfg(target_os = "linux")]
+static READING: Mutex<Option<PidCounter>> = Mutex::new(None);
+
+/// The pid counter now; None where `/proc` does not say.
+#[cfg(target_os = "linux")]
+fn pid_counter() -> Option<PidCounter> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let now = PidCounter::parse(&read("/proc/loadavg")?, &read("/proc/stat")?, &read("/proc/sys/kernel/pid_max")?);
+    *READING.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    now
+}
+
+/// The last reading of the pid counter, or a new one.
+#[cfg(target_os = "linux")]
+fn earlier_reading() -> Option<PidCounter> {
+    let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
+    kept.or_else(pid_counter)
+}
+
+/// Now on the clock `/proc/PID/stat` counts starts by, in its ticks (0 if unknown).
+#[cfg(target_os = "linux")]
+fn boot_ticks() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec; sysconf reads a constant.
+    let (read, clk_tck) =
+        unsafe { (libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts), libc::sysconf(libc::_SC_CLK_TCK)) };
+    match (read, u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec), u64::try_from(clk_tck)) {
+        (0, Ok(secs), Ok(nanos), Ok(tck)) if tck > 0 => rules::boot_ticks(Duration::new(secs, nanos), tck),
+        _ => 0,
     }
 }
 
