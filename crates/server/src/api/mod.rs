@@ -272,11 +272,19 @@ pub fn known_state<S: std::str::FromStr<Err = pcmail_core::names::UnknownName>>(
     }
 }
 
-/// Runs a mail change to completion even if the client goes away mid-request: its commit is
-/// then always followed by its wake-ups and notices.
+/// Runs a change to completion even if the client goes away mid-request: its commit is then
+/// always followed by its wake-ups and notices. It is first polled here, and a change that is
+/// done at once (a brief write on a free writer) needs no task of its own (P10); one that
+/// waits is moved, as it is, into a task before this request could be dropped.
 pub async fn detached<T: Send + 'static>(
     change: impl std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
 ) -> Result<T, ServiceError> {
+    let mut change = Box::pin(change);
+    if let std::task::Poll::Ready(done) =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(change.as_mut().poll(cx))).await
+    {
+        return done;
+    }
     tokio::spawn(change).await.map_err(|e| ServiceError::internal(format!("request task failed: {e}")))?
 }
 
@@ -335,6 +343,28 @@ mod tests {
 
     fn described() -> serde_json::Value {
         serde_json::from_str(openapi::document()).expect("openapi.json is JSON")
+    }
+
+    #[tokio::test]
+    async fn p10_a_change_done_at_once_is_answered_in_its_request_and_one_that_waits_finishes_though_the_request_is_dropped()
+     {
+        // The test's own body is no task: a change moved into one would see an id.
+        let ran_in = detached(async { Ok(tokio::task::try_id()) }).await.expect("answered");
+        assert_eq!(ran_in, None, "a change done at its first poll needs no task of its own");
+
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (finished, heard) = tokio::sync::oneshot::channel();
+        let mut request = Box::pin(detached(async move {
+            let _ = wait.await;
+            let _ = finished.send(tokio::task::try_id());
+            Ok(())
+        }));
+        let pending = std::future::poll_fn(|cx| std::task::Poll::Ready(request.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "the change waits for its go");
+        drop(request);
+        go.send(()).expect("the change is still there to hear it");
+        let task = heard.await.expect("the change finished after its request was dropped");
+        assert!(task.is_some(), "it finished in a task of its own");
     }
 
     #[test]

@@ -257,6 +257,51 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("write task failed: {e}")))?
     }
 
+    /// P10: a write bounded by one request's jobs (a claim, a report batch, an enqueue of at
+    /// most `MAX_ENQUEUE`) runs on the caller's thread when the writer is free: the hop to the
+    /// blocking pool and back costs more than such a write. The writer busy, it waits its turn
+    /// on the pool like any other; so at most one runtime thread is ever held by a write.
+    async fn write_brief<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        match self.write_if_free(f) {
+            Ok(done) => done,
+            Err(f) => self.write(f).await,
+        }
+    }
+
+    /// `f` run on the writer now, or handed back when another write holds it.
+    fn write_if_free<R, F: FnOnce(&mut Connection) -> Result<R>>(&self, f: F) -> std::result::Result<Result<R>, F> {
+        match self.inner.writer.try_lock() {
+            Ok(mut conn) => Ok(f(&mut conn)),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Ok(f(&mut poisoned.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => Err(f),
+        }
+    }
+
+    /// P9: a read of a few rows by key on the caller's thread, when a pooled reader is free
+    /// (as [`SqliteStore::write_brief`]); otherwise on the pool.
+    async fn read_brief<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        match self.read_if_free(f) {
+            Ok(done) => done,
+            Err(f) => self.read(f).await,
+        }
+    }
+
+    /// `f` run on a pooled reader now, or handed back when none is free.
+    fn read_if_free<R, F: FnOnce(&Connection) -> Result<R>>(&self, f: F) -> std::result::Result<Result<R>, F> {
+        let inner = &self.inner;
+        let Ok(_permit) = inner.reading.try_acquire() else { return Err(f) };
+        let Some(conn) = inner.readers.lock().unwrap_or_else(PoisonError::into_inner).pop() else { return Err(f) };
+        let out = f(&conn);
+        inner.readers.lock().unwrap_or_else(PoisonError::into_inner).push(conn);
+        Ok(out)
+    }
+
     async fn read<R: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<R> + Send + 'static) -> Result<R> {
         let inner = self.inner.clone();
         let permit = inner
@@ -852,7 +897,7 @@ impl Store for SqliteStore {
         // Idle workers ask often: answer "nothing due" from a reader, without the writer.
         let (queue, now) = (claim.queue.clone(), ms(claim.now));
         let due = self
-            .read(move |conn| {
+            .read_brief(move |conn| {
                 conn.prepare_cached(&format!(
                     "SELECT 1 FROM jobs WHERE {} AND queue = ?1 AND run_after <= ?2 LIMIT 1",
                     predicates::state_is(JobState::Queued)
@@ -865,7 +910,7 @@ impl Store for SqliteStore {
         if !due {
             return Ok(vec![]);
         }
-        self.write(move |conn| {
+        self.write_brief(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let jobs = {
                 let mut stmt = tx
@@ -902,7 +947,9 @@ impl Store for SqliteStore {
         R: Send + 'static,
     {
         let inner = self.inner.clone();
-        self.write(move |conn| {
+        // A rescue looks at every running job; any other selection is one request's jobs.
+        let brief = !matches!(select, JobSelect::ExpiredLeases { .. });
+        let work = move |conn: &mut Connection| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             let loaded = match &select {
                 // E13: every running job is looked at, and those whose lease stood unchanged for
@@ -943,13 +990,13 @@ impl Store for SqliteStore {
                 tx.commit().map_err(map_err)?;
             }
             Ok(out)
-        })
-        .await
+        };
+        if brief { self.write_brief(work).await } else { self.write(work).await }
     }
 
     async fn get_job(&self, id: &str) -> Result<Option<Job>> {
         let id = id.to_string();
-        self.read(move |conn| Ok(select_jobs(conn, &JobSelect::Ids(vec![id]))?.pop())).await
+        self.read_brief(move |conn| Ok(select_jobs(conn, &JobSelect::Ids(vec![id]))?.pop())).await
     }
 
     async fn list_jobs(&self, q: JobQuery) -> Result<Vec<Job>> {
@@ -1256,6 +1303,44 @@ mod tests {
     }
 
     crate::contract::contract_tests!(fresh);
+
+    #[tokio::test]
+    async fn p10_one_requests_jobs_are_written_on_the_callers_thread_when_the_writer_is_free_and_wait_their_turn_when_not()
+     {
+        let (_dir, store) = fresh().await;
+        let job = |n: u32| Job::new(format!("job-{n}"), "q".into(), "f".into(), "null".into(), Ts::default());
+        let written_on = |store: &SqliteStore, n: u32| {
+            let store = store.clone();
+            async move {
+                let plan = move |_| (vec![job(n)], std::thread::current().id());
+                store.jobs_transaction(JobSelect::Ids(vec![]), plan).await.expect("enqueue")
+            }
+        };
+        let here = std::thread::current().id();
+        assert_eq!(written_on(&store, 1).await, here, "a free writer takes the write at once");
+
+        // Another write holds the writer: this one waits for it on the blocking pool.
+        let (held, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let holder = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let _writer = store.inner.writer.lock().expect("writer");
+                held.0.send(()).expect("told");
+                let _ = release.1.recv();
+            })
+        };
+        held.1.recv().expect("the writer is held");
+        let waiting = tokio::spawn(written_on(&store, 2));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the write waits while the writer is held");
+        release.0.send(()).expect("released");
+        let on = waiting.await.expect("the waiting write");
+        assert_ne!(on, here, "it ran on the pool, not on a runtime thread");
+        holder.join().expect("holder");
+        let stored =
+            store.jobs_transaction(JobSelect::Ids(vec!["job-1".into(), "job-2".into()]), |found| (vec![], found));
+        assert_eq!(stored.await.expect("read back").len(), 2, "both writes committed");
+    }
 
     #[tokio::test]
     async fn p14_e5_a_page_copy_holds_every_row_as_its_own_store_and_leaves_the_sources_keys() {
