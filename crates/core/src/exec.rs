@@ -148,7 +148,21 @@ pub struct RunId {
     pub session: i32,
     /// The Function's start (`/proc/PID/stat` field 22, clock ticks since boot); 0 if unknown.
     pub started: u64,
-    pub mark: String,
+    pub mark: Mark,
+}
+
+/// The `PCMAIL_RUN` a run's processes carry: one run's, or every run of one `serve` — whose
+/// runs' marks all begin with the serve's ([`run_mark`]), so that a serve records itself once,
+/// not each run, for the reap after its crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mark {
+    Run(String),
+    Serve(String),
+}
+
+/// The mark of the `n`th run of the serve marked `serve`.
+pub fn run_mark(serve: &str, n: u64) -> String {
+    format!("{serve}-{n}")
 }
 
 /// Whether a process is one of a run's, from its `/proc/PID/stat` alone.
@@ -162,11 +176,6 @@ pub enum Member {
 }
 
 impl RunId {
-    /// The `NAME=value` entry every process of this run has in its environment.
-    pub fn env_entry(&self) -> String {
-        format!("{RUN_MARK}={}", self.mark)
-    }
-
     /// Whether the process `/proc/PID/stat` describes is this run's and still to be killed: in
     /// its session or group, or — for a `setsid` grandchild that left both — to be asked its
     /// environment, if it started no earlier than the run (older ones cannot descend from it,
@@ -185,8 +194,12 @@ impl RunId {
 
     /// Whether a process' environment (`/proc/PID/environ`, NUL-separated) carries the mark.
     pub fn marked(&self, environ: &[u8]) -> bool {
-        let entry = self.env_entry();
-        environ.split(|b| *b == 0).any(|e| e == entry.as_bytes())
+        let (entry, whole) = match &self.mark {
+            Mark::Run(run) => (format!("{RUN_MARK}={run}"), true),
+            // Every `run_mark(serve, n)`, and nothing else: the serve's mark ends at the dash.
+            Mark::Serve(serve) => (format!("{RUN_MARK}={serve}-"), false),
+        };
+        environ.split(|b| *b == 0).any(|e| if whole { e == entry.as_bytes() } else { e.starts_with(entry.as_bytes()) })
     }
 }
 
@@ -414,7 +427,7 @@ mod tests {
     }
 
     fn run() -> RunId {
-        RunId { session: 4242, started: 500, mark: "9-1".into() }
+        RunId { session: 4242, started: 500, mark: Mark::Run(run_mark("9", 1)) }
     }
 
     /// A stat line with `state pgrp session` and `starttime`.
@@ -434,9 +447,21 @@ mod tests {
         assert!(r.marked(b"PATH=/bin\0PCMAIL_RUN=9-1\0HOME=/"));
         assert!(!r.marked(b"PCMAIL_RUN=9-10\0"), "another run's mark");
         assert!(!r.marked(b"XPCMAIL_RUN=9-1\0"));
-        let unknown = RunId { session: 0, started: 0, mark: "9-1".into() };
+        let unknown = RunId { session: 0, started: 0, mark: Mark::Run("9-1".into()) };
         assert_eq!(unknown.member(&stat(2, "kthreadd", 'S', 0, 0, 1)), Member::AskEnviron, "never by session 0");
         assert_eq!(started(&stat(4250, "sleep", 'S', 1, 1, 77)), 77);
+    }
+
+    #[test]
+    fn e16_a_reap_after_a_crash_finds_every_run_of_the_serve_and_no_other_serves() {
+        let serve = RunId { session: 0, started: 500, mark: Mark::Serve("9-ab12".into()) };
+        for n in [1, 10, 12_345] {
+            let env = format!("PATH=/bin\0PCMAIL_RUN={}\0", run_mark("9-ab12", n));
+            assert!(serve.marked(env.as_bytes()), "run {n} of the serve");
+        }
+        assert!(!serve.marked(b"PCMAIL_RUN=9-ab123-1\0"), "a serve whose mark only begins the same");
+        assert!(!serve.marked(b"PCMAIL_RUN=9-ab12\0"), "the serve's own mark is no run's");
+        assert!(!serve.marked(b"XPCMAIL_RUN=9-ab12-1\0"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 #[cfg(target_os = "linux")]
 use pcmail_core::exec::Suspects;
-use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Member, PidCounter, RunId, Verdict};
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Mark, Member, PidCounter, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -183,12 +183,14 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let (before, started) = (earlier_reading(), boot_ticks());
     let mut child = crate::spawner::spawn(&plan)?;
     let born = before.map(|before| Born { child: child.pid, before });
-    let guard = Live::register(RunId { session: child.pid, started, mark }, born);
+    let guard = Live::register(RunId { session: child.pid, started, mark: Mark::Run(mark) }, born);
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
     let feed = feed(child.stdin.take(), p.input);
     let waited = tokio::time::timeout(p.timeout, child.exit.wait()).await;
-    feed.abort();
+    if let Some(feed) = feed {
+        feed.abort();
+    }
     // E16: the run is over the moment its process exits (or its timeout passes): everything
     // it left behind is killed now, whatever still holds its pipes.
     drop(guard);
@@ -208,14 +210,21 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
 }
 
 /// E4: the input is written inside the timeout, beside the wait; a function that never reads
-/// it (or a stray holding its stdin) blocks nothing but this task.
-fn feed<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(stdin: Option<W>, input: Vec<u8>) -> JoinHandle<()> {
-    tokio::spawn(async move {
+/// it (or a stray holding its stdin) blocks nothing but its own task. P9: an input the pipe
+/// takes at once is written here and closed, and needs no task.
+fn feed<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(stdin: Option<W>, input: Vec<u8>) -> Option<JoinHandle<()>> {
+    let mut writing = Box::pin(async move {
         if let Some(mut stdin) = stdin {
             // A function that does not read its stdin is not an error.
             let _ = stdin.write_all(&input).await;
         }
-    })
+    });
+    // The task's first poll registers its own waker; this one is never woken.
+    let mut here = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(writing.as_mut(), &mut here) {
+        std::task::Poll::Ready(()) => None,
+        std::task::Poll::Pending => Some(tokio::spawn(writing)),
+    }
 }
 
 /// The child's whole environment: `PASSED` from serve's, the run's variables, the run mark.
@@ -231,12 +240,14 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mark = new_mark();
     let mut child = command(&p, &mark).spawn()?;
     let session = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
-    let guard = Live::register(RunId { session, started: started_at(session), mark }, None);
+    let guard = Live::register(RunId { session, started: started_at(session), mark: Mark::Run(mark) }, None);
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
     let feed = feed(child.stdin.take(), p.input);
     let waited = tokio::time::timeout(p.timeout, child.wait()).await;
-    feed.abort();
+    if let Some(feed) = feed {
+        feed.abort();
+    }
     drop(guard);
     let (ended, status) = match waited {
         Ok(status) => {
@@ -332,10 +343,6 @@ impl Live {
     fn register(run: RunId, born: Option<Born>) -> Live {
         let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).push((key, run.clone(), born));
-        if let Some(dir) = RECORDS.get() {
-            // Best effort: a run is not refused for a record it cannot write (a full disk).
-            let _ = std::fs::write(dir.join(&run.mark), record(run.started));
-        }
         Live { key, run, born }
     }
 }
@@ -344,9 +351,6 @@ impl Drop for Live {
     fn drop(&mut self) {
         kill_run(&self.run, self.born.as_ref());
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).retain(|(k, _, _)| *k != self.key);
-        if let Some(dir) = RECORDS.get() {
-            let _ = std::fs::remove_file(dir.join(&self.run.mark));
-        }
     }
 }
 
@@ -404,37 +408,48 @@ fn boot_ticks() -> u64 {
     }
 }
 
-/// E16 after a crash: the folder where each live run is recorded (a file named by its mark),
-/// so that the next `serve` on the data dir kills what one killed by SIGKILL left running.
-static RECORDS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-/// The folder of [`RECORDS`] in the data dir.
+/// E16 after a crash: this serve's record in the data dir (a file named by its mark), so that
+/// the next `serve` there kills what one killed by SIGKILL left running. One record a serve,
+/// written at its start, not one a run: every run's mark begins with the serve's.
+static RECORD: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+/// The folder of the records in the data dir.
 pub const RUNS_DIR: &str = "runs";
 
-/// A run's record: the serve that started it (pid and start) and when the run started.
-fn record(started: u64) -> String {
-    static SERVE: std::sync::OnceLock<(u32, u64)> = std::sync::OnceLock::new();
-    let (serve, serve_started) =
-        *SERVE.get_or_init(|| (std::process::id(), started_at(i32::try_from(std::process::id()).unwrap_or(0))));
-    format!("{serve} {serve_started} {started}\n")
+/// This serve's mark: its pid and randomness (a pid is reused), begun by no other serve's.
+fn serve_mark() -> &'static str {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| {
+        let mut b = [0u8; 6];
+        let _ = getrandom::fill(&mut b);
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!("{}-{hex}", std::process::id())
+    })
 }
 
-/// E16 at `serve`'s start: kills what the runs recorded in `data_dir` left running — a `serve`
-/// killed by SIGKILL takes only its direct children with it (PDEATHSIG) — then records this
-/// serve's runs there. A record whose serve still runs (another serve on the same data dir) is
-/// left alone. Only a process that carries a recorded run's mark in its environment and
-/// started no earlier than the run is killed, never by its group or session alone: a pid or a
-/// session id reused since belongs to someone else. Answers how many processes were killed.
+/// E16 at `serve`'s start: kills what the runs of the serves recorded in `data_dir` left
+/// running — a `serve` killed by SIGKILL takes only its direct children with it (PDEATHSIG) —
+/// then records this serve there. A record whose serve still runs (another serve on the same
+/// data dir) is left alone. Only a process that carries a recorded mark in its environment and
+/// started no earlier than its serve (or its run, in a record of a release that recorded each
+/// run) is killed, never by its group or session alone: a pid or a session id reused since
+/// belongs to someone else. Answers how many processes were killed.
 pub fn reap_left_runs(data_dir: &std::path::Path) -> std::io::Result<usize> {
     let dir = data_dir.join(RUNS_DIR);
     std::fs::create_dir_all(&dir)?;
     let mut killed = 0;
     for entry in std::fs::read_dir(&dir)?.flatten() {
-        let Some(mark) = entry.file_name().to_str().map(String::from) else { continue };
+        let Some(name) = entry.file_name().to_str().map(String::from) else { continue };
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
         let fields: Vec<u64> = text.split_whitespace().filter_map(|f| f.parse().ok()).collect();
-        let [serve, serve_started, started] = fields[..] else {
-            let _ = std::fs::remove_file(entry.path());
-            continue;
+        let (serve, serve_started, run) = match fields[..] {
+            [serve, started] => (serve, started, RunId { session: 0, started, mark: Mark::Serve(name) }),
+            [serve, serve_started, started] => {
+                (serve, serve_started, RunId { session: 0, started, mark: Mark::Run(name) })
+            }
+            _ => {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
         };
         let serve = i32::try_from(serve).unwrap_or(0);
         if serve > 0
@@ -443,10 +458,14 @@ pub fn reap_left_runs(data_dir: &std::path::Path) -> std::io::Result<usize> {
         {
             continue;
         }
-        killed += kill_marked(&RunId { session: 0, started, mark });
+        killed += kill_marked(&run);
         let _ = std::fs::remove_file(entry.path());
     }
-    let _ = RECORDS.set(dir);
+    let own = dir.join(serve_mark());
+    let started = started_at(i32::try_from(std::process::id()).unwrap_or(0));
+    // Best effort: runs are not refused for a record that cannot be written (a full disk).
+    let _ = std::fs::write(&own, format!("{} {started}\n", std::process::id()));
+    let _ = RECORD.set(own);
     Ok(killed)
 }
 
@@ -470,13 +489,9 @@ fn kill_marked(run: &RunId) -> usize {
     }
 }
 
-/// A mark no other run shares: this process, a counter, and randomness (a pid is reused).
+/// A mark no other run shares: this serve's and a counter.
 fn new_mark() -> String {
-    let mut b = [0u8; 6];
-    let _ = getrandom::fill(&mut b);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{n}-{hex}", std::process::id())
+    rules::run_mark(serve_mark(), NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// When process `pid` started (0 if unknown: every stray's environment is then asked).
@@ -495,6 +510,9 @@ pub fn stop_all() {
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r, b)| (r.clone(), *b)).collect();
     for (run, born) in &runs {
         kill_run(run, born.as_ref());
+    }
+    if let Some(own) = RECORD.get() {
+        let _ = std::fs::remove_file(own);
     }
 }
 
@@ -627,6 +645,43 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         false
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn e16_a_start_reaps_every_run_of_a_dead_serve_and_an_earlier_releases_run_records_and_spares_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runs = dir.path().join(RUNS_DIR);
+        std::fs::create_dir_all(&runs).expect("runs dir");
+        let marked = |mark: &str, secs: &str| {
+            std::process::Command::new("sleep").arg(secs).env(rules::RUN_MARK, mark).spawn().expect("sleep")
+        };
+        // A serve that died (pid 0 is no serve's), recorded once; and a run of a release that
+        // recorded each run (its serve's pid, its start and the run's).
+        std::fs::write(runs.join("77-00ab12cd34ef"), "0 0\n").expect("serve record");
+        std::fs::write(runs.join("66-1-99aa"), "0 0 0\n").expect("run record");
+        let mut children = [
+            marked(&rules::run_mark("77-00ab12cd34ef", 3), "3201"),
+            marked(&rules::run_mark("77-00ab12cd34ef", 40), "3202"),
+            marked("66-1-99aa", "3203"),
+            marked(&rules::run_mark("77-00ab12cd34efff", 1), "3204"),
+        ];
+        let killed = reap_left_runs(dir.path()).expect("reap");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let ended: Vec<bool> = children.iter_mut().map(|c| c.try_wait().expect("wait").is_some()).collect();
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert_eq!(ended, [true, true, true, false], "a process of another serve's mark is spared");
+        // A process a sweep killed may still be dying at the next, and is counted again.
+        assert!(killed >= 3, "two runs of the dead serve and the earlier release's run: {killed}");
+        let left: Vec<String> = std::fs::read_dir(&runs)
+            .expect("runs")
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        assert_eq!(left, vec![serve_mark().to_string()], "the dead records go; this serve's own is written");
     }
 
     #[cfg(target_os = "linux")]
