@@ -373,6 +373,38 @@ pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
     assert!(counts.iter().all(|c| c.kind == MailKind::Note && c.channel == "pc"));
 }
 
+/// P14: the counts stay exact when one transaction writes many rows of a count at once (the
+/// PostgreSQL adapter counts a statement's rows together): an insert of 300, a move of some
+/// and a touch of others that keeps their state, and a prune of the closed.
+pub async fn p14_counts_stay_exact_for_many_rows_written_together(store: &impl Store) {
+    insert(store, (1..=300).map(|n| mail(n, if n % 3 == 0 { "pc3" } else { "pc2" })).collect()).await;
+    let ids: Vec<String> = (1..=120).map(|n| format!("mail--{n:08x}")).collect();
+    store
+        .mail_transaction(MailSelect::Ids(ids), |moved| {
+            let update = moved
+                .into_iter()
+                .map(|mut m| {
+                    if m.seq % 2 == 0 {
+                        m.state = MailState::Done;
+                        m.done_at = Some(at(5));
+                    } else {
+                        m.last_reminded_at = Some(at(6));
+                    }
+                    m
+                })
+                .collect();
+            (MailWrites { update, ..Default::default() }, ())
+        })
+        .await
+        .expect("update");
+    let count = |counts: &[MailCount], state| counts.iter().filter(|c| c.state == state).map(|c| c.count).sum::<u64>();
+    let counts = store.mail_counts().await.expect("counts");
+    assert_eq!((count(&counts, MailState::New), count(&counts, MailState::Done)), (240, 60));
+    assert_eq!(store.prune(Prune::ClosedMail { before: at(10) }, 1000).await.expect("prune"), 60);
+    let counts = store.mail_counts().await.expect("counts");
+    assert_eq!((count(&counts, MailState::New), count(&counts, MailState::Done)), (240, 0));
+}
+
 pub async fn m9_selections_find_new_and_delivered_mail_by_age(store: &impl Store) {
     let mut delivered = mail(2, "pc2");
     delivered.state = MailState::Delivered;
@@ -1216,6 +1248,7 @@ macro_rules! contract_tests {
             specs_upsert_delete_and_status,
             c2_tokens_are_found_by_hash_and_reissue_replaces,
             mail_counts_follow_inserts_and_state_changes,
+            p14_counts_stay_exact_for_many_rows_written_together,
             m9_selections_find_new_and_delivered_mail_by_age,
             t2_a_machine_lists_the_jobs_it_enqueued_or_claimed,
             u3_jobs_are_listed_a_page_at_a_time_and_counted_whatever_the_page,

@@ -63,23 +63,21 @@ pub fn key_positions(tab: &str, order: &str) -> Vec<usize> {
     order.split(',').filter_map(|k| columns.iter().position(|c| *c == k.trim())).collect()
 }
 
-/// `INSERT` of one row of `tab`, with the adapter's placeholders (`?1` or `$1`) and whatever the
-/// adapter puts between the column list and `VALUES`.
-pub fn insert_sql(tab: &str, placeholder: impl Fn(usize) -> String, between: &str) -> String {
-    let columns = columns(tab);
-    let values: Vec<String> = (1..=columns.len()).map(placeholder).collect();
-    format!("INSERT INTO {tab} ({}) {between}VALUES ({})", quoted(columns), values.join(", "))
-}
-
-/// P14: `INSERT` of `rows` rows of `tab` in one statement (one round trip for a batch),
-/// numbered row after row with the adapter's placeholders.
-pub fn insert_many_sql(tab: &str, rows: usize, placeholder: impl Fn(usize) -> String, between: &str) -> String {
+/// P14: `INSERT` of `rows` rows of `tab` in one statement (one statement's work — its
+/// cursors, its savepoint, its triggers' set-up — for many rows), numbered row after row with
+/// the adapter's placeholders (`?1` or `$1`).
+pub fn insert_many_sql(tab: &str, rows: usize, placeholder: impl Fn(usize) -> String) -> String {
     let columns = columns(tab);
     let n = columns.len();
     let tuples: Vec<String> = (0..rows)
         .map(|r| format!("({})", (1..=n).map(|c| placeholder(r * n + c)).collect::<Vec<_>>().join(", ")))
         .collect();
-    format!("INSERT INTO {tab} ({}) {between}VALUES {}", quoted(columns), tuples.join(", "))
+    format!("INSERT INTO {tab} ({}) VALUES {}", quoted(columns), tuples.join(", "))
+}
+
+/// `tab`'s columns, quoted, in the order [`columns`] gives them: a column list of SQL.
+pub fn column_list(tab: &str) -> String {
+    quoted(columns(tab))
 }
 
 /// One row of flags, one per tab of [`TABS`] in order: whether it holds any row a copy could
@@ -579,7 +577,7 @@ mod tests {
 
     #[test]
     fn p14_a_batch_is_inserted_by_one_statement_numbering_row_after_row() {
-        let sql = insert_many_sql("leases", 2, |i| format!("${i}"), "");
+        let sql = insert_many_sql("leases", 2, |i| format!("${i}"));
         let n = columns("leases").len();
         assert!(sql.starts_with(&format!("INSERT INTO leases ({}) VALUES ($1, ", quoted(columns("leases")))), "{sql}");
         assert!(sql.ends_with(&format!("${})", 2 * n)) && sql.contains(&format!("${n}), (${}", n + 1)), "{sql}");
@@ -625,11 +623,9 @@ mod tests {
 
     #[test]
     fn o3_sql_quotes_columns_and_uses_the_adapters_placeholders() {
-        let insert = insert_sql("tokens", |i| format!("${i}"), "OVERRIDING SYSTEM VALUE ");
-        assert_eq!(
-            insert,
-            "INSERT INTO tokens (\"machine\", \"hash\", \"created_at\") OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)"
-        );
+        let insert = insert_many_sql("tokens", 1, |i| format!("?{i}"));
+        assert_eq!(insert, "INSERT INTO tokens (\"machine\", \"hash\", \"created_at\") VALUES (?1, ?2, ?3)");
+        assert_eq!(column_list("tokens"), "\"machine\", \"hash\", \"created_at\"");
         assert!(select_sql("mail", "seq").contains("\"from\", \"to\""));
         let flags = occupied_sql();
         assert_eq!(flags.matches("EXISTS").count(), TABS.len());

@@ -6,6 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 use bytes::BytesMut;
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, Statement};
@@ -128,6 +129,27 @@ impl Conn {
     pub async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
         let statement = self.prepare(sql).await?;
         self.client.execute(&statement, params).await.map_err(map_err)
+    }
+
+    /// P14: `rows` of `tab` (each in `transfer::columns` order) by `COPY … FROM STDIN` in PostgreSQL's
+    /// binary format; a cell goes to its column's type as a bound parameter would.
+    pub async fn copy_in(&mut self, tab: &str, rows: &[Vec<Cell>]) -> Result<()> {
+        let types = self.column_types(tab).await?;
+        let sql = format!("COPY {tab} ({}) FROM STDIN (FORMAT binary)", crate::transfer::column_list(tab));
+        let sink = self.client.copy_in::<_, bytes::Bytes>(sql.as_str()).await.map_err(map_err)?;
+        let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &types));
+        for row in rows {
+            writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
+        }
+        writer.finish().await.map_err(map_err)?;
+        Ok(())
+    }
+
+    /// The types of `tab`'s columns (in `transfer::columns` order), as this connection's prepared `SELECT` of them reads them.
+    async fn column_types(&mut self, tab: &str) -> Result<Vec<Type>> {
+        let statement =
+            self.prepare(&format!("SELECT {} FROM {tab} LIMIT 0", crate::transfer::column_list(tab))).await?;
+        Ok(statement.columns().iter().map(|c| c.type_().clone()).collect())
     }
 
     /// Rows decoded by one of the codec's decoders.

@@ -149,18 +149,12 @@ async fn export(c: &mut Conn, out: &mpsc::Sender<Batch>) -> Result<()> {
     Ok(())
 }
 
-/// O3/E14: one batch of a copy or a restore, its rows as they are (sequence numbers included),
-/// in the caller's transaction. P14: a statement per batch, not per row (PostgreSQL takes at
-/// most 65,535 parameters).
+/// O3/E14: one batch of a copy or a restore, its rows as they are (sequence numbers included:
+/// COPY writes an identity column's given values), in the caller's transaction. P14: one
+/// `COPY … FROM STDIN (FORMAT binary)` a batch, PostgreSQL's bulk path — no statement to parse
+/// or plan, and no 65,535-parameter limit.
 async fn insert_batch(c: &mut Conn, batch: &Batch) -> Result<()> {
-    let between = if IDENTITY_COLUMNS.iter().any(|(t, _)| *t == batch.tab) { "OVERRIDING SYSTEM VALUE " } else { "" };
-    let per = (u16::MAX as usize / transfer::columns(batch.tab).len().max(1)).min(transfer::BATCH);
-    for rows in batch.rows.chunks(per) {
-        let sql = transfer::insert_many_sql(batch.tab, rows.len(), |i| format!("${i}"), between);
-        let params: Vec<Param<'_>> = rows.iter().flatten().map(|v| v as Param<'_>).collect();
-        c.execute(&sql, &params).await?;
-    }
-    Ok(())
+    c.copy_in(batch.tab, &batch.rows).await
 }
 
 /// After the rows of a copy or a restore: each sequence moved past the numbers it brought.
