@@ -373,9 +373,9 @@ pub async fn mail_counts_follow_inserts_and_state_changes(store: &impl Store) {
     assert!(counts.iter().all(|c| c.kind == MailKind::Note && c.channel == "pc"));
 }
 
-/// P14: the counts stay exact when one transaction writes many rows of a count at once (the
-/// PostgreSQL adapter counts a statement's rows together): an insert of 300, a move of some
-/// and a touch of others that keeps their state, and a prune of the closed.
+/// P14: the counts stay exact when one transaction writes many rows of a count at once (as a
+/// copy's batch does): an insert of 300, a move of some and a touch of others that keeps their
+/// state, and a prune of the closed.
 pub async fn p14_counts_stay_exact_for_many_rows_written_together(store: &impl Store) {
     insert(store, (1..=300).map(|n| mail(n, if n % 3 == 0 { "pc3" } else { "pc2" })).collect()).await;
     let ids: Vec<String> = (1..=120).map(|n| format!("mail--{n:08x}")).collect();

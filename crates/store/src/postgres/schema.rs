@@ -242,58 +242,6 @@ pub(super) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE machines ADD COLUMN client TEXT NOT NULL DEFAULT '';
     "#,
-    // 9: P14 — mail's counts and announcements once a statement, from its transition tables,
-    // not once a row: a row's upsert of the same count makes a new version of one row, and
-    // each upsert walks every version the transaction made before it, so N rows in one
-    // transaction (a copy's batch, a bulk send) cost N² steps.
-    r#"
-    DROP TRIGGER mail_counts_insert_delete ON mail;
-    DROP TRIGGER mail_counts_update ON mail;
-    DROP TRIGGER mail_announce ON mail;
-    CREATE OR REPLACE FUNCTION pcmail_mail_counts() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF TG_OP IN ('UPDATE', 'DELETE') THEN
-            UPDATE mail_counts AS c SET n = c.n - gone.n
-                FROM (SELECT state, kind, channel, count(*) AS n FROM old_rows GROUP BY state, kind, channel) AS gone
-                WHERE (c.state, c.kind, c.channel) = (gone.state, gone.kind, gone.channel);
-        END IF;
-        IF TG_OP IN ('INSERT', 'UPDATE') THEN
-            INSERT INTO mail_counts AS c (state, kind, channel, n)
-                SELECT state, kind, channel, count(*) FROM new_rows GROUP BY state, kind, channel
-                ON CONFLICT (state, kind, channel) DO UPDATE SET n = c.n + excluded.n;
-        END IF;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER mail_counts_insert AFTER INSERT ON mail REFERENCING NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_mail_counts();
-    CREATE TRIGGER mail_counts_delete AFTER DELETE ON mail REFERENCING OLD TABLE AS old_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_mail_counts();
-    CREATE FUNCTION pcmail_mail_counts_moved() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        -- Only the rows whose count moved: most updates (delivery, reads) keep theirs.
-        UPDATE mail_counts AS c SET n = c.n - gone.n
-            FROM (SELECT o.state, o.kind, o.channel, count(*) AS n FROM old_rows AS o JOIN new_rows AS u USING (seq)
-                  WHERE (o.state, o.kind, o.channel) IS DISTINCT FROM (u.state, u.kind, u.channel)
-                  GROUP BY o.state, o.kind, o.channel) AS gone
-            WHERE (c.state, c.kind, c.channel) = (gone.state, gone.kind, gone.channel);
-        INSERT INTO mail_counts AS c (state, kind, channel, n)
-            SELECT u.state, u.kind, u.channel, count(*) FROM old_rows AS o JOIN new_rows AS u USING (seq)
-                WHERE (o.state, o.kind, o.channel) IS DISTINCT FROM (u.state, u.kind, u.channel)
-                GROUP BY u.state, u.kind, u.channel
-            ON CONFLICT (state, kind, channel) DO UPDATE SET n = c.n + excluded.n;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER mail_counts_update AFTER UPDATE ON mail
-        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_mail_counts_moved();
-    CREATE FUNCTION pcmail_mail_announce() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM pg_notify('pcmail', 'mail:' || parties."to") FROM (SELECT DISTINCT "to" FROM new_rows) AS parties;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER mail_announce AFTER INSERT ON mail REFERENCING NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION pcmail_mail_announce();
-    "#,
 ];
 
 pub async fn migrate(conn: &mut Conn) -> Result<()> {
