@@ -3,6 +3,7 @@
 //! when it ends. The shell (`server/src/exec.rs`) reads pipes and `/proc`; nothing here does IO.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 /// At most this much of a Function's stdout is ever held (its result).
 pub const FUNCTION_STDOUT: usize = 1 << 20;
@@ -243,26 +244,38 @@ pub struct PidCounter {
     pub last: i32,
     /// Tasks alive, zombies included (`/proc/loadavg`'s `running/total`).
     pub tasks: u64,
-    /// Forks since boot, threads included (`/proc/stat`'s `processes`).
-    pub forks: u64,
+    /// Forks since boot, threads included (`/proc/stat`'s `processes`); None when `/proc/stat`
+    /// was not read (P9: the kernel writes all of it, every CPU's and interrupt's counts, for
+    /// one line).
+    pub forks: Option<u64>,
     /// `/proc/sys/kernel/pid_max`.
     pub max: i32,
+    /// When it was read, on the reader's monotonic clock.
+    pub at: Duration,
 }
 
 impl PidCounter {
-    /// Reads the three files' texts; None if one of them does not say.
-    pub fn parse(loadavg: &str, stat: &str, pid_max: &str) -> Option<PidCounter> {
+    /// Reads the files' texts (`stat` None: not read); None if one of them does not say.
+    pub fn parse(loadavg: &str, stat: Option<&str>, pid_max: &str, at: Duration) -> Option<PidCounter> {
         let mut fields = loadavg.split_whitespace().skip(3);
         let tasks = fields.next()?.split_once('/')?.1.parse().ok()?;
         let last = fields.next()?.parse().ok()?;
-        let forks = stat.lines().find_map(|l| l.strip_prefix("processes "))?.trim().parse().ok()?;
+        let forks = match stat {
+            Some(stat) => Some(stat.lines().find_map(|l| l.strip_prefix("processes "))?.trim().parse().ok()?),
+            None => None,
+        };
         let max = pid_max.trim().parse().ok()?;
-        Some(PidCounter { last, tasks, forks, max })
+        Some(PidCounter { last, tasks, forks, max, at })
     }
 }
 
 /// The pids Linux keeps back when its counter comes round (`RESERVED_PIDS`).
 const RESERVED_PIDS: u64 = 300;
+
+/// Less CPU time than any fork or thread creation takes (a `clone` allocates a task, its
+/// kernel stack and its pid: several microseconds on any machine Linux runs on today), so a
+/// machine of `cpus` CPUs forks at most `cpus × elapsed ÷ FORK_AT_LEAST` times in `elapsed`.
+pub const FORK_AT_LEAST: Duration = Duration::from_micros(2);
 
 /// The pids a run's strays can hold when it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,10 +295,16 @@ impl Suspects {
     /// that it must move a whole cycle: one step per fork since and one per pid in use it
     /// skips, at most three per task alive when the child started (its own, its group's and its
     /// session's). `before` is any reading taken before the child started: it undercounts no
-    /// fork, and the tasks then were at most its tasks and its forks since.
-    pub fn of(child: i32, before: PidCounter, now: PidCounter) -> Suspects {
+    /// fork, and the tasks then were at most its tasks and its forks since. The forks since are
+    /// `/proc/stat`'s count where both readings have it, else the most `cpus` can make in the
+    /// time between them ([`FORK_AT_LEAST`]).
+    pub fn of(child: i32, before: PidCounter, now: PidCounter, cpus: u64) -> Suspects {
         let max = before.max.min(now.max);
-        let moved = now.forks.checked_sub(before.forks).map(|forks| {
+        let forks = match (before.forks, now.forks) {
+            (Some(before), Some(now)) => now.checked_sub(before),
+            _ => now.at.checked_sub(before.at).map(|elapsed| most_forks(elapsed, cpus)),
+        };
+        let moved = forks.map(|forks| {
             let in_use = before.tasks.saturating_add(forks).saturating_mul(3);
             forks.saturating_add(in_use)
         });
@@ -316,6 +335,13 @@ impl Suspects {
         let count = usize::try_from(last - child).ok()?;
         (count <= limit).then(|| (child + 1..=last).collect())
     }
+}
+
+/// The most forks `cpus` CPUs can make in `elapsed` ([`FORK_AT_LEAST`]), rounded up.
+fn most_forks(elapsed: Duration, cpus: u64) -> u64 {
+    let each = FORK_AT_LEAST.as_nanos();
+    let forks = elapsed.as_nanos().saturating_mul(u128::from(cpus.max(1))).div_ceil(each);
+    u64::try_from(forks).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -378,12 +404,16 @@ mod tests {
     }
 
     fn counter(last: i32, tasks: u64, forks: u64) -> PidCounter {
-        PidCounter { last, tasks, forks, max: 32768 }
+        PidCounter { last, tasks, forks: Some(forks), max: 32768, at: Duration::ZERO }
+    }
+
+    /// A reading of `/proc/loadavg` alone, `at` microseconds in.
+    fn glance(last: i32, tasks: u64, at: u64) -> PidCounter {
+        PidCounter { last, tasks, forks: None, max: 32768, at: Duration::from_micros(at) }
     }
 
     #[test]
     fn e16_a_start_read_off_the_boot_clock_is_in_the_ticks_of_proc_stat() {
-        use std::time::Duration;
         assert_eq!(boot_ticks(Duration::from_millis(123_456_789), 100), 12_345_678);
         assert_eq!(boot_ticks(Duration::from_nanos(9_999_999), 100), 0, "rounded down");
         assert_eq!(boot_ticks(Duration::from_secs(3), 250), 750);
@@ -394,36 +424,70 @@ mod tests {
     fn e16_the_pid_counter_is_read_from_loadavg_stat_and_pid_max() {
         let stat = "cpu  1 2 3\nintr 5 6\nctxt 9\nprocesses 14465\nprocs_running 1\n";
         assert_eq!(
-            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", stat, "32768\n"),
+            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", Some(stat), "32768\n", Duration::ZERO),
             Some(counter(12782, 138, 14465))
         );
-        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138\n", stat, "32768"), None, "no last pid");
-        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138 12782", "cpu 1\n", "32768"), None, "no fork count");
-        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138 12782", stat, ""), None);
+        let at = Duration::from_millis(7);
+        assert_eq!(
+            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", None, "32768", at),
+            Some(glance(12782, 138, 7_000))
+        );
+        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138\n", Some(stat), "32768", at), None, "no last pid");
+        let no_count = PidCounter::parse("0.08 0.51 0.31 1/138 12782", Some("cpu 1\n"), "32768", at);
+        assert_eq!(no_count, None, "a /proc/stat without a fork count");
+        assert_eq!(PidCounter::parse("0.08 0.51 0.31 1/138 12782", Some(stat), "", at), None);
     }
 
     #[test]
     fn e16_strays_are_looked_for_among_the_pids_handed_out_since_the_child_until_the_counter_can_come_round() {
         let before = counter(4000, 100, 10_000);
-        let since = Suspects::of(4001, before, counter(4010, 104, 10_012));
+        let since = Suspects::of(4001, before, counter(4010, 104, 10_012), 2);
         assert_eq!(since, Suspects::Since { child: 4001, last: 4010 });
         assert!(since.holds(4002) && since.holds(4010));
         assert!(!since.holds(4001) && !since.holds(4011) && !since.holds(300), "the child and older pids");
         assert_eq!(since.few(16), Some((4002..=4010).collect()));
         assert_eq!(since.few(8), None, "nine suspects: listed from /proc");
         // The counter came round past pid_max: the cycle's two ends.
-        let wrapped = Suspects::of(32700, before, counter(320, 104, 10_500));
+        let wrapped = Suspects::of(32700, before, counter(320, 104, 10_500), 2);
         assert!(wrapped.holds(32767) && wrapped.holds(300) && !wrapped.holds(4000) && !wrapped.holds(32700));
         assert_eq!(wrapped.few(1 << 20), None);
         // Enough forks (or pids in use to skip) to pass the child again: any pid may be a stray.
-        assert_eq!(Suspects::of(4001, before, counter(4010, 100, 10_000 + 8_100)), Suspects::Everywhere);
-        assert_eq!(Suspects::of(4001, counter(4000, 10_900, 10_000), counter(4010, 5, 10_012)), Suspects::Everywhere);
+        assert_eq!(Suspects::of(4001, before, counter(4010, 100, 10_000 + 8_100), 2), Suspects::Everywhere);
+        assert_eq!(
+            Suspects::of(4001, counter(4000, 10_900, 10_000), counter(4010, 5, 10_012), 2),
+            Suspects::Everywhere
+        );
         // An earlier reading serves as well, its forks since counted as tasks that may have been
         // alive when the child started: 8,100 + 3 × (100 + 8,100) passes a cycle, 1,000 does not.
-        assert!(matches!(Suspects::of(4001, before, counter(4010, 100, 11_000)), Suspects::Since { .. }));
-        assert_eq!(Suspects::of(4001, before, counter(4010, 100, 9_999)), Suspects::Everywhere, "a counter gone back");
-        assert_eq!(Suspects::of(0, before, counter(4010, 100, 10_001)), Suspects::Everywhere, "no child pid");
+        assert!(matches!(Suspects::of(4001, before, counter(4010, 100, 11_000), 2), Suspects::Since { .. }));
+        assert_eq!(
+            Suspects::of(4001, before, counter(4010, 100, 9_999), 2),
+            Suspects::Everywhere,
+            "a counter gone back"
+        );
+        assert_eq!(Suspects::of(0, before, counter(4010, 100, 10_001), 2), Suspects::Everywhere, "no child pid");
         assert!(Suspects::Everywhere.holds(1) && Suspects::Everywhere.few(usize::MAX).is_none());
+    }
+
+    #[test]
+    fn e16_without_a_fork_count_the_forks_since_are_the_most_the_cpus_can_make_in_the_time() {
+        // 2 CPUs in 4 ms: at most 4,000 forks, 4,000 + 3 × (140 + 4,000) = 16,420 steps, under
+        // the 32,467 of a cycle: only the pids since the child.
+        let since = Suspects::of(4001, glance(4000, 140, 1_000), glance(4010, 140, 5_000), 2);
+        assert_eq!(since, Suspects::Since { child: 4001, last: 4010 });
+        // 9 ms, or four times the CPUs, could come round.
+        assert_eq!(Suspects::of(4001, glance(4000, 140, 1_000), glance(4010, 140, 10_000), 2), Suspects::Everywhere);
+        assert_eq!(Suspects::of(4001, glance(4000, 140, 1_000), glance(4010, 140, 5_000), 8), Suspects::Everywhere);
+        // One reading without the count is enough to fall back on the time; a clock gone back
+        // says nothing.
+        let counted = PidCounter { at: Duration::from_micros(1_000), ..counter(4000, 140, 10_000) };
+        assert!(matches!(Suspects::of(4001, counted, glance(4010, 140, 5_000), 2), Suspects::Since { .. }));
+        assert_eq!(Suspects::of(4001, glance(4000, 140, 5_000), glance(4010, 140, 1_000), 2), Suspects::Everywhere);
+        // Both counts known: the count decides, whatever the time.
+        let later = PidCounter { at: Duration::from_secs(3_600), ..counter(4010, 140, 10_012) };
+        assert!(matches!(Suspects::of(4001, counted, later, 2), Suspects::Since { .. }));
+        assert_eq!(most_forks(Duration::from_nanos(1), 1), 1, "rounded up");
+        assert_eq!(most_forks(Duration::MAX, u64::MAX), u64::MAX);
     }
 
     fn run() -> RunId {

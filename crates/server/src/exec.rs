@@ -27,6 +27,8 @@ use tokio::task::JoinHandle;
 const PASSED: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT"];
 /// How long output still buffered in the pipes is read once the run's processes are killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// What one read of a Function's stdout or stderr takes at most.
+const READ_CHUNK: usize = 8 << 10;
 /// A ledger source command's timeout.
 pub const SOURCE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Sweeps of `/proc` at one run's end: a stray forking while it is killed is caught by the next.
@@ -180,9 +182,9 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let plan = crate::spawner::Plan { paths: &paths, argv: &argv, env: &env, umask };
     // Both read before the child starts: no fork since goes uncounted, and no stray of the
     // run started earlier than this.
-    let (before, started) = (earlier_reading(), boot_ticks());
+    let (before, started) = (earlier_readings(), boot_ticks());
     let mut child = crate::spawner::spawn(&plan)?;
-    let born = before.map(|before| Born { child: child.pid, before });
+    let born = before.map(|(before, counted)| Born { child: child.pid, before, counted });
     let guard = Live::register(RunId { session: child.pid, started, mark: Mark::Run(mark) }, born);
     let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
     let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
@@ -301,7 +303,10 @@ fn capped_reader<R: AsyncRead + Unpin + Send + 'static>(pipe: Option<R>, cap: Ca
     let task = pipe.map(|mut pipe| {
         let into = kept.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 << 10];
+            // In the task itself, not on the heap: P9's runs mostly write nothing, and a fresh
+            // 64 KiB buffer a pipe cost each of them its zeroing, page faults and malloc's
+            // consolidation on free. A pipe holds 64 KiB, read in a few calls.
+            let mut buf = [0u8; READ_CHUNK];
             // Read to the end, keeping what the cap allows: a writer past it is drained, never
             // blocked, and never held.
             while let Ok(n @ 1..) = pipe.read(&mut buf).await {
@@ -355,44 +360,76 @@ impl Drop for Live {
 }
 
 /// A run's child pid and the pid counter just before it started: where its strays can be
-/// ([`Suspects`]).
+/// ([`Suspects`]). `counted` is the last reading with `/proc/stat`'s fork count taken before
+/// it, for when the time since `before` cannot rule out a counter come round.
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Born {
     child: i32,
     before: PidCounter,
+    counted: Option<PidCounter>,
 }
 
 #[cfg(target_os = "linux")]
 impl Born {
+    /// P9: a glance at `/proc/loadavg` mostly does; `/proc/stat` is read only when it does not.
     fn suspects(born: Option<&Born>) -> Suspects {
-        match (born, pid_counter()) {
-            (Some(b), Some(now)) => Suspects::of(b.child, b.before, now),
+        let Some(b) = born else { return Suspects::Everywhere };
+        let cpus = cpus();
+        if let Some(now) = pid_counter(false) {
+            match Suspects::of(b.child, b.before, now, cpus) {
+                Suspects::Everywhere => {}
+                since => return since,
+            }
+        }
+        match (b.counted, pid_counter(true)) {
+            (Some(before), Some(now)) => Suspects::of(b.child, before, now, cpus),
             _ => Suspects::Everywhere,
         }
     }
 }
 
-/// The last reading of the pid counter, kept for the next run's start: any reading taken
-/// before a child started serves as its `before` ([`Suspects::of`]), so one reading a run is
-/// enough.
+/// The CPUs that can fork beside us: all the machine has, not our share.
 #[cfg(target_os = "linux")]
-static READING: Mutex<Option<PidCounter>> = Mutex::new(None);
+fn cpus() -> u64 {
+    static CPUS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: sysconf reads a constant.
+    *CPUS.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).unwrap_or(0).max(1))
+}
 
-/// The pid counter now; None where `/proc` does not say.
+/// The last reading of the pid counter, and the last with its fork count, kept for the next
+/// run's start: any reading taken before a child started serves as its `before`
+/// ([`Suspects::of`]), so one reading a run is enough.
 #[cfg(target_os = "linux")]
-fn pid_counter() -> Option<PidCounter> {
+static READING: Mutex<(Option<PidCounter>, Option<PidCounter>)> = Mutex::new((None, None));
+
+/// The pid counter now, `/proc/stat`'s fork count with it if `counted`; None where `/proc`
+/// does not say.
+#[cfg(target_os = "linux")]
+fn pid_counter(counted: bool) -> Option<PidCounter> {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let read = |path: &str| std::fs::read_to_string(path).ok();
-    let now = PidCounter::parse(&read("/proc/loadavg")?, &read("/proc/stat")?, &read("/proc/sys/kernel/pid_max")?);
-    *READING.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    let at = ORIGIN.get_or_init(std::time::Instant::now).elapsed();
+    let loadavg = read("/proc/loadavg")?;
+    let stat = if counted { Some(read("/proc/stat")?) } else { None };
+    let now = PidCounter::parse(&loadavg, stat.as_deref(), &read("/proc/sys/kernel/pid_max")?, at);
+    let mut kept = READING.lock().unwrap_or_else(PoisonError::into_inner);
+    kept.0 = now;
+    if counted {
+        kept.1 = now;
+    }
     now
 }
 
-/// The last reading of the pid counter, or a new one.
+/// The last readings of the pid counter (the first run takes them now): the latest, and the
+/// latest with a fork count.
 #[cfg(target_os = "linux")]
-fn earlier_reading() -> Option<PidCounter> {
+fn earlier_readings() -> Option<(PidCounter, Option<PidCounter>)> {
     let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
-    kept.or_else(pid_counter)
+    match kept {
+        (Some(latest), counted @ Some(_)) => Some((latest, counted)),
+        _ => pid_counter(true).map(|now| (now, Some(now))),
+    }
 }
 
 /// Now on the clock `/proc/PID/stat` counts starts by, in its ticks (0 if unknown).

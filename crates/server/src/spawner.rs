@@ -154,9 +154,20 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
 /// clone(CLONE_VM|CLONE_VFORK|CLONE_PIDFD) with every signal blocked around it, so that no
 /// handler of the server runs in the child on the server's memory.
 fn clone_child(shared: &mut Shared) -> io::Result<(i32, c_int)> {
-    let mut stack: Vec<u8> = Vec::with_capacity(STACK);
+    CHILD_STACK.with_borrow_mut(|stack| clone_on(stack, shared))
+}
+
+thread_local! {
+    /// The child's stack, one a spawning thread and kept (P9: not 64 KiB allocated, faulted in
+    /// and freed a job): the thread is suspended while its child runs on it (CLONE_VFORK), so
+    /// no two children ever share one.
+    static CHILD_STACK: std::cell::RefCell<Box<[std::mem::MaybeUninit<u8>]>> =
+        std::cell::RefCell::new(Box::new_uninit_slice(STACK));
+}
+
+fn clone_on(stack: &mut [std::mem::MaybeUninit<u8>], shared: &mut Shared) -> io::Result<(i32, c_int)> {
     // The stack grows down from its 16-byte aligned top.
-    let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
     let mut pidfd: c_int = -1;
     // SAFETY: the sets are initialised by sigfillset/pthread_sigmask before use; clone runs
     // `child` on `stack`, which outlives it (the parent is suspended until exec or exit), with

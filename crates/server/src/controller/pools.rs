@@ -90,6 +90,15 @@ pub async fn run(app: App, grace: Duration) {
 const IDLE_MIN: Duration = Duration::from_millis(200);
 const IDLE_MAX: Duration = Duration::from_secs(2);
 
+/// How many jobs a slot's claims hold at most, the one it runs included (P9).
+const AHEAD: usize = 3;
+/// How long the recorder gathers reports after the first before it commits them (P9: a
+/// commit a few reports, not one a report; a crash loses no more than an uncommitted batch
+/// does, a run the reaper gives back).
+const GATHER: Duration = Duration::from_millis(1);
+/// A batch this large is committed without gathering more.
+const GATHER_ENOUGH: usize = 16;
+
 /// A job's start, end or claim handed back, waiting to be recorded while its lease lives.
 type Ended = (String, String, Report, OwnLease);
 
@@ -248,13 +257,14 @@ impl PoolRun {
             let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == self.shared.pool) else { break };
             let limit = spec.workers as usize;
             self.slots.set_limit(limit);
-            // P9: up to one more job per slot is claimed ahead, so a slot that frees starts its
-            // next job at once, and claims come in batches: a refill when that reserve is used
-            // up. A rate-limited pool claims one job at a time, each paced, and nothing ahead.
+            // P9: up to two more jobs per slot are claimed ahead, so a slot that frees starts
+            // its next job at once, and claims come in batches of two a slot: a refill when
+            // that reserve is used up. A rate-limited pool claims one job at a time, each
+            // paced, and nothing ahead.
             let in_flight = self.claimed.len();
             let (refill, want) = match spec.rate_limit {
                 Some(_) => (in_flight < limit, 1),
-                None => (in_flight <= limit && in_flight < 2 * limit, (2 * limit).saturating_sub(in_flight)),
+                None => (in_flight <= limit && in_flight < AHEAD * limit, (AHEAD * limit).saturating_sub(in_flight)),
             };
             let (got, store_down) = if refill { self.claim(spec, want).await } else { (0, false) };
             if got > 0 {
@@ -347,8 +357,13 @@ async fn record_ends(shared: Arc<Shared>, mut reports: mpsc::UnboundedReceiver<E
     let mut waiting: Vec<Ended> = Vec::new();
     let mut failures = 0;
     loop {
-        if waiting.is_empty() && reports.recv_many(&mut waiting, 1000).await == 0 {
-            return;
+        if waiting.is_empty() {
+            if reports.recv_many(&mut waiting, 1000).await == 0 {
+                return;
+            }
+            if waiting.len() < GATHER_ENOUGH {
+                tokio::time::sleep(GATHER).await;
+            }
         }
         while let Ok(more) = reports.try_recv() {
             waiting.push(more);
@@ -396,14 +411,14 @@ async fn record_ends(shared: Arc<Shared>, mut reports: mpsc::UnboundedReceiver<E
 /// E11: keeps a job's lease from its claim on: a heartbeat every third of the lease, retried
 /// through a store outage while the lease lives. Returns once the lease is gone (refused, or
 /// ended while the store was away); `held` is the lease as last extended.
-async fn hold(shared: Arc<Shared>, id: String, token: String, lease: Dur, held: Arc<Mutex<OwnLease>>) {
+async fn hold(shared: &Shared, id: &str, token: &str, lease: Dur, held: &Mutex<OwnLease>) {
     let every = (lease.to_std() / 3).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(every).await;
         let mut failures = 0;
         loop {
             let asked = shared.now();
-            let attempt = shared.write(&id, &token, Report::Heartbeat { lease }).await;
+            let attempt = shared.write(id, token, Report::Heartbeat { lease }).await;
             if attempt == Attempt::StoreFailed {
                 failures += 1;
             }
@@ -426,7 +441,7 @@ async fn hold(shared: Arc<Shared>, id: String, token: String, lease: Dur, held: 
 /// A claimed job: it waits for a slot, its lease kept by [`hold`] from the claim on, is checked
 /// to be still this pool's, marked started (E17) and run; whatever ends it makes the report
 /// [`holding::report_for`] says. A lost lease kills the run: a job never runs next to its
-/// next run (E11).
+/// next run (E11). The heartbeats are polled in this job's own task (P9: one task a job).
 async fn run_job(
     shared: Arc<Shared>,
     ended: mpsc::UnboundedSender<Ended>,
@@ -437,22 +452,11 @@ async fn run_job(
 ) {
     let token = job.lease_token.clone().unwrap_or_default();
     let held = Arc::new(Mutex::new(claimed));
-    let (lost_tx, mut lost) = watch::channel(false);
-    let beat = {
-        let (shared, id, token, held) = (shared.clone(), job.id.clone(), token.clone(), held.clone());
-        tokio::spawn(async move {
-            hold(shared, id, token, lease, held).await;
-            lost_tx.send_replace(true);
-        })
-    };
-    let end = 'run: {
-        let slot = tokio::select! {
-            slot = slots.take() => slot,
-            _ = lost.wait_for(|l| *l) => break 'run RunEnd::LeaseLost,
-        };
-        let Some(_slot) = slot else { break 'run RunEnd::NoSlot };
-        if !still_ours(&shared, &job, &token, &held, &mut lost).await {
-            break 'run RunEnd::LeaseLost;
+    let running = std::sync::atomic::AtomicBool::new(false);
+    let work = async {
+        let Some(_slot) = slots.take().await else { return RunEnd::NoSlot };
+        if !still_ours(&shared, &job, &token, &held).await {
+            return RunEnd::LeaseLost;
         }
         if !began(&job) {
             // Recorded with the next batch, not waited for: a crash within that commit gives
@@ -460,8 +464,9 @@ async fn run_job(
             let lease_now = *held.lock().unwrap_or_else(PoisonError::into_inner);
             let _ = ended.send((job.id.clone(), token.clone(), Report::Start, lease_now));
         }
+        running.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rt = shared.app.runtime();
         let run = async {
-            let rt = shared.app.runtime();
             match rt.functions.iter().find(|(n, _)| *n == job.function) {
                 Some((name, function)) => {
                     if let Some(rate) = function.rate_limit {
@@ -473,17 +478,21 @@ async fn run_job(
                 None => Err(format!("function {:?} is not defined", job.function)),
             }
         };
-        // Dropping the run kills the Function's whole session (E16).
         tokio::select! {
             outcome = run => outcome.map_or_else(RunEnd::Failed, RunEnd::Succeeded),
-            _ = lost.wait_for(|l| *l) => {
-                tracing::warn!(job = %job.id, "run killed: its lease ended");
-                RunEnd::LeaseLost
-            }
             _ = abandoned.wait_for(|a| *a) => RunEnd::CutByShutdown,
         }
     };
-    beat.abort();
+    // Dropping `work` kills the Function's whole session (E16).
+    let end = tokio::select! {
+        end = work => end,
+        () = hold(&shared, &job.id, &token, lease, &held) => {
+            if running.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(job = %job.id, "run killed: its lease ended");
+            }
+            RunEnd::LeaseLost
+        }
+    };
     let lease_now = *held.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(report) = holding::report_for(end) {
         let _ = ended.send((job.id, token, report, lease_now));
@@ -493,13 +502,7 @@ async fn run_job(
 /// A job claimed ahead may have been cancelled or rescued while it waited for its slot: it
 /// starts only while the claim is still its own (J2), never next to its next run. The read is
 /// retried through an outage while the lease lives.
-async fn still_ours(
-    shared: &Shared,
-    job: &Job,
-    token: &str,
-    held: &Mutex<OwnLease>,
-    lost: &mut watch::Receiver<bool>,
-) -> bool {
+async fn still_ours(shared: &Shared, job: &Job, token: &str, held: &Mutex<OwnLease>) -> bool {
     let mut failures = 0;
     loop {
         match shared.app.store().get_job(&job.id).await {
@@ -519,10 +522,8 @@ async fn still_ours(
                 failures += 1;
                 let own = *held.lock().unwrap_or_else(PoisonError::into_inner);
                 match holding::after(Attempt::StoreFailed, failures, own, shared.now()) {
-                    Next::RetryIn(wait) => tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = lost.wait_for(|l| *l) => return false,
-                    },
+                    // A lease that ends meanwhile ends this wait with it (`run_job`).
+                    Next::RetryIn(wait) => tokio::time::sleep(wait).await,
                     _ => return false,
                 }
             }
