@@ -250,13 +250,21 @@ pub struct PidCounter {
     pub forks: Option<u64>,
     /// `/proc/sys/kernel/pid_max`.
     pub max: i32,
-    /// When it was read, on the reader's monotonic clock.
-    pub at: Duration,
+    /// When the read began and when it ended, on the reader's monotonic clock: what it says
+    /// held at some moment between the two.
+    pub from: Duration,
+    pub until: Duration,
 }
 
 impl PidCounter {
-    /// Reads the files' texts (`stat` None: not read); None if one of them does not say.
-    pub fn parse(loadavg: &str, stat: Option<&str>, pid_max: &str, at: Duration) -> Option<PidCounter> {
+    /// Reads the files' texts (`stat` None: not read), read between `from` and `until`; None
+    /// if one of them does not say.
+    pub fn parse(
+        loadavg: &str,
+        stat: Option<&str>,
+        pid_max: &str,
+        (from, until): (Duration, Duration),
+    ) -> Option<PidCounter> {
         let mut fields = loadavg.split_whitespace().skip(3);
         let tasks = fields.next()?.split_once('/')?.1.parse().ok()?;
         let last = fields.next()?.parse().ok()?;
@@ -265,7 +273,7 @@ impl PidCounter {
             None => None,
         };
         let max = pid_max.trim().parse().ok()?;
-        Some(PidCounter { last, tasks, forks, max, at })
+        Some(PidCounter { last, tasks, forks, max, from, until })
     }
 }
 
@@ -302,7 +310,8 @@ impl Suspects {
         let max = before.max.min(now.max);
         let forks = match (before.forks, now.forks) {
             (Some(before), Some(now)) => now.checked_sub(before),
-            _ => now.at.checked_sub(before.at).map(|elapsed| most_forks(elapsed, cpus)),
+            // From the earliest moment `before` can speak of to the latest `now` can.
+            _ => now.until.checked_sub(before.from).map(|elapsed| most_forks(elapsed, cpus)),
         };
         let moved = forks.map(|forks| {
             let in_use = before.tasks.saturating_add(forks).saturating_mul(3);
@@ -404,12 +413,13 @@ mod tests {
     }
 
     fn counter(last: i32, tasks: u64, forks: u64) -> PidCounter {
-        PidCounter { last, tasks, forks: Some(forks), max: 32768, at: Duration::ZERO }
+        PidCounter { last, tasks, forks: Some(forks), max: 32768, from: Duration::ZERO, until: Duration::ZERO }
     }
 
     /// A reading of `/proc/loadavg` alone, `at` microseconds in.
     fn glance(last: i32, tasks: u64, at: u64) -> PidCounter {
-        PidCounter { last, tasks, forks: None, max: 32768, at: Duration::from_micros(at) }
+        let at = Duration::from_micros(at);
+        PidCounter { last, tasks, forks: None, max: 32768, from: at, until: at }
     }
 
     #[test]
@@ -424,10 +434,10 @@ mod tests {
     fn e16_the_pid_counter_is_read_from_loadavg_stat_and_pid_max() {
         let stat = "cpu  1 2 3\nintr 5 6\nctxt 9\nprocesses 14465\nprocs_running 1\n";
         assert_eq!(
-            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", Some(stat), "32768\n", Duration::ZERO),
+            PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", Some(stat), "32768\n", (Duration::ZERO, Duration::ZERO)),
             Some(counter(12782, 138, 14465))
         );
-        let at = Duration::from_millis(7);
+        let at = (Duration::from_millis(7), Duration::from_millis(7));
         assert_eq!(
             PidCounter::parse("0.08 0.51 0.31 1/138 12782\n", None, "32768", at),
             Some(glance(12782, 138, 7_000))
@@ -480,11 +490,15 @@ mod tests {
         assert_eq!(Suspects::of(4001, glance(4000, 140, 1_000), glance(4010, 140, 5_000), 8), Suspects::Everywhere);
         // One reading without the count is enough to fall back on the time; a clock gone back
         // says nothing.
-        let counted = PidCounter { at: Duration::from_micros(1_000), ..counter(4000, 140, 10_000) };
+        let counted = PidCounter { from: Duration::from_micros(1_000), ..counter(4000, 140, 10_000) };
         assert!(matches!(Suspects::of(4001, counted, glance(4010, 140, 5_000), 2), Suspects::Since { .. }));
         assert_eq!(Suspects::of(4001, glance(4000, 140, 5_000), glance(4010, 140, 1_000), 2), Suspects::Everywhere);
         // Both counts known: the count decides, whatever the time.
-        let later = PidCounter { at: Duration::from_secs(3_600), ..counter(4010, 140, 10_012) };
+        let later = PidCounter { until: Duration::from_secs(3_600), ..counter(4010, 140, 10_012) };
+        // The time runs from when `before`'s read began to when `now`'s ended: a read that took
+        // 5 ms counts, though each reading was stamped once.
+        let slow = PidCounter { until: Duration::from_micros(10_000), ..glance(4010, 140, 5_000) };
+        assert_eq!(Suspects::of(4001, glance(4000, 140, 1_000), slow, 2), Suspects::Everywhere);
         assert!(matches!(Suspects::of(4001, counted, later, 2), Suspects::Since { .. }));
         assert_eq!(most_forks(Duration::from_nanos(1), 1), 1, "rounded up");
         assert_eq!(most_forks(Duration::MAX, u64::MAX), u64::MAX);

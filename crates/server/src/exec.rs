@@ -303,9 +303,9 @@ fn capped_reader<R: AsyncRead + Unpin + Send + 'static>(pipe: Option<R>, cap: Ca
     let task = pipe.map(|mut pipe| {
         let into = kept.clone();
         tokio::spawn(async move {
-            // In the task itself, not on the heap: P9's runs mostly write nothing, and a fresh
-            // 64 KiB buffer a pipe cost each of them its zeroing, page faults and malloc's
-            // consolidation on free. A pipe holds 64 KiB, read in a few calls.
+            // In the task's own state, not a buffer of its own: P9's runs mostly write nothing,
+            // and a fresh 64 KiB buffer a pipe cost each of them its zeroing, page faults and
+            // malloc's consolidation on free. A pipe holds 64 KiB, read in a few calls.
             let mut buf = [0u8; READ_CHUNK];
             // Read to the end, keeping what the cap allows: a writer past it is drained, never
             // blocked, and never held.
@@ -409,10 +409,12 @@ static READING: Mutex<(Option<PidCounter>, Option<PidCounter>)> = Mutex::new((No
 fn pid_counter(counted: bool) -> Option<PidCounter> {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let read = |path: &str| std::fs::read_to_string(path).ok();
-    let at = ORIGIN.get_or_init(std::time::Instant::now).elapsed();
+    let origin = ORIGIN.get_or_init(std::time::Instant::now);
+    let from = origin.elapsed();
     let loadavg = read("/proc/loadavg")?;
     let stat = if counted { Some(read("/proc/stat")?) } else { None };
-    let now = PidCounter::parse(&loadavg, stat.as_deref(), &read("/proc/sys/kernel/pid_max")?, at);
+    let pid_max = read("/proc/sys/kernel/pid_max")?;
+    let now = PidCounter::parse(&loadavg, stat.as_deref(), &pid_max, (from, origin.elapsed()));
     let mut kept = READING.lock().unwrap_or_else(PoisonError::into_inner);
     kept.0 = now;
     if counted {
@@ -421,13 +423,20 @@ fn pid_counter(counted: bool) -> Option<PidCounter> {
     now
 }
 
-/// The last readings of the pid counter (the first run takes them now): the latest, and the
-/// latest with a fork count.
+/// How old the last counted reading may be before a run's start takes a new one: a run whose
+/// end cannot rely on the time alone then counts forks from less than this ago.
+#[cfg(target_os = "linux")]
+const RECOUNT_AFTER: Duration = Duration::from_millis(100);
+
+/// The last readings of the pid counter (taken now when there are none, or the counted one
+/// is older than [`RECOUNT_AFTER`]): the latest, and the latest with a fork count.
 #[cfg(target_os = "linux")]
 fn earlier_readings() -> Option<(PidCounter, Option<PidCounter>)> {
     let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
     match kept {
-        (Some(latest), counted @ Some(_)) => Some((latest, counted)),
+        (Some(latest), Some(counted)) if latest.until.saturating_sub(counted.until) < RECOUNT_AFTER => {
+            Some((latest, Some(counted)))
+        }
         _ => pid_counter(true).map(|now| (now, Some(now))),
     }
 }
