@@ -407,20 +407,25 @@ static READING: Mutex<(Option<PidCounter>, Option<PidCounter>)> = Mutex::new((No
 /// does not say.
 #[cfg(target_os = "linux")]
 fn pid_counter(counted: bool) -> Option<PidCounter> {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let read = |path: &str| std::fs::read_to_string(path).ok();
-    let origin = ORIGIN.get_or_init(std::time::Instant::now);
-    let from = origin.elapsed();
+    let from = reading_clock();
     let loadavg = read("/proc/loadavg")?;
     let stat = if counted { Some(read("/proc/stat")?) } else { None };
     let pid_max = read("/proc/sys/kernel/pid_max")?;
-    let now = PidCounter::parse(&loadavg, stat.as_deref(), &pid_max, (from, origin.elapsed()));
+    let now = PidCounter::parse(&loadavg, stat.as_deref(), &pid_max, (from, reading_clock()));
     let mut kept = READING.lock().unwrap_or_else(PoisonError::into_inner);
     kept.0 = now;
     if counted {
         kept.1 = now;
     }
     now
+}
+
+/// The monotonic clock pid-counter readings are stamped with.
+#[cfg(target_os = "linux")]
+fn reading_clock() -> Duration {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
 /// How old the last counted reading may be before a run's start takes a new one: a run whose
@@ -434,7 +439,7 @@ const RECOUNT_AFTER: Duration = Duration::from_millis(100);
 fn earlier_readings() -> Option<(PidCounter, Option<PidCounter>)> {
     let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
     match kept {
-        (Some(latest), Some(counted)) if latest.until.saturating_sub(counted.until) < RECOUNT_AFTER => {
+        (Some(latest), Some(counted)) if reading_clock().saturating_sub(counted.until) < RECOUNT_AFTER => {
             Some((latest, Some(counted)))
         }
         _ => pid_counter(true).map(|now| (now, Some(now))),
