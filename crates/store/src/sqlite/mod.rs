@@ -331,8 +331,13 @@ impl SqliteStore {
 
 /// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
 fn insert_batch(tx: &Connection, batch: &Batch) -> Result<()> {
+    // P14: a full chunk's statement is written once a batch, not once a chunk.
+    let full = transfer::insert_many_sql(batch.tab, ROWS_PER_INSERT, |i| format!("?{i}"));
     for rows in batch.rows.chunks(ROWS_PER_INSERT) {
-        let sql = transfer::insert_many_sql(batch.tab, rows.len(), |i| format!("?{i}"));
+        let sql = match rows.len() {
+            ROWS_PER_INSERT => std::borrow::Cow::Borrowed(full.as_str()),
+            short => std::borrow::Cow::Owned(transfer::insert_many_sql(batch.tab, short, |i| format!("?{i}"))),
+        };
         let mut insert = tx.prepare_cached(&sql).map_err(map_err)?;
         insert.execute(rusqlite::params_from_iter(rows.iter().flatten())).map_err(map_err)?;
     }
@@ -1150,13 +1155,23 @@ impl Store for SqliteStore {
     async fn import_started(&self) -> Result<()> {
         // NORMAL, not OFF: a commit skips its WAL sync, but a checkpoint still syncs the
         // database file before the WAL is reused, so no page the import wrote can be lost
-        // behind a later synced commit.
-        self.write(|conn| conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)).await
+        // behind a later synced commit. P14: an import's statement journal (the pages one
+        // multi-row INSERT changed, kept to undo it alone) stays in memory, not in a temporary
+        // file written and read back for every statement.
+        self.write(|conn| {
+            conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)?;
+            conn.pragma_update(None, "temp_store", "MEMORY").map_err(map_err)
+        })
+        .await
     }
 
     async fn import_finished(&self) -> Result<()> {
         // FULL again: the copy's `finished` mark syncs the WAL, and every frame before it.
-        self.write(|conn| conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)).await
+        self.write(|conn| {
+            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)?;
+            conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)
+        })
+        .await
     }
 
     async fn replace_tabs(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
