@@ -181,10 +181,7 @@ impl RunId {
     /// its session or group, or — for a `setsid` grandchild that left both — to be asked its
     /// environment, if it started no earlier than the run (older ones cannot descend from it,
     /// and their environments are never read). A zombie is already dead.
-    ///
-    /// P9: a pool's concurrent runs are in each other's windows; their Functions are passed
-    /// over ([`Siblings`]) and their environments not read.
-    pub fn member(&self, stat: &str, siblings: Option<&Siblings<'_>>) -> Member {
+    pub fn member(&self, stat: &str) -> Member {
         let Some(fields) = stat_fields(stat) else { return Member::No };
         if matches!(fields.state, 'Z' | 'X') {
             return Member::No;
@@ -192,11 +189,6 @@ impl RunId {
         // Session 0 is the kernel's threads', 1 init's: never a run's.
         if self.session > 1 && (fields.pgrp == self.session || fields.session == self.session) {
             return Member::Yes;
-        }
-        if siblings.is_some_and(|s| {
-            s.spawner > 1 && fields.parent == s.spawner && fields.pid.is_some_and(|pid| s.functions.contains(&pid))
-        }) {
-            return Member::No;
         }
         if fields.started >= self.started { Member::AskEnviron } else { Member::No }
     }
@@ -212,23 +204,8 @@ impl RunId {
     }
 }
 
-/// The other runs' Functions, which a run's sweep passes over: `spawner` is the serve's pid,
-/// given only when it adopts no orphans (it is not its namespace's init nor a subreaper), and
-/// `functions` the pids of its live runs' Functions. A child of the serve whose pid is one of
-/// them is that run's Function, never a stray of this run — a stray's parent is a process of
-/// the run or the orphans' adopter; one that chose the serve as its parent (`CLONE_PARENT`)
-/// has a pid of its own, not a live Function's.
-#[derive(Debug, Clone, Copy)]
-pub struct Siblings<'a> {
-    pub spawner: i32,
-    pub functions: &'a [i32],
-}
-
 struct StatFields {
-    /// None where the line does not begin with it: such a process is never passed over.
-    pid: Option<i32>,
     state: char,
-    parent: i32,
     pgrp: i32,
     session: i32,
     started: u64,
@@ -237,16 +214,14 @@ struct StatFields {
 /// `/proc/PID/stat`: `pid (comm) state ppid pgrp session … starttime(22) …`; comm may hold
 /// spaces and parens, so the fields are read after its last `)`.
 fn stat_fields(stat: &str) -> Option<StatFields> {
-    let pid = stat.get(..stat.find('(')?).and_then(|p| p.trim().parse().ok());
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().take(20).collect();
     let state = f.first()?.chars().next()?;
-    let parent = f.get(1)?.parse().ok()?;
     let pgrp = f.get(2)?.parse().ok()?;
     let session = f.get(3)?.parse().ok()?;
     // A stat too short to say when it started is asked, never skipped.
     let started = f.get(19).and_then(|t| t.parse().ok()).unwrap_or(u64::MAX);
-    Some(StatFields { pid, state, parent, pgrp, session, started })
+    Some(StatFields { state, pgrp, session, started })
 }
 
 /// A time since boot (`CLOCK_BOOTTIME`) in the clock ticks `/proc/PID/stat` counts a start in
@@ -541,52 +516,18 @@ mod tests {
     #[test]
     fn e16_a_run_owns_its_session_and_group_and_asks_younger_strays_for_its_mark() {
         let r = run();
-        assert_eq!(r.member(&stat(4250, "sleep", 'S', 4242, 4242, 600), None), Member::Yes, "its group and session");
-        assert_eq!(
-            r.member(&stat(4251, "sh", 'S', 4251, 4242, 600), None),
-            Member::Yes,
-            "another group of its session"
-        );
-        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 600), None), Member::AskEnviron, "left both");
-        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 500), None), Member::AskEnviron, "the same tick");
-        assert_eq!(r.member(&stat(300, "sshd", 'S', 300, 300, 40), None), Member::No, "older than the run");
-        assert_eq!(r.member(&stat(4250, "sleep", 'Z', 4242, 4242, 600), None), Member::No, "a zombie is dead already");
+        assert_eq!(r.member(&stat(4250, "sleep", 'S', 4242, 4242, 600)), Member::Yes, "its group and session");
+        assert_eq!(r.member(&stat(4251, "sh", 'S', 4251, 4242, 600)), Member::Yes, "another group of its session");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 600)), Member::AskEnviron, "left both");
+        assert_eq!(r.member(&stat(4260, "sleep", 'S', 4260, 4260, 500)), Member::AskEnviron, "the same tick");
+        assert_eq!(r.member(&stat(300, "sshd", 'S', 300, 300, 40)), Member::No, "older than the run");
+        assert_eq!(r.member(&stat(4250, "sleep", 'Z', 4242, 4242, 600)), Member::No, "a zombie is dead already");
         assert!(r.marked(b"PATH=/bin\0PCMAIL_RUN=9-1\0HOME=/"));
         assert!(!r.marked(b"PCMAIL_RUN=9-10\0"), "another run's mark");
         assert!(!r.marked(b"XPCMAIL_RUN=9-1\0"));
         let unknown = RunId { session: 0, started: 0, mark: Mark::Run("9-1".into()) };
-        assert_eq!(unknown.member(&stat(2, "kthreadd", 'S', 0, 0, 1), None), Member::AskEnviron, "never by session 0");
+        assert_eq!(unknown.member(&stat(2, "kthreadd", 'S', 0, 0, 1)), Member::AskEnviron, "never by session 0");
         assert_eq!(started(&stat(4250, "sleep", 'S', 1, 1, 77)), 77);
-    }
-
-    #[test]
-    fn e16_a_sweep_passes_over_the_other_runs_functions_and_nothing_else() {
-        let r = run();
-        let proc = |pid: i32, parent: i32, session: i32| {
-            format!("{pid} (true) S {parent} {pid} {session} 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 600 1 1")
-        };
-        let live = [4260, 4270];
-        let siblings = Siblings { spawner: 77, functions: &live };
-        let others = Some(&siblings);
-        assert_eq!(r.member(&proc(4260, 77, 4260), others), Member::No, "another run's Function");
-        assert_eq!(
-            r.member(&proc(4260, 77, 4260), None),
-            Member::AskEnviron,
-            "a serve that adopts orphans cannot tell"
-        );
-        assert_eq!(
-            r.member(&proc(4261, 77, 4261), others),
-            Member::AskEnviron,
-            "a stray that chose the serve as parent"
-        );
-        assert_eq!(
-            r.member(&proc(4260, 4250, 4260), others),
-            Member::AskEnviron,
-            "a live run's pid, not the serve's child"
-        );
-        let init = Siblings { spawner: 1, functions: &live };
-        assert_eq!(r.member(&proc(4260, 1, 4260), Some(&init)), Member::AskEnviron, "init adopts every orphan");
-        assert_eq!(r.member(&proc(4242, 77, 4242), others), Member::Yes, "its own Function is the serve's child too");
     }
 
     #[test]
@@ -604,11 +545,11 @@ mod tests {
     #[test]
     fn e16_a_comm_with_spaces_and_parens_is_read_after_its_last_paren() {
         let r = run();
-        assert_eq!(r.member(&stat(4250, "a) S 1 2 (x", 'S', 4242, 4242, 600), None), Member::Yes);
-        assert_eq!(r.member(&stat(4250, "a) S 1 4242 4242 (x)", 'S', 7, 7, 1), None), Member::No);
-        assert_eq!(r.member("4250 (sleep) S 1 7 7", None), Member::AskEnviron, "a short stat is asked");
-        assert_eq!(r.member("garbage", None), Member::No);
-        assert_eq!(r.member("", None), Member::No);
+        assert_eq!(r.member(&stat(4250, "a) S 1 2 (x", 'S', 4242, 4242, 600)), Member::Yes);
+        assert_eq!(r.member(&stat(4250, "a) S 1 4242 4242 (x)", 'S', 7, 7, 1)), Member::No);
+        assert_eq!(r.member("4250 (sleep) S 1 7 7"), Member::AskEnviron, "a short stat is asked");
+        assert_eq!(r.member("garbage"), Member::No);
+        assert_eq!(r.member(""), Member::No);
     }
 
     #[test]

@@ -16,9 +16,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Mark, Member, PidCounter, RunId, Verdict};
 #[cfg(target_os = "linux")]
-use pcmail_core::exec::{Siblings, Suspects};
+use pcmail_core::exec::Suspects;
+use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Mark, Member, PidCounter, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -588,20 +588,6 @@ fn kill_run(run: &RunId, born: Option<&Born>) {
     let _ = born;
 }
 
-/// This serve's pid when it adopts no orphans — it is not its pid namespace's init nor a child
-/// subreaper — so that its live runs' Functions are told from strays ([`Siblings`]).
-#[cfg(target_os = "linux")]
-fn spawner() -> Option<i32> {
-    static SPAWNER: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
-    *SPAWNER.get_or_init(|| {
-        let mut subreaper: libc::c_int = 0;
-        // SAFETY: PR_GET_CHILD_SUBREAPER writes one int to the pointer it is given.
-        let asked = unsafe { libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut subreaper as *mut libc::c_int) };
-        let pid = i32::try_from(std::process::id()).ok()?;
-        (asked == 0 && subreaper == 0 && pid > 1).then_some(pid)
-    })
-}
-
 /// One pass over the `suspects` among `/proc`'s processes: SIGKILL to each the run owns;
 /// answers how many.
 #[cfg(target_os = "linux")]
@@ -618,19 +604,13 @@ fn sweep(run: &RunId, suspects: Suspects) -> usize {
         }
     };
     let me = std::process::id();
-    let spawner = spawner();
-    let functions: Vec<i32> = match spawner {
-        Some(_) => LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, r, _)| r.session).collect(),
-        None => Vec::new(),
-    };
-    let siblings = spawner.map(|spawner| Siblings { spawner, functions: &functions });
     let mut killed = 0;
     for pid in pids {
         if u32::try_from(pid).is_ok_and(|p| p == me) || pid <= 1 {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let owned = match run.member(&stat, siblings.as_ref()) {
+        let owned = match run.member(&stat) {
             Member::Yes => true,
             Member::No => false,
             Member::AskEnviron => std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| run.marked(&env)),
