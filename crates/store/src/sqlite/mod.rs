@@ -1156,8 +1156,9 @@ impl Store for SqliteStore {
         // NORMAL, not OFF: a commit skips its WAL sync, but a checkpoint still syncs the
         // database file before the WAL is reused, so no page the import wrote can be lost
         // behind a later synced commit. P14: an import's statement journal (the pages one
-        // multi-row INSERT changed, kept to undo it alone) stays in memory, not in a temporary
-        // file written and read back for every statement.
+        // multi-row INSERT changed, kept to undo it alone) stays in memory past its first
+        // 64 KiB, where it would spill into a temporary file created and written for most of
+        // an import's statements (a mail's nine indexes).
         self.write(|conn| {
             conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)?;
             conn.pragma_update(None, "temp_store", "MEMORY").map_err(map_err)
@@ -1168,8 +1169,8 @@ impl Store for SqliteStore {
     async fn import_finished(&self) -> Result<()> {
         // FULL again: the copy's `finished` mark syncs the WAL, and every frame before it.
         self.write(|conn| {
-            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)?;
-            conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)
+            conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
+            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)
         })
         .await
     }
