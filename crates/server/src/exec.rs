@@ -367,7 +367,7 @@ impl Drop for Live {
 struct Born {
     child: i32,
     before: PidCounter,
-    counted: Option<PidCounter>,
+    counted: PidCounter,
 }
 
 #[cfg(target_os = "linux")]
@@ -382,9 +382,9 @@ impl Born {
                 since => return since,
             }
         }
-        match (b.counted, pid_counter(true)) {
-            (Some(before), Some(now)) => Suspects::of(b.child, before, now, cpus),
-            _ => Suspects::Everywhere,
+        match pid_counter(true) {
+            Some(now) => Suspects::of(b.child, b.counted, now, cpus),
+            None => Suspects::Everywhere,
         }
     }
 }
@@ -436,13 +436,13 @@ const RECOUNT_AFTER: Duration = Duration::from_millis(100);
 /// The last readings of the pid counter (taken now when there are none, or the counted one
 /// is older than [`RECOUNT_AFTER`]): the latest, and the latest with a fork count.
 #[cfg(target_os = "linux")]
-fn earlier_readings() -> Option<(PidCounter, Option<PidCounter>)> {
+fn earlier_readings() -> Option<(PidCounter, PidCounter)> {
     let kept = *READING.lock().unwrap_or_else(PoisonError::into_inner);
     match kept {
         (Some(latest), Some(counted)) if reading_clock().saturating_sub(counted.until) < RECOUNT_AFTER => {
-            Some((latest, Some(counted)))
+            Some((latest, counted))
         }
-        _ => pid_counter(true).map(|now| (now, Some(now))),
+        _ => pid_counter(true).map(|now| (now, now)),
     }
 }
 
