@@ -80,6 +80,18 @@ fn reader(serve: &Serve) -> rusqlite::Connection {
     rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open the store")
 }
 
+/// The CPU time process `pid` has spent itself (user and system), its reaped children's not.
+fn own_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    let fields: Vec<u64> =
+        stat.rsplit(')').next().unwrap_or("").split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    // SAFETY: sysconf reads a constant.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    Duration::from_secs_f64(ticks as f64 / per_second as f64)
+}
+
 /// Jobs of the bench queue that succeeded.
 fn succeeded(db: &rusqlite::Connection) -> usize {
     db.query_row("SELECT count(*) FROM jobs WHERE state = 'succeeded'", [], |r| r.get::<_, i64>(0)).unwrap_or(0)
@@ -121,6 +133,7 @@ pub async fn p9() -> Vec<Row> {
     // drift of the machine's speed through the run falls on both sides of the ratio.
     let before = spawn_rate(P9_JOBS / 2, false);
     let db = reader(&serve);
+    let cpu_before = own_cpu(serve.pid());
     let started = Instant::now();
     let apply = json!({"files": [{"name": "pool.yaml", "content": pool_manifest(4)}]});
     admin.post("/api/v1/apply", &apply).await;
@@ -129,6 +142,7 @@ pub async fn p9() -> Vec<Row> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let ours = P9_JOBS as f64 / started.elapsed().as_secs_f64();
+    let serve_cpu = own_cpu(serve.pid()).saturating_sub(cpu_before);
     drop(db);
     drop(serve);
     let after = spawn_rate(P9_JOBS / 2, false);
@@ -147,6 +161,11 @@ pub async fn p9() -> Vec<Row> {
             format!("{raw:.0} /s ({before:.0} before, {after:.0} after)"),
         ),
         Row::at_least("", "pool ÷ baseline", ours / raw, 0.8, "×"),
+        Row::note(
+            "",
+            "serve's own CPU per job (its threads', not the Functions')",
+            format!("{:.0} µs", serve_cpu.as_secs_f64() * 1e6 / P9_JOBS as f64),
+        ),
         Row::note(
             "",
             "the same spawns forked by std behind a pre_exec hook (what serve did before its clone spawner)",
@@ -219,17 +238,20 @@ pub async fn p10() -> Vec<Row> {
     let mut raw_loop = RawInserts::open(&raw_db);
     let each = P10_SINGLE / P10_ROUNDS;
     let (mut ours, mut raw, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    let mut serve_cpu = Duration::ZERO;
     let bulk = one_client_thread(|| async {
         let admin = Admin::of(&serve);
         admin.post("/api/v1/jobs", &json!({"queue": "bench", "function": "noop"})).await;
         let mut n = 0;
         for _ in 0..P10_ROUNDS {
+            let cpu_before = own_cpu(serve.pid());
             let started = Instant::now();
             for _ in 0..each {
                 n += 1;
                 admin.post("/api/v1/jobs", &json!({"queue": "bench", "function": "noop", "payload": {"n": n}})).await;
             }
             ours.push(each as f64 / started.elapsed().as_secs_f64());
+            serve_cpu += own_cpu(serve.pid()).saturating_sub(cpu_before);
             raw.push(raw_loop.rate(each));
             // The same request refused before the store (an undeclared queue): the hop alone.
             let started = Instant::now();
@@ -260,6 +282,11 @@ pub async fn p10() -> Vec<Row> {
             format!("{raw:.0} /s"),
         ),
         Row::at_least("", "API ÷ baseline", single / raw, 0.5, "×"),
+        Row::note(
+            "",
+            "serve's own CPU per job enqueued, one a request",
+            format!("{:.0} µs", serve_cpu.as_secs_f64() * 1e6 / (each * P10_ROUNDS) as f64),
+        ),
         Row::note("", "the same request refused before the store (the round trip alone)", format!("{hop:.0} /s")),
         Row::note(
             "",

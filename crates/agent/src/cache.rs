@@ -13,7 +13,7 @@ use pcmail_core::manifest::spec::IntentPolicySpec;
 use pcmail_core::present::{Limits, Tally};
 use pcmail_store::StoreError;
 use pcmail_store::codec::{self, MAIL_COLUMNS, MAIL_INSERT_COLUMNS, MAIL_TABLE_COLUMNS, Value, from_ms, ms};
-use pcmail_store::sqlite::{map_err, schema};
+use pcmail_store::sqlite::{map_err, plan_once, schema};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 pub const CACHE_FILE: &str = "cache.db";
@@ -255,6 +255,8 @@ impl Cache {
         let wrap = |source| CacheError::Store { path: path.clone(), source };
         let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
         conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;
+        // The poller runs its inbox reads (`LIMIT ?`) for as long as it lives.
+        plan_once(&conn).map_err(|e| wrap(map_err(e)))?;
         // Turning a fresh file to WAL takes it whole, and SQLite answers "locked" at once, without
         // its busy handler, while another process (a hook, the poller) opens it too: waited here.
         let started = std::time::Instant::now();

@@ -91,12 +91,22 @@ fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
     conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(map_err)?;
     // Room for every statement a connection repeats, the per-change-set job updates included.
     conn.set_prepared_statement_cache_capacity(128);
+    plan_once(&conn).map_err(map_err)?;
     if writer {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
         // FULL: a send that was acknowledged survives power loss too, not only a killed process.
         conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
     }
     Ok(conn)
+}
+
+/// P9: each statement of `conn` is planned when first prepared, never again for the values
+/// bound to it. Otherwise a `LIMIT ?N` (SQLite ≥ 3.46) or a bound value weighed against a
+/// partial index expires the statement at each binding, and every run of it parses and plans
+/// it again. A query that needs a partial index names the index's state as a literal
+/// (`predicates`), so no plan waits on a bound value.
+pub fn plan_once(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(drop)
 }
 
 /// Every tab's count and sum, from one read transaction; `(tab, rows)` told each batch.
@@ -1324,6 +1334,82 @@ mod tests {
     }
 
     crate::contract::contract_tests!(fresh);
+
+    /// The statements of `conn` SQLite prepared again after their first preparation (a bound
+    /// value that the planner weighed expires a statement at each new binding), with how often.
+    fn prepared_again(conn: &Connection) -> Vec<(String, i32)> {
+        let mut found = Vec::new();
+        // SAFETY: the connection is held (its lock) for the whole walk; each statement is only
+        // read, and sqlite3_sql's text is copied before the next call.
+        unsafe {
+            let db = conn.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                let again = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                if again > 0 {
+                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt)).to_string_lossy().into_owned();
+                    found.push((sql, again));
+                }
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn p9_p2_the_job_path_and_the_mail_sweep_run_their_statements_as_first_prepared() {
+        let (_dir, store) = fresh().await;
+        let now = chrono::Utc::now();
+        let jobs: Vec<Job> =
+            (0..40).map(|i| Job::new(format!("job-{i}"), "q".into(), "f".into(), "{}".into(), now)).collect();
+        store.jobs_transaction(JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("enqueue");
+        for round in 0..8 {
+            let claim = Claim {
+                queue: "q".into(),
+                limit: 3,
+                owner: pcmail_core::jobs::LeaseOwner::Pool { worker: format!("w{round}"), ahead: true },
+                token_prefix: format!("t{round}-"),
+                now: now + chrono::Duration::milliseconds(round),
+                lease_until: now + chrono::Duration::seconds(60 + round),
+            };
+            let claimed = store.claim_jobs(claim).await.expect("claim");
+            assert_eq!(claimed.len(), 3, "round {round}");
+            let ids: Vec<String> = claimed.iter().map(|j| j.id.clone()).collect();
+            for id in &ids {
+                assert!(store.get_job(id).await.expect("read").is_some());
+            }
+            let finished = now + chrono::Duration::seconds(round);
+            store
+                .jobs_transaction(JobSelect::Ids(ids), move |found| {
+                    let done = found
+                        .into_iter()
+                        .map(|j| Job { state: JobState::Succeeded, finished_at: Some(finished), ..j })
+                        .collect();
+                    (done, ())
+                })
+                .await
+                .expect("record");
+        }
+        // The sweep's selections and an inbox read, each with its own limit at every run.
+        for limit in 1..4 {
+            let at = now + chrono::Duration::seconds(limit as i64);
+            for select in [
+                MailSelect::Expiring { now: at, limit },
+                MailSelect::Undelivered { created_before: at, limit },
+                MailSelect::Unread { delivered_before: at, limit },
+                MailSelect::OpenIntents { created_before: at, limit },
+                MailSelect::After { to: "pc-1".into(), cursor: limit as i64, limit },
+            ] {
+                store.mail_transaction(select, |_| (MailWrites::default(), ())).await.expect("select");
+            }
+        }
+        let writer = store.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(prepared_again(&writer), vec![], "the writer's statements");
+        let readers = store.inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        for reader in readers.iter() {
+            assert_eq!(prepared_again(reader), vec![], "a reader's statements");
+        }
+    }
 
     #[tokio::test]
     async fn p10_one_requests_jobs_are_written_on_the_callers_thread_when_the_writer_is_free_and_wait_their_turn_when_not()
