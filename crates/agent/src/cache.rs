@@ -255,7 +255,7 @@ impl Cache {
         let wrap = |source| CacheError::Store { path: path.clone(), source };
         let mut conn = Connection::open(&path).map_err(|e| wrap(map_err(e)))?;
         conn.busy_timeout(busy).map_err(|e| wrap(map_err(e)))?;
-        // The poller runs its inbox reads (`LIMIT ?`) for as long as it lives.
+        // A hook's group heads (`LIMIT ?`) are read once a group.
         plan_once(&conn).map_err(|e| wrap(map_err(e)))?;
         // Turning a fresh file to WAL takes it whole, and SQLite answers "locked" at once, without
         // its busy handler, while another process (a hook, the poller) opens it too: waited here.

@@ -1,7 +1,8 @@
 //! J5: the in-process workers of each WorkerPool, as one runner per pool with `workers`
 //! slots. The runner claims as many jobs as slots are free, in one claim, and claims again as
-//! soon as a Function ends, while the others run (P9); completions wait for no one: whatever
-//! ended while the last completion committed is committed together. A spec change moves the
+//! soon as a Function ends, while the others run (P9); starts and results are committed in
+//! batches, [`GATHER`] after the first of each arrives, so one commit (and its fsync) carries
+//! dozens. A spec change moves the
 //! slot count: more slots are filled at once, fewer drain (running jobs finish, no new claims
 //! until under the count). Rate limits per pool (its queues) and per Function pace the claims
 //! and runs.
@@ -92,12 +93,13 @@ const IDLE_MAX: Duration = Duration::from_secs(2);
 
 /// How many jobs a slot's claims hold at most, the one it runs included (P9).
 const AHEAD: usize = 3;
-/// How long the recorder gathers reports after the first before it commits them (P9: a
+/// How long the recorder gathers reports after the first before it commits them. P9: a
 /// commit, its fsync above all, costs about what the rest of a short job's handling does, so
-/// a batch holds a few dozen reports, not four; a crash loses no more than an uncommitted
-/// batch does, runs the reaper gives back, and a result shows at most this much later).
+/// a batch holds a few dozen reports, not four. A crash loses the uncommitted batch: those
+/// runs the reaper gives back, a lost start with no attempt spent (J3 counts the attempts a
+/// store saw begin). A result is stored this much, plus a commit under way, after its end.
 const GATHER: Duration = Duration::from_millis(10);
-/// A batch this large is committed without gathering more.
+/// A batch this large when its first report arrives is committed without gathering more.
 const GATHER_ENOUGH: usize = 64;
 
 /// A job's start, end or claim handed back, waiting to be recorded while its lease lives.

@@ -101,9 +101,9 @@ fn open_connection(path: &Path, writer: bool) -> Result<Connection> {
 }
 
 /// P9: each statement of `conn` is planned when first prepared, never again for the values
-/// bound to it. Otherwise a `LIMIT ?N` (SQLite ≥ 3.46) or a bound value weighed against a
-/// partial index expires the statement at each binding, and every run of it parses and plans
-/// it again. A query that needs a partial index names the index's state as a literal
+/// bound to it. Otherwise a `LIMIT ?N` (in the bundled SQLite, 3.50) or a bound value weighed
+/// against a partial index expires the statement at each binding, and every run of it parses
+/// and plans it again. A query that needs a partial index names the index's state as a literal
 /// (`predicates`), so no plan waits on a bound value.
 pub fn plan_once(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(drop)
@@ -1335,9 +1335,9 @@ mod tests {
 
     crate::contract::contract_tests!(fresh);
 
-    /// The statements of `conn` SQLite prepared again after their first preparation (a bound
-    /// value that the planner weighed expires a statement at each new binding), with how often.
-    fn prepared_again(conn: &Connection) -> Vec<(String, i32)> {
+    /// Every statement `conn` holds prepared, with how often SQLite prepared it again since (a
+    /// bound value that the planner weighed expires a statement at each new binding).
+    fn statements(conn: &Connection) -> Vec<(String, i32)> {
         let mut found = Vec::new();
         // SAFETY: the connection is held (its lock) for the whole walk; each statement is only
         // read, and sqlite3_sql's text is copied before the next call.
@@ -1346,10 +1346,8 @@ mod tests {
             let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
             while !stmt.is_null() {
                 let again = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
-                if again > 0 {
-                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt)).to_string_lossy().into_owned();
-                    found.push((sql, again));
-                }
+                let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt)).to_string_lossy().into_owned();
+                found.push((sql, again));
                 stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
             }
         }
@@ -1390,7 +1388,9 @@ mod tests {
                 .await
                 .expect("record");
         }
-        // The sweep's selections and an inbox read, each with its own limit at every run.
+        // The sweep's selections and an inbox read, each with its own limit at every run: in
+        // a writing transaction (the writer) and as the sweep's probes and a poll read them (a
+        // reader); and a job listing's page.
         for limit in 1..4 {
             let at = now + chrono::Duration::seconds(limit as i64);
             for select in [
@@ -1400,15 +1400,22 @@ mod tests {
                 MailSelect::OpenIntents { created_before: at, limit },
                 MailSelect::After { to: "pc-1".into(), cursor: limit as i64, limit },
             ] {
+                store.select_mail(select.clone()).await.expect("read");
                 store.mail_transaction(select, |_| (MailWrites::default(), ())).await.expect("select");
             }
+            store.list_jobs(JobQuery { limit, ..Default::default() }).await.expect("list");
         }
-        let writer = store.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        assert_eq!(prepared_again(&writer), vec![], "the writer's statements");
-        let readers = store.inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
-        for reader in readers.iter() {
-            assert_eq!(prepared_again(reader), vec![], "a reader's statements");
-        }
+        let writer = statements(&store.inner.writer.lock().unwrap_or_else(PoisonError::into_inner));
+        let readers: Vec<(String, i32)> =
+            store.inner.readers.lock().unwrap_or_else(PoisonError::into_inner).iter().flat_map(statements).collect();
+        // Nothing passes for want of statements: the claim and the limited reads are there.
+        assert!(writer.iter().any(|(sql, _)| sql.contains("UPDATE jobs SET state = 'running'")), "{writer:?}");
+        assert!(writer.iter().filter(|(sql, _)| sql.contains("FROM mail") && sql.contains("LIMIT ?")).count() >= 5);
+        assert!(readers.iter().filter(|(sql, _)| sql.contains("LIMIT ?")).count() >= 6, "{readers:?}");
+        let again =
+            |all: &[(String, i32)]| -> Vec<(String, i32)> { all.iter().filter(|(_, n)| *n > 0).cloned().collect() };
+        assert_eq!(again(&writer), vec![], "the writer's statements");
+        assert_eq!(again(&readers), vec![], "the readers' statements");
     }
 
     #[tokio::test]
