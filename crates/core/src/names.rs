@@ -41,6 +41,19 @@ pub fn sql_is(column: &str, names: &[&str]) -> String {
     }
 }
 
+/// `column = 'a'` for one name, `(column = 'a' OR column = 'b' OR …)` for several, `FALSE` for
+/// none: [`sql_is`] for a set a partial index is written over. SQLite evaluates an index's
+/// predicate on every row a statement writes, and a constant `IN` list of three or more builds
+/// a temporary b-tree each time the statement runs (P2: most of an expiry's cost a row); an `OR`
+/// chain compares in place. PostgreSQL proves either form from the other.
+pub fn sql_any(column: &str, names: &[&str]) -> String {
+    match names {
+        [] => "FALSE".to_string(),
+        [one] => format!("{column} = '{one}'"),
+        many => format!("({})", many.iter().map(|n| format!("{column} = '{n}'")).collect::<Vec<_>>().join(" OR ")),
+    }
+}
+
 /// The negation of [`sql_is`]: `column != 'a'`, `column NOT IN ('a', 'b')`, `TRUE` for none.
 pub fn sql_is_not(column: &str, names: &[&str]) -> String {
     match names {
@@ -96,6 +109,12 @@ macro_rules! wire_enum {
             /// `column` holds one of the variants `keep` holds (`names::sql_is`).
             pub fn sql_is(column: &str, keep: impl Fn($name) -> bool) -> String {
                 $crate::names::sql_is(column, &$name::names_of(keep))
+            }
+
+            /// `column` holds one of the variants `keep` holds, as a partial index's predicate
+            /// is written (`names::sql_any`).
+            pub fn sql_any(column: &str, keep: impl Fn($name) -> bool) -> String {
+                $crate::names::sql_any(column, &$name::names_of(keep))
             }
 
             /// `column` holds none of the variants `keep` holds.
@@ -199,5 +218,9 @@ mod tests {
         assert_eq!(Tint::sql_is_not("tint", |t| t == Tint::Red), "tint != 'red'");
         assert_eq!(Tint::sql_is_not("tint", |_| true), "tint NOT IN ('red', 'deep-blue')");
         assert_eq!(Tint::sql_is_not("tint", |_| false), "TRUE");
+        assert_eq!(Tint::sql_any("tint", |t| t == Tint::Red), "tint = 'red'");
+        assert_eq!(Tint::sql_any("tint", |_| true), "(tint = 'red' OR tint = 'deep-blue')");
+        assert_eq!(Tint::sql_any("tint", |_| false), "FALSE");
+        assert_eq!(sql_any("s", &["a", "b", "c"]), "(s = 'a' OR s = 'b' OR s = 'c')");
     }
 }

@@ -1,6 +1,8 @@
 //! R3: the state filters both SQL adapters query by, each derived from the core's rule (which
 //! states are open, closed, finished, settled) instead of written out beside it. Dialect-neutral;
-//! the migrations keep their own text, as history the fixture stores check (V5).
+//! the migrations keep their own text, as history the fixture stores check (V5). A set of states
+//! is an `OR` chain (`names::sql_any`), the form SQLite's partial indexes are written in since
+//! its migration 12; PostgreSQL's, still `IN`, are proven from it by its planner.
 
 use pcmail_core::alert::AlertState;
 use pcmail_core::jobs::JobState;
@@ -9,12 +11,12 @@ use pcmail_core::mail::{MailKind, MailState};
 
 /// Mail still waiting on its recipient (M1: not terminal).
 pub(crate) fn open_mail() -> String {
-    format!("state IN ({})", MailState::open_sql())
+    MailState::sql_any("state", |s| !s.is_terminal())
 }
 
 /// Mail in a terminal state: what retention may prune (E-rules).
 pub(crate) fn closed_mail() -> String {
-    format!("state IN ({})", MailState::closed_sql())
+    MailState::sql_any("state", MailState::is_terminal)
 }
 
 /// A row in exactly `state` (a mail, job, alert or ledger state).
@@ -29,17 +31,17 @@ pub(crate) fn open_intents() -> String {
 
 /// Ledger rows a sync may still touch (L5: not closed).
 pub(crate) fn open_rows() -> String {
-    format!("state IN ({})", RowState::sql_in(|s| !s.is_closed()))
+    RowState::sql_any("state", |s| !s.is_closed())
 }
 
 /// Jobs that have ended and hold no unique key by state (J6: not live).
 pub(crate) fn finished_jobs() -> String {
-    format!("state IN ({})", JobState::sql_in(|s| !s.is_live()))
+    JobState::sql_any("state", |s| !s.is_live())
 }
 
 /// Alerts no longer firing: resolved ones and notices.
 pub(crate) fn settled_alerts() -> String {
-    format!("state IN ({})", AlertState::sql_in(|s| s != AlertState::Firing))
+    AlertState::sql_any("state", |s| s != AlertState::Firing)
 }
 
 #[cfg(test)]
@@ -50,13 +52,13 @@ mod tests {
     /// predicate; these are the texts they were written with.
     #[test]
     fn r3_the_derived_filters_are_the_ones_the_indexes_were_written_for() {
-        assert_eq!(open_mail(), "state IN ('new', 'delivered', 'seen')");
-        assert_eq!(closed_mail(), "state IN ('done', 'failed', 'expired')");
+        assert_eq!(open_mail(), "(state = 'new' OR state = 'delivered' OR state = 'seen')");
+        assert_eq!(closed_mail(), "(state = 'done' OR state = 'failed' OR state = 'expired')");
         assert_eq!(state_is(MailState::New), "state = 'new'");
         assert_eq!(state_is(JobState::Running), "state = 'running'");
-        assert_eq!(open_intents(), "kind = 'intent' AND state IN ('new', 'delivered', 'seen')");
-        assert_eq!(open_rows(), "state IN ('todo', 'running', 'review')");
-        assert_eq!(finished_jobs(), "state IN ('succeeded', 'dead', 'cancelled')");
-        assert_eq!(settled_alerts(), "state IN ('resolved', 'notice')");
+        assert_eq!(open_intents(), "kind = 'intent' AND (state = 'new' OR state = 'delivered' OR state = 'seen')");
+        assert_eq!(open_rows(), "(state = 'todo' OR state = 'running' OR state = 'review')");
+        assert_eq!(finished_jobs(), "(state = 'succeeded' OR state = 'dead' OR state = 'cancelled')");
+        assert_eq!(settled_alerts(), "(state = 'resolved' OR state = 'notice')");
     }
 }

@@ -142,11 +142,6 @@ impl MailState {
     pub fn open_sql() -> String {
         MailState::sql_in(|s| !s.is_terminal())
     }
-
-    /// The terminal states, as a SQL `IN` list (retention's closed mail).
-    pub fn closed_sql() -> String {
-        MailState::sql_in(MailState::is_terminal)
-    }
 }
 
 crate::wire_enum! {

@@ -270,6 +270,26 @@ pub(super) const MIGRATIONS: &[&str] = &[
         INSERT INTO mail_search (rowid, subject, body) VALUES (new.seq, new.subject, new.body);
     END;
     "#,
+    // 12: P2 — a partial index over a set of states says it as an OR chain (`names::sql_any`).
+    // SQLite evaluates an index's predicate on every row a statement writes, and a constant IN
+    // list of three builds a temporary b-tree each time the statement runs: an expiry's UPDATE
+    // paid for three of them a row, a job's every write for two.
+    r#"
+    DROP INDEX mail_open_expiry;
+    CREATE INDEX mail_open_expiry ON mail(expires_at) WHERE (state = 'new' OR state = 'delivered' OR state = 'seen');
+    DROP INDEX mail_open_intents;
+    CREATE INDEX mail_open_intents ON mail(created_at)
+        WHERE kind = 'intent' AND (state = 'new' OR state = 'delivered' OR state = 'seen');
+    DROP INDEX mail_closed;
+    CREATE INDEX mail_closed ON mail(coalesce(done_at, expires_at))
+        WHERE (state = 'done' OR state = 'failed' OR state = 'expired');
+    DROP INDEX ledger_open;
+    CREATE INDEX ledger_open ON ledger(project, state, seq) WHERE (state = 'todo' OR state = 'running' OR state = 'review');
+    DROP INDEX jobs_finished;
+    CREATE INDEX jobs_finished ON jobs(queue, finished_at) WHERE (state = 'succeeded' OR state = 'dead' OR state = 'cancelled');
+    DROP INDEX jobs_finished_at;
+    CREATE INDEX jobs_finished_at ON jobs(finished_at) WHERE (state = 'succeeded' OR state = 'dead' OR state = 'cancelled');
+    "#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> Result<()> {
