@@ -44,7 +44,7 @@ pub fn sql_is(column: &str, names: &[&str]) -> String {
 /// `column = 'a'` for one name, `(column = 'a' OR column = 'b' OR …)` for several, `FALSE` for
 /// none: [`sql_is`] for a set a partial index is written over. SQLite evaluates an index's
 /// predicate on every row a statement writes, and a constant `IN` list of three or more builds
-/// a temporary b-tree each time the statement runs (P2: most of an expiry's cost a row); an `OR`
+/// a temporary b-tree each time the statement runs (P2: a third of an expiry's cost); an `OR`
 /// chain compares in place. PostgreSQL proves either form from the other.
 pub fn sql_any(column: &str, names: &[&str]) -> String {
     match names {

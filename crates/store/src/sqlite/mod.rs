@@ -1462,7 +1462,14 @@ mod tests {
         let earlier = dir.path().join("schema-11.db");
         schema::create_at(&earlier, 11).expect("schema 11");
         let built = writes_building_a_temporary_table(&Connection::open(&earlier).expect("open"));
-        for write in ["INSERT INTO mail", "UPDATE mail", "INSERT INTO jobs", "UPDATE jobs", "UPDATE ledger"] {
+        for write in [
+            "INSERT INTO mail",
+            "UPDATE mail",
+            "INSERT INTO jobs",
+            "UPDATE jobs",
+            "INSERT INTO ledger",
+            "UPDATE ledger",
+        ] {
             assert!(built.iter().any(|w| w == write), "{write} in {built:?}");
         }
     }
@@ -1486,21 +1493,32 @@ mod tests {
         ] {
             store.prune(what, 10).await.expect("prune");
         }
+        store.activity(now, chrono::TimeDelta::minutes(1)).await.expect("activity");
         let writer = store.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
         select_ledger(&writer, "p", &LedgerSelect::Open).expect("open rows");
-        let filtered: Vec<String> = statements(&writer)
-            .into_iter()
-            .map(|(sql, _)| sql)
-            .filter(|sql| sql.contains("state = '") || sql.contains("state IN ("))
-            .collect();
-        assert!(filtered.len() >= 8, "every filter ran: {filtered:?}");
-        for sql in filtered {
+        let mut ran = statements(&writer);
+        ran.extend(store.inner.readers.lock().unwrap_or_else(PoisonError::into_inner).iter().flat_map(statements));
+        // Each filter, by a piece of its text, and the index its plan must search.
+        let expected = [
+            ("WHERE (state = 'new' OR state = 'delivered' OR state = 'seen') AND expires_at", "mail_open_expiry"),
+            ("WHERE state = 'new' AND created_at", "mail_new_created"),
+            ("WHERE state = 'delivered' AND delivered_at", "mail_delivered_at"),
+            ("WHERE kind = 'intent' AND (state = 'new'", "mail_open_intents"),
+            ("FROM mail WHERE (state = 'done' OR", "mail_closed"),
+            ("FROM jobs WHERE queue = ?1 AND (state = 'succeeded' OR", "jobs_finished"),
+            ("FROM jobs WHERE (state = 'succeeded' OR", "jobs_finished_at"),
+            ("FROM jobs WHERE finished_at >= ?1 AND (state = 'succeeded' OR", "jobs_finished_at"),
+            ("FROM ledger WHERE project = ?1 AND (state = 'todo' OR", "ledger_open"),
+        ];
+        for (filter, index) in expected {
+            let (sql, _) = ran.iter().find(|(sql, _)| sql.contains(filter)).unwrap_or_else(|| panic!("{filter} ran"));
             let mut explain = writer.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("explain");
             let mut rows = explain.raw_query();
+            let mut plan = Vec::new();
             while let Some(row) = rows.next().expect("plan") {
-                let step: String = row.get(3).expect("detail");
-                assert!(!step.starts_with("SCAN") || step.contains(" USING "), "{step} in {sql}");
+                plan.push(row.get::<_, String>(3).expect("detail"));
             }
+            assert!(plan.iter().any(|step| step.contains(&format!("INDEX {index} "))), "{index} for {sql}: {plan:?}");
         }
     }
 

@@ -273,7 +273,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 12: P2 — a partial index over a set of states says it as an OR chain (`names::sql_any`).
     // SQLite evaluates an index's predicate on every row a statement writes, and a constant IN
     // list of three builds a temporary b-tree each time the statement runs: an expiry's UPDATE
-    // paid for three of them a row, a job's every write for two.
+    // built six a mail (each index's old and new row), a job's update four and its insert two.
     r#"
     DROP INDEX mail_open_expiry;
     CREATE INDEX mail_open_expiry ON mail(expires_at) WHERE (state = 'new' OR state = 'delivered' OR state = 'seen');
