@@ -970,7 +970,7 @@ fn r3_no_shipped_query_writes_a_state_or_kind_out() {
     assert!(
         found.is_empty(),
         "queries that write a model name out instead of deriving it from the core \
-         (crates/store/src/predicates.rs, MailState::sql_any, …): {found:#?}"
+         (crates/store/src/predicates.rs, MailState::open_sql, …): {found:#?}"
     );
 }
 

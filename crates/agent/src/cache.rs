@@ -125,50 +125,6 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE pending ADD COLUMN refused_at INTEGER;
     ALTER TABLE pending ADD COLUMN reported_at INTEGER;
     "#,
-    // 6: P2's rule, as in the store: a set of states is an OR chain (`names::sql_any`) in the
-    // partial indexes and the tally's triggers, since a constant IN list of three or more
-    // builds a temporary b-tree each time a write evaluates it. The derived indexes are the
-    // text `derived_indexes` gives today's kinds.
-    r#"
-    DROP INDEX inbox_open;
-    CREATE INDEX inbox_open ON inbox(created_at)
-        WHERE (state = 'new' OR state = 'delivered' OR state = 'seen' OR state = 'expired');
-    DROP INDEX inbox_intents;
-    CREATE INDEX inbox_intents ON inbox(created_at)
-        WHERE kind = 'intent' AND (state = 'new' OR state = 'delivered' OR state = 'seen');
-    DROP INDEX inbox_stop;
-    CREATE INDEX inbox_stop ON inbox(created_at)
-        WHERE kind = 'decision' AND urgent = 1 AND stop_blocked_at IS NULL
-        AND (state = 'new' OR state = 'delivered' OR state = 'seen');
-    DROP INDEX inbox_overdue;
-    CREATE INDEX inbox_overdue ON inbox(expires_at)
-        WHERE kind != 'intent' AND quarantine IS NULL AND (state = 'new' OR state = 'delivered' OR state = 'seen');
-    DROP INDEX inbox_groups;
-    CREATE INDEX inbox_groups ON inbox((CASE WHEN kind = 'decision' THEN 0 WHEN kind = 'work' OR urgent = 1 THEN 1
-            WHEN kind = 'answer' THEN 2 ELSE 3 END), created_at DESC, seq DESC)
-        WHERE kind != 'intent' AND quarantine IS NULL AND (state = 'new' OR state = 'delivered' OR state = 'seen');
-    DROP TRIGGER inbox_tally_insert;
-    DROP TRIGGER inbox_tally_delete;
-    DROP TRIGGER inbox_tally_update;
-    CREATE TRIGGER inbox_tally_insert AFTER INSERT ON inbox BEGIN
-        UPDATE inbox_tally SET n = n + 1 WHERE bucket = (CASE WHEN NEW.kind = 'intent' OR NEW.quarantine IS NOT NULL
-            THEN NULL WHEN NEW.state = 'new' OR NEW.state = 'delivered' OR NEW.state = 'seen' THEN 'open'
-            WHEN NEW.state = 'expired' THEN 'expired' END);
-    END;
-    CREATE TRIGGER inbox_tally_delete AFTER DELETE ON inbox BEGIN
-        UPDATE inbox_tally SET n = n - 1 WHERE bucket = (CASE WHEN OLD.kind = 'intent' OR OLD.quarantine IS NOT NULL
-            THEN NULL WHEN OLD.state = 'new' OR OLD.state = 'delivered' OR OLD.state = 'seen' THEN 'open'
-            WHEN OLD.state = 'expired' THEN 'expired' END);
-    END;
-    CREATE TRIGGER inbox_tally_update AFTER UPDATE OF kind, state, quarantine ON inbox BEGIN
-        UPDATE inbox_tally SET n = n - 1 WHERE bucket = (CASE WHEN OLD.kind = 'intent' OR OLD.quarantine IS NOT NULL
-            THEN NULL WHEN OLD.state = 'new' OR OLD.state = 'delivered' OR OLD.state = 'seen' THEN 'open'
-            WHEN OLD.state = 'expired' THEN 'expired' END);
-        UPDATE inbox_tally SET n = n + 1 WHERE bucket = (CASE WHEN NEW.kind = 'intent' OR NEW.quarantine IS NOT NULL
-            THEN NULL WHEN NEW.state = 'new' OR NEW.state = 'delivered' OR NEW.state = 'seen' THEN 'open'
-            WHEN NEW.state = 'expired' THEN 'expired' END);
-    END;
-    "#,
 ];
 
 /// The presentation group of a row (`present::group` for open mail of a presented kind), built
@@ -199,25 +155,18 @@ fn group_of_row() -> String {
 /// The rows the tally counts as open and the groups index holds: open mail of a presented kind.
 fn open_rows() -> String {
     let unpresented = MailKind::sql_is_not("kind", |k| k.group().is_none());
-    format!("{unpresented} AND quarantine IS NULL AND {}", MailState::sql_any("state", |s| !s.is_terminal()))
+    format!("{unpresented} AND quarantine IS NULL AND state IN ({})", MailState::open_sql())
 }
 
 /// Open intents.
 fn open_intents() -> String {
-    format!(
-        "{} AND {}",
-        MailKind::sql_is("kind", MailKind::is_intent),
-        MailState::sql_any("state", |s| !s.is_terminal())
-    )
+    format!("{} AND state IN ({})", MailKind::sql_is("kind", MailKind::is_intent), MailState::open_sql())
 }
 
 /// H4: open urgent mail of a kind that blocks a stop, not yet used to block one.
 fn stop_rows() -> String {
     let kinds = MailKind::sql_is("kind", MailKind::blocks_stop);
-    format!(
-        "{kinds} AND urgent = 1 AND stop_blocked_at IS NULL AND {}",
-        MailState::sql_any("state", |s| !s.is_terminal())
-    )
+    format!("{kinds} AND urgent = 1 AND stop_blocked_at IS NULL AND state IN ({})", MailState::open_sql())
 }
 
 /// What [`Cache::group_heads`] asks of one group: `?1` the group, `?2` now, `?3` the session,
@@ -429,8 +378,8 @@ impl Cache {
 
     /// Everything a hook may present or count: open mail and expired mail, not quarantined.
     pub fn open_mail(&self) -> Result<Vec<Mail>> {
-        let shown = MailState::sql_any("state", |s| !s.is_terminal() || s == MailState::Expired);
-        self.select(&format!("{shown} AND quarantine IS NULL"), [])
+        let shown = MailState::sql_in(|s| !s.is_terminal() || s == MailState::Expired);
+        self.select(&format!("state IN ({shown}) AND quarantine IS NULL"), [])
     }
 
     /// P5: of each presentation group, the newest open mails not shown in `session` and not
@@ -909,7 +858,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn r3_todays_kinds_derive_the_very_indexes_the_migrations_built_and_the_hooks_queries_use_them() {
+    fn r3_todays_kinds_derive_the_very_indexes_migration_4_built_and_the_hooks_queries_use_them() {
         // The migrations alone, as every cache of an earlier build has them: today's kinds
         // derive their text, so no cache rebuilds an index on upgrade. A kind that changes one
         // lists it here (and every cache rebuilds it once, at its next open).
@@ -931,19 +880,6 @@ pub(crate) mod tests {
             let plan = plan(&conn, &filter);
             assert!(plan.contains(&format!("INDEX {index}")), "{index}: {plan}");
         }
-    }
-
-    #[test]
-    fn p2_no_write_of_the_inbox_builds_a_temporary_table_to_test_a_partial_index_or_count_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        drop(open(dir.path()));
-        let conn = Connection::open(dir.path().join(CACHE_FILE)).expect("raw");
-        assert_eq!(schema::writes_building_a_temporary_table(&conn).expect("explain"), Vec::<String>::new());
-        // Before migration 6 the state sets were IN lists: the indexes' and the tally's.
-        let mut earlier = Connection::open_in_memory().expect("memory");
-        schema::migrate_with(&mut earlier, &MIGRATIONS[..5], &[]).expect("migrations 1-5");
-        let built = schema::writes_building_a_temporary_table(&earlier).expect("explain");
-        assert_eq!(built, ["INSERT INTO inbox", "UPDATE inbox"]);
     }
 
     #[test]

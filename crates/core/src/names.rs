@@ -100,6 +100,12 @@ macro_rules! wire_enum {
                 }
             }
 
+            /// The wire names of the variants `keep` holds, as a SQL `IN` list (R3: a query's set
+            /// of states derived from the core's predicate, never written out beside it).
+            pub fn sql_in(keep: impl Fn($name) -> bool) -> String {
+                $crate::names::sql_list($name::ALL.into_iter().filter(|v| keep(*v)).map($name::as_str))
+            }
+
             /// `column` holds one of the variants `keep` holds (`names::sql_is`).
             pub fn sql_is(column: &str, keep: impl Fn($name) -> bool) -> String {
                 $crate::names::sql_is(column, &$name::names_of(keep))
@@ -205,6 +211,7 @@ mod tests {
     fn r3_a_sql_list_quotes_each_name() {
         assert_eq!(sql_list(["new", "seen"]), "'new', 'seen'");
         assert_eq!(sql_list(Tint::ALL.iter().map(|t| t.as_str())), "'red', 'deep-blue'");
+        assert_eq!(Tint::sql_in(|t| t != Tint::Red), "'deep-blue'");
         assert_eq!(Tint::sql_is("tint", |t| t == Tint::Red), "tint = 'red'");
         assert_eq!(Tint::sql_is("tint", |_| true), "tint IN ('red', 'deep-blue')");
         assert_eq!(Tint::sql_is("tint", |_| false), "FALSE");

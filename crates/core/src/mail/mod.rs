@@ -136,6 +136,12 @@ impl MailState {
     pub fn is_terminal(self) -> bool {
         self.rank() == 3
     }
+
+    /// The states still waiting on their recipient, as a SQL `IN` list: the store's and the PC
+    /// cache's "open mail" predicates (R3).
+    pub fn open_sql() -> String {
+        MailState::sql_in(|s| !s.is_terminal())
+    }
 }
 
 crate::wire_enum! {

@@ -316,38 +316,6 @@ pub fn create_at(path: &std::path::Path, k: usize) -> Result<()> {
     migrate_with(&mut conn, &MIGRATIONS[..k.min(MIGRATIONS.len())], &[])
 }
 
-/// P2, for tests: the writes of each tab with a partial index (every column inserted; every
-/// column but the key updated) whose program builds a temporary b-tree, as `INSERT INTO tab` or
-/// `UPDATE tab`. A constant `IN` list of three or more in an index's predicate builds one each
-/// time such a statement runs; an `OR` chain (`names::sql_any`) builds none.
-#[doc(hidden)]
-pub fn writes_building_a_temporary_table(conn: &Connection) -> rusqlite::Result<Vec<String>> {
-    let names =
-        |sql: &str| -> rusqlite::Result<Vec<String>> { conn.prepare(sql)?.query_map([], |r| r.get(0))?.collect() };
-    let mut found = Vec::new();
-    for tab in names("SELECT DISTINCT tbl_name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'")? {
-        let columns = names(&format!("SELECT name FROM pragma_table_info('{tab}') WHERE pk = 0"))?;
-        let quoted: Vec<String> = columns.iter().map(|c| format!("\"{c}\"")).collect();
-        let values = vec!["?"; quoted.len()].join(", ");
-        let sets: Vec<String> = quoted.iter().map(|c| format!("{c} = ?")).collect();
-        for (write, sql) in [
-            (format!("INSERT INTO {tab}"), format!("INSERT INTO {tab} ({}) VALUES ({values})", quoted.join(", "))),
-            (format!("UPDATE {tab}"), format!("UPDATE {tab} SET {} WHERE rowid = ?", sets.join(", "))),
-        ] {
-            let mut explain = conn.prepare(&format!("EXPLAIN {sql}"))?;
-            // Unbound: EXPLAIN only lists the program.
-            let mut ops = explain.raw_query();
-            while let Some(op) = ops.next()? {
-                if op.get::<_, String>(1)? == "OpenEphemeral" {
-                    found.push(write);
-                    break;
-                }
-            }
-        }
-    }
-    Ok(found)
-}
-
 /// V5, for tests and fixtures: every tab's rows of the store `from` into the store `into`
 /// through only the columns the schema of `at` has — the INSERTs a release of that schema
 /// could have made (`at` may be `into`). The rows copied per tab that exists at `at`; `from`'s
