@@ -137,8 +137,8 @@ impl MailState {
         self.rank() == 3
     }
 
-    /// The states still waiting on their recipient, as a SQL `IN` list: the store's and the PC
-    /// cache's "open mail" predicates (R3).
+    /// The states still waiting on their recipient, as a SQL `IN` list: the PC cache's "open
+    /// mail" predicates (R3). The store writes the set as an `OR` chain (`predicates`).
     pub fn open_sql() -> String {
         MailState::sql_in(|s| !s.is_terminal())
     }
