@@ -2,9 +2,8 @@
 //! slots. The runner claims as many jobs as slots are free, in one claim, and claims again as
 //! soon as a Function ends, while the others run (P9); starts and results are committed in
 //! batches, [`GATHER`] after the first of each arrives, so one commit (and its fsync) carries
-//! dozens. A spec change moves the
-//! slot count: more slots are filled at once, fewer drain (running jobs finish, no new claims
-//! until under the count). Rate limits per pool (its queues) and per Function pace the claims
+//! dozens. A spec change moves the slot count: more slots are filled at once, fewer drain
+//! (running jobs finish, no new claims until under the count). Rate limits per pool (its queues) and per Function pace the claims
 //! and runs.
 
 use std::collections::BTreeMap;

@@ -1431,24 +1431,30 @@ mod tests {
         for tab in tabs {
             let columns = names(&format!("SELECT name FROM pragma_table_info('{tab}') WHERE pk = 0"));
             let quoted: Vec<String> = columns.iter().map(|c| format!("\"{c}\"")).collect();
-            let insert =
-                format!("INSERT INTO {tab} ({}) VALUES ({})", quoted.join(", "), vec!["?"; quoted.len()].join(", "));
+            let values = vec!["?"; quoted.len()].join(", ");
             let sets: Vec<String> = quoted.iter().map(|c| format!("{c} = ?")).collect();
-            let update = format!("UPDATE {tab} SET {} WHERE rowid = ?", sets.join(", "));
-            for sql in [insert, update] {
-                let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
-                // Unbound: EXPLAIN only lists the program.
-                let mut rows = explain.raw_query();
-                let mut ops = Vec::new();
-                while let Some(row) = rows.next().expect("op") {
-                    ops.push(row.get::<_, String>(1).expect("opcode"));
-                }
-                if ops.iter().any(|op| op == "OpenEphemeral") {
-                    found.push(sql.split(" (").next().unwrap_or(&sql).split(" SET").next().unwrap_or(&sql).to_string());
+            for (write, sql) in [
+                (format!("INSERT INTO {tab}"), format!("INSERT INTO {tab} ({}) VALUES ({values})", quoted.join(", "))),
+                (format!("UPDATE {tab}"), format!("UPDATE {tab} SET {} WHERE rowid = ?", sets.join(", "))),
+            ] {
+                if explained(conn, &format!("EXPLAIN {sql}"), 1).iter().any(|op| op == "OpenEphemeral") {
+                    found.push(write);
                 }
             }
         }
         found
+    }
+
+    /// Column `column` of each row `explain` (an `EXPLAIN …` statement, unbound: it only lists
+    /// the program or the plan) answers.
+    fn explained(conn: &Connection, explain: &str, column: usize) -> Vec<String> {
+        let mut stmt = conn.prepare(explain).expect("explain");
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().expect("row") {
+            out.push(row.get::<_, String>(column).expect("text"));
+        }
+        out
     }
 
     #[tokio::test]
@@ -1512,12 +1518,7 @@ mod tests {
         ];
         for (filter, index) in expected {
             let (sql, _) = ran.iter().find(|(sql, _)| sql.contains(filter)).unwrap_or_else(|| panic!("{filter} ran"));
-            let mut explain = writer.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).expect("explain");
-            let mut rows = explain.raw_query();
-            let mut plan = Vec::new();
-            while let Some(row) = rows.next().expect("plan") {
-                plan.push(row.get::<_, String>(3).expect("detail"));
-            }
+            let plan = explained(&writer, &format!("EXPLAIN QUERY PLAN {sql}"), 3);
             assert!(plan.iter().any(|step| step.contains(&format!("INDEX {index} "))), "{index} for {sql}: {plan:?}");
         }
     }
