@@ -33,7 +33,8 @@ pub struct ServeConfig {
     /// E17: how long running pool jobs get to finish on SIGTERM before they are killed and
     /// handed back without spending an attempt.
     pub shutdown_grace: std::time::Duration,
-    /// P13: fill the search index behind the writes (off only for the benchmarks' baseline).
+    /// P13: fill the search index behind the writes, and on PostgreSQL build the search
+    /// indexes a copy left out (off only for the benchmarks' baseline).
     pub search_index: bool,
 }
 

@@ -36,11 +36,14 @@ pub async fn start(config: &ServeConfig) -> Result<App, ServeError> {
     let parts =
         Parts { store, identity, admin_token, replica: leader::replica_name(), shared_store: changes.is_some() };
     let app = App::new(parts, config)?;
-    match changes {
-        Some(changes) => drop(tokio::spawn(follow_changes(app.clone(), changes))),
-        // P13: a store of this process's own has its search index filled here.
-        None if config.search_index => drop(tokio::spawn(controller::indexer::run(app.clone()))),
-        None => {}
+    let shared = changes.is_some();
+    if let Some(changes) = changes {
+        tokio::spawn(follow_changes(app.clone(), changes));
+    }
+    // P13: a store of this process's own has its search index filled here; P14: a shared one
+    // has the search indexes a copy deferred built here.
+    if config.search_index {
+        tokio::spawn(controller::indexer::run(app.clone(), shared));
     }
     tokio::spawn(watch_health(app.clone()));
     tokio::spawn(controller::notifier::watch_unwritable(app.clone()));

@@ -293,6 +293,10 @@ impl Store for AnyStore {
         forward!(write self, s => s.import_rows(batch).await)
     }
 
+    async fn import_stream(&self, rows: mpsc::Receiver<Batch>) -> Result<()> {
+        forward!(write self, s => s.import_stream(rows).await)
+    }
+
     async fn import_started(&self) -> Result<()> {
         forward!(write self, s => s.import_started().await)
     }

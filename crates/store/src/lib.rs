@@ -272,6 +272,8 @@ pub struct Found {
 pub struct IndexBehind {
     /// Sequence numbers stored after the last the index holds (mail pruned since counts too).
     pub seqs: u64,
+    /// P14: search indexes a copy left out are still to be built (by this process or another).
+    pub building: bool,
 }
 
 /// `text` as a LIKE pattern that finds it anywhere (`\` escapes `%` and `_`).
@@ -592,7 +594,7 @@ pub trait Store: Send + Sync + 'static {
     /// sequence numbers, as [`pcmail_core::search::index_due`] picks them), in one transaction;
     /// answers how far behind it still is. Stores whose index is kept by the writing
     /// transaction itself (PostgreSQL's GIN, whose pending list already makes a write an
-    /// append) are never behind.
+    /// append) are never behind; PostgreSQL's builds here the indexes a copy left out (P14).
     fn index_search(&self, batch: i64) -> impl Future<Output = Result<IndexBehind>> + Send {
         let _ = batch;
         std::future::ready(Ok(IndexBehind::default()))
@@ -681,6 +683,17 @@ pub trait Store: Send + Sync + 'static {
     /// Rows of one tab as they are, sequence numbers included, into a store
     /// [`transfer::copy`] found empty; all of the batch or none of it.
     fn import_rows(&self, batch: Batch) -> impl Future<Output = Result<()>> + Send;
+    /// Every batch `rows` brings until it ends, as [`import_rows`](Store::import_rows) takes
+    /// them, which a store may group (P14: PostgreSQL streams a tab's batches as one `COPY`).
+    /// Rows of a batch taken before an error may stay: only the copy's mark says it finished.
+    fn import_stream(&self, mut rows: mpsc::Receiver<Batch>) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            while let Some(batch) = rows.recv().await {
+                self.import_rows(batch).await?;
+            }
+            Ok(())
+        }
+    }
     /// P14: before the first batch, once the target is marked unfinished: the import's commits
     /// need not each wait for a sync, since [`import_finished`](Store::import_finished) makes all
     /// of them durable before the copy is marked finished (a crash before that leaves a store
@@ -689,6 +702,9 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
     /// After the last batch: sequences moved past the imported rows, the copy made durable.
+    /// PostgreSQL's `import_started` sets aside the tabs' keys, indexes and triggers, built
+    /// again here (`postgres/deferred.rs`); a copy stopped between the two leaves a store
+    /// without them, marked unfinished, which must be emptied.
     fn import_finished(&self) -> impl Future<Output = Result<()>> + Send {
         std::future::ready(Ok(()))
     }

@@ -14,7 +14,8 @@ use crate::{Result, Store, StoreError};
 /// Every tab a copy moves, in the order it moves them, with the columns that order an export:
 /// the tab's primary key on both SQL adapters (unique, so an export read page by page neither
 /// skips nor repeats a row; P14: each page starts where the last ended, down the key's index).
-/// The kept mail counts are not among them: the target's own triggers count the mail it takes.
+/// The kept mail counts are not among them: the target counts the mail it takes (SQLite's
+/// triggers; PostgreSQL's recount at the copy's end).
 pub const TABS: &[(&str, &str)] = &[
     ("specs", "kind, name"),
     ("tokens", "machine"),
@@ -175,7 +176,8 @@ pub async fn copy(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<Ta
 /// held — once a batch, never a row, so the export's loop stays as cheap as it was.
 pub type OnRows<'a> = dyn FnMut(&'static str, u64) + Send + 'a;
 
-/// [`copy`], telling `on_rows` of each batch once it is written.
+/// [`copy`], telling `on_rows` of each batch once the target has taken it (it may still be
+/// writing it; the keys and indexes it set aside are built after the last).
 pub async fn copy_counted(
     from: &(impl Store + Clone),
     to: &impl Store,
@@ -187,18 +189,34 @@ pub async fn copy_counted(
     }
     to.kv_set(COPY_KEY, "unfinished").await?;
     to.import_started().await?;
-    let mut sums = Sums::default();
-    each_batch(from, async |batch: Batch| {
-        sums.add(&batch);
-        let (tab, rows) = (batch.tab, batch.rows.len() as u64);
-        to.import_rows(batch).await?;
-        on_rows(tab, rows);
-        Ok(())
-    })
-    .await?;
+    let (tx, rx) = mpsc::channel::<Batch>(4);
+    let feed = async move {
+        let mut sums = Sums::default();
+        each_batch(from, async |batch: Batch| {
+            sums.add(&batch);
+            let (tab, rows) = (batch.tab, batch.rows.len() as u64);
+            tx.send(batch).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
+            on_rows(tab, rows);
+            Ok(())
+        })
+        .await?;
+        // Dropping `tx` ends the stream: the target has every row once it answers.
+        Ok(sums.finish())
+    };
+    let sums = either_cause(tokio::join!(feed, to.import_stream(rx)))?;
     to.import_finished().await?;
     to.kv_set(COPY_KEY, "finished").await?;
-    Ok(sums.finish())
+    Ok(sums)
+}
+
+/// A feed of rows and the store taking them, ended together: the store's error when the feed
+/// stopped because the store did, the feed's otherwise.
+fn either_cause<T>(ended: (Result<T>, Result<()>)) -> Result<T> {
+    match ended {
+        (Ok(fed), Ok(())) => Ok(fed),
+        (Err(StoreError::Backend(m)), Err(e)) if m == STOPPED_TAKING => Err(e),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
 }
 
 /// E14: replaces every row of `to` (a store holding data, which `restore --force` empties) by
@@ -217,17 +235,10 @@ pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec
         tx.send(Incoming::End).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
         Ok(sums.finish())
     };
-    let (fed, replaced) = tokio::join!(feed, to.replace_tabs(rx));
-    match (fed, replaced) {
-        (Ok(sums), Ok(())) => Ok(sums),
-        // The feed stopped because the target did: the target's error is the cause.
-        (Err(StoreError::Backend(m)), Err(e)) if m == STOPPED_TAKING => Err(e),
-        // Otherwise the export's error is (the target only saw the rows end early).
-        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-    }
+    either_cause(tokio::join!(feed, to.replace_tabs(rx)))
 }
 
-const STOPPED_TAKING: &str = "the store being restored stopped taking rows";
+const STOPPED_TAKING: &str = "the store being written stopped taking rows";
 
 /// The rows of each tab a digest or copy has seen, counted and summed.
 pub struct Sums(Vec<(&'static str, u64, u128)>);

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use bytes::BytesMut;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, Statement};
 
-use crate::cells::Cell;
+use crate::cells::{Batch, Cell};
 use crate::codec::{Columns, Value};
 use crate::{Result, StoreError};
 
@@ -63,6 +63,12 @@ impl Pool {
             _ => Conn::open(&self.config).await?,
         };
         Ok(Pooled { conn: Some(conn), pool: self, _permit: permit })
+    }
+
+    /// A connection outside the pool, closed when dropped: for a session lock that must not
+    /// outlive its holder's work.
+    pub async fn dedicated(&self) -> Result<Conn> {
+        Conn::open(&self.config).await
     }
 }
 
@@ -131,18 +137,42 @@ impl Conn {
         self.client.execute(&statement, params).await.map_err(map_err)
     }
 
-    /// P14: `rows` of `tab` (each in `transfer::columns` order) by `COPY … FROM STDIN` in PostgreSQL's
-    /// binary format; a cell goes to its column's type as a bound parameter would.
+    /// P14: `rows` of `tab` (each in `transfer::columns` order) by `COPY … FROM STDIN` in
+    /// PostgreSQL's binary format; a cell goes to its column's type as a bound parameter would.
     pub async fn copy_in(&mut self, tab: &str, rows: &[Vec<Cell>]) -> Result<()> {
-        let types = self.column_types(tab).await?;
-        let sql = format!("COPY {tab} ({}) FROM STDIN (FORMAT binary)", crate::transfer::column_list(tab));
-        let sink = self.client.copy_in::<_, bytes::Bytes>(sql.as_str()).await.map_err(map_err)?;
-        let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &types));
+        let mut writer = std::pin::pin!(self.copy_writer(tab).await?);
         for row in rows {
             writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
         }
+        writer.finish().await.map_err(map_err).map(drop)
+    }
+
+    /// P14: `first` and the batches after it of the same tab as one `COPY`, each written as it
+    /// comes, so that PostgreSQL takes rows while the next are read. Answers the first batch
+    /// of another tab, if one came before `more` ended.
+    pub async fn copy_in_run(&mut self, first: Batch, more: &mut mpsc::Receiver<Batch>) -> Result<Option<Batch>> {
+        let tab = first.tab;
+        let mut writer = std::pin::pin!(self.copy_writer(tab).await?);
+        let mut batch = first;
+        let next = loop {
+            for row in &batch.rows {
+                writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
+            }
+            match more.recv().await {
+                Some(same) if same.tab == tab => batch = same,
+                other => break other,
+            }
+        };
         writer.finish().await.map_err(map_err)?;
-        Ok(())
+        Ok(next)
+    }
+
+    async fn copy_writer(&mut self, tab: &str) -> Result<BinaryCopyInWriter> {
+        let types = self.column_types(tab).await?;
+        let sql = format!("COPY {tab} ({}) FROM STDIN (FORMAT binary)", crate::transfer::column_list(tab));
+        let statement = self.prepare(&sql).await?;
+        let sink = self.client.copy_in::<_, bytes::Bytes>(&statement).await.map_err(map_err)?;
+        Ok(BinaryCopyInWriter::new(sink, &types))
     }
 
     /// The types of `tab`'s columns (in `transfer::columns` order), as this connection's prepared `SELECT` of them reads them.

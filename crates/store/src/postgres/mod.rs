@@ -7,6 +7,7 @@
 //! their rows. Committed mail, due jobs and spec changes are announced with NOTIFY.
 
 mod conn;
+mod deferred;
 #[cfg(test)]
 mod earlier;
 mod listen;
@@ -765,9 +766,42 @@ impl Store for PgStore {
         c.finish(outcome).await
     }
 
+    async fn import_stream(&self, mut rows: mpsc::Receiver<Batch>) -> Result<()> {
+        let mut c = self.conn().await?;
+        let mut next = rows.recv().await;
+        while let Some(first) = next {
+            c.begin().await?;
+            // P14: as `import_rows`: the `finished` mark's commit waits for the WAL flush.
+            let outcome = match c.batch("SET LOCAL synchronous_commit TO OFF").await {
+                Ok(()) => c.copy_in_run(first, &mut rows).await,
+                Err(e) => Err(e),
+            };
+            next = c.finish(outcome).await?;
+        }
+        Ok(())
+    }
+
+    async fn import_started(&self) -> Result<()> {
+        let mut c = self.conn().await?;
+        c.begin().await?;
+        let outcome = deferred::set_aside(&mut c).await;
+        c.finish(outcome).await
+    }
+
     async fn import_finished(&self) -> Result<()> {
         let mut c = self.conn().await?;
-        move_sequences(&mut c).await
+        c.begin().await?;
+        let outcome = match deferred::restore(&mut c).await {
+            Ok(()) => move_sequences(&mut c).await,
+            Err(e) => Err(e),
+        };
+        c.finish(outcome).await
+    }
+
+    async fn index_search(&self, _batch: i64) -> Result<crate::IndexBehind> {
+        // P14: the search indexes a copy deferred, built here by one replica.
+        let building = deferred::build_search(&self.inner.pool).await?;
+        Ok(crate::IndexBehind { seqs: 0, building })
     }
 
     async fn replace_tabs(&self, rows: mpsc::Receiver<Incoming>) -> Result<()> {
@@ -1130,6 +1164,85 @@ pub(crate) mod tests {
         assert_eq!(crate::transfer::differences(&ours, &theirs), Vec::<&str>::new(), "postgres holds the same");
         assert_eq!(crate::transfer::differences(&ours, &back), Vec::<&str>::new(), "and so does the way back");
         assert_eq!((there, again), (ours.clone(), ours), "each copy counted what it wrote");
+    }
+
+    /// Every index and trigger of the store's schema, as PostgreSQL would build it again.
+    async fn schema_of(url: &str) -> Vec<String> {
+        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let indexes = "SELECT indexdef || CASE WHEN indisvalid THEN '' ELSE ' INVALID' END \
+             FROM pg_indexes JOIN pg_index ON indexrelid = format('%I.%I', schemaname, indexname)::regclass \
+             WHERE schemaname = current_schema()";
+        let triggers = "SELECT pg_get_triggerdef(oid) || ' ' || tgenabled::text FROM pg_trigger WHERE NOT tgisinternal";
+        let mut all: Vec<String> = Vec::new();
+        for sql in [indexes, triggers] {
+            all.extend(c.query(sql, &[]).await.expect("catalog").iter().map(|r| r.get::<_, String>(0)));
+        }
+        all.sort();
+        all
+    }
+
+    #[tokio::test]
+    async fn p14_a_copy_into_postgres_ends_with_every_key_index_trigger_and_count_and_the_indexer_builds_search() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = crate::sqlite::SqliteStore::open(dir.path().join("source.db")).await.expect("source");
+        let mails: Vec<Mail> = (0..40u32)
+            .map(|n| Mail {
+                subject: format!("請求書 invoice {n}"),
+                state: if n % 3 == 0 { MailState::Done } else { MailState::New },
+                ..Mail::new(format!("mail--{n:08x}"), "pc1".into(), format!("pc{}", n % 4), from_ms(0), from_ms(9))
+            })
+            .collect();
+        source
+            .mail_transaction(MailSelect::Ids(vec![]), move |_| {
+                (MailWrites { insert: mails, ..Default::default() }, ())
+            })
+            .await
+            .expect("mail");
+        let jobs = (0..5).map(|n| Job::new(format!("job-{n}"), "q".into(), "f".into(), "{}".into(), from_ms(0)));
+        let jobs: Vec<Job> = jobs.collect();
+        source.jobs_transaction(crate::JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
+        let ((_target, url), (_reference, reference)) = (scratch_url().await, scratch_url().await);
+        let (pg, _) = (PgStore::open(&url).await.expect("target"), PgStore::open(&reference).await.expect("ref"));
+        let (fresh_schema, before_copy) = (schema_of(&reference).await, schema_of(&url).await);
+        assert_eq!(before_copy, fresh_schema);
+
+        crate::transfer::copy(&source, &pg).await.expect("copy");
+        let is_search = |def: &String| def.contains("gin_trgm_ops");
+        let without_search: Vec<String> = fresh_schema.iter().filter(|d| !is_search(d)).cloned().collect();
+        assert!(without_search.len() < fresh_schema.len(), "the schema has search indexes");
+        assert_eq!(schema_of(&url).await, without_search, "every key, b-tree and trigger back, enabled");
+        let counts = |s: Vec<MailCount>| {
+            let mut v: Vec<_> = s
+                .into_iter()
+                .filter(|c| c.count > 0)
+                .map(|c| format!("{:?} {:?} {}", c.state, c.kind, c.count))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(counts(pg.mail_counts().await.expect("pg")), counts(source.mail_counts().await.expect("src")));
+        // U5: whole before the search indexes are built (the same ILIKE, read from the table).
+        let find = || async {
+            let s = crate::Search { text: "請求".into(), mail: true, limit: 100, ..crate::Search::default() };
+            pg.search(s).await.expect("search").mail.len()
+        };
+        assert_eq!(find().await, 40);
+
+        assert!(pg.index_search(1).await.expect("the indexer builds them").building);
+        assert_eq!(schema_of(&url).await, fresh_schema, "the search indexes too, valid");
+        assert_eq!(find().await, 40);
+        let kept: Vec<String> = pg.kv_get("store/copy-deferred-search").await.expect("kv").into_iter().collect();
+        assert_eq!(kept, Vec::<String>::new(), "nothing is left to build");
+        assert!(!pg.index_search(1).await.expect("looked again").building);
+        // The triggers run again: a mail sent after the copy is counted.
+        let late = Mail::new("mail--late".into(), "pc1".into(), "pc2".into(), from_ms(0), from_ms(9));
+        pg.mail_transaction(MailSelect::Ids(vec![]), move |_| {
+            (MailWrites { insert: vec![late], ..Default::default() }, ())
+        })
+        .await
+        .expect("a mail after the copy");
+        let total: u64 = pg.mail_counts().await.expect("counts").iter().map(|c| c.count).sum();
+        assert_eq!(total, 41);
     }
 
     #[test]

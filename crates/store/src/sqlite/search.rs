@@ -161,7 +161,7 @@ pub(super) fn index_batch(conn: &mut Connection, batch: i64) -> Result<IndexBehi
         .and_then(|mut st| st.execute([upto]))
         .map_err(map_err)?;
     tx.commit().map_err(map_err)?;
-    Ok(IndexBehind { seqs: u64::try_from(newest - upto).unwrap_or(0) })
+    Ok(IndexBehind { seqs: u64::try_from(newest - upto).unwrap_or(0), building: false })
 }
 
 /// An FTS5 query for rows holding every trigram, by rowid alone: no phrase is tested inside
