@@ -293,7 +293,7 @@ impl Store for AnyStore {
         forward!(write self, s => s.import_rows(batch).await)
     }
 
-    async fn import_stream(&self, rows: mpsc::Receiver<Batch>) -> Result<()> {
+    async fn import_stream(&self, rows: mpsc::Receiver<crate::cells::Incoming>) -> Result<()> {
         forward!(write self, s => s.import_stream(rows).await)
     }
 

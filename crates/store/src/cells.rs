@@ -36,11 +36,15 @@ pub struct Batch {
     pub rows: Vec<Vec<Cell>>,
 }
 
-/// E14: what a restore that replaces a store's rows hands the adapter: batches, then `End` once
-/// every row came. A channel that closes without `End` is an export that stopped: nothing is
-/// committed.
+/// E14/O3: what a restore or a copy hands the adapter: batches, then `End` once every row
+/// came. A channel that closes without `End` is an export that stopped: a restore commits
+/// nothing, a copy fails with [`COPY_INCOMPLETE`] and keeps its target marked unfinished.
 #[derive(Debug)]
 pub enum Incoming {
     Rows(Batch),
     End,
 }
+
+/// What a store taking a copy's rows says when they stop before `End`.
+pub(crate) const COPY_INCOMPLETE: &str =
+    "the rows to copy stopped before their end; the target stays marked unfinished";

@@ -683,15 +683,18 @@ pub trait Store: Send + Sync + 'static {
     /// Rows of one tab as they are, sequence numbers included, into a store
     /// [`transfer::copy`] found empty; all of the batch or none of it.
     fn import_rows(&self, batch: Batch) -> impl Future<Output = Result<()>> + Send;
-    /// Every batch `rows` brings until it ends, as [`import_rows`](Store::import_rows) takes
-    /// them, which a store may group (P14: PostgreSQL streams a tab's batches as one `COPY`).
-    /// Rows of a batch taken before an error may stay: only the copy's mark says it finished.
-    fn import_stream(&self, mut rows: mpsc::Receiver<Batch>) -> impl Future<Output = Result<()>> + Send {
+    /// Every batch `rows` brings until [`Incoming::End`], as [`import_rows`](Store::import_rows)
+    /// takes them, which a store may group (P14: PostgreSQL streams a tab's batches as one
+    /// `COPY`). Rows that stop before `End` fail it; a group they were part of is not kept.
+    fn import_stream(&self, mut rows: mpsc::Receiver<Incoming>) -> impl Future<Output = Result<()>> + Send {
         async move {
-            while let Some(batch) = rows.recv().await {
-                self.import_rows(batch).await?;
+            loop {
+                match rows.recv().await {
+                    Some(Incoming::Rows(batch)) => self.import_rows(batch).await?,
+                    Some(Incoming::End) => return Ok(()),
+                    None => return Err(StoreError::Backend(crate::cells::COPY_INCOMPLETE.into())),
+                }
             }
-            Ok(())
         }
     }
     /// P14: before the first batch, once the target is marked unfinished: the import's commits

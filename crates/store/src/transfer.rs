@@ -189,24 +189,33 @@ pub async fn copy_counted(
     }
     to.kv_set(COPY_KEY, "unfinished").await?;
     to.import_started().await?;
-    let (tx, rx) = mpsc::channel::<Batch>(4);
-    let feed = async move {
-        let mut sums = Sums::default();
-        each_batch(from, async |batch: Batch| {
-            sums.add(&batch);
-            let (tab, rows) = (batch.tab, batch.rows.len() as u64);
-            tx.send(batch).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
-            on_rows(tab, rows);
-            Ok(())
-        })
-        .await?;
-        // Dropping `tx` ends the stream: the target has every row once it answers.
-        Ok(sums.finish())
-    };
-    let sums = either_cause(tokio::join!(feed, to.import_stream(rx)))?;
+    let (tx, rx) = mpsc::channel::<Incoming>(4);
+    let sums = either_cause(tokio::join!(feed(from, tx, on_rows), to.import_stream(rx)))?;
     to.import_finished().await?;
     to.kv_set(COPY_KEY, "finished").await?;
     Ok(sums)
+}
+
+/// `from`'s export into `tx`, each batch told to `on_rows` once the store has taken it; `End`
+/// only after the last row, so a store taking them tells a whole export from a broken one.
+/// Answers what it fed, counted and checksummed.
+async fn feed(
+    from: &(impl Store + Clone),
+    tx: mpsc::Sender<Incoming>,
+    on_rows: &mut OnRows<'_>,
+) -> Result<Vec<TabDigest>> {
+    let taking = |_| StoreError::Backend(STOPPED_TAKING.into());
+    let mut sums = Sums::default();
+    each_batch(from, async |batch: Batch| {
+        sums.add(&batch);
+        let (tab, rows) = (batch.tab, batch.rows.len() as u64);
+        tx.send(Incoming::Rows(batch)).await.map_err(taking)?;
+        on_rows(tab, rows);
+        Ok(())
+    })
+    .await?;
+    tx.send(Incoming::End).await.map_err(taking)?;
+    Ok(sums.finish())
 }
 
 /// A feed of rows and the store taking them, ended together: the store's error when the feed
@@ -224,18 +233,8 @@ fn either_cause<T>(ended: (Result<T>, Result<()>)) -> Result<T> {
 /// Answers what moved, counted and checksummed as [`copy`] does.
 pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<TabDigest>> {
     let (tx, rx) = mpsc::channel::<Incoming>(4);
-    let feed = async move {
-        let mut sums = Sums::default();
-        each_batch(from, async |batch: Batch| {
-            sums.add(&batch);
-            tx.send(Incoming::Rows(batch)).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))
-        })
-        .await?;
-        // Only a whole export is committed: `End` is sent after its last row.
-        tx.send(Incoming::End).await.map_err(|_| StoreError::Backend(STOPPED_TAKING.into()))?;
-        Ok(sums.finish())
-    };
-    either_cause(tokio::join!(feed, to.replace_tabs(rx)))
+    let mut untold = |_, _| {};
+    either_cause(tokio::join!(feed(from, tx, &mut untold), to.replace_tabs(rx)))
 }
 
 const STOPPED_TAKING: &str = "the store being written stopped taking rows";

@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, Statement};
 
-use crate::cells::{Batch, Cell};
+use crate::cells::{Batch, Cell, Incoming};
 use crate::codec::{Columns, Value};
 use crate::{Result, StoreError};
 
@@ -148,9 +148,9 @@ impl Conn {
     }
 
     /// P14: `first` and the batches after it of the same tab as one `COPY`, each written as it
-    /// comes, so that PostgreSQL takes rows while the next are read. Answers the first batch
-    /// of another tab, if one came before `more` ended.
-    pub async fn copy_in_run(&mut self, first: Batch, more: &mut mpsc::Receiver<Batch>) -> Result<Option<Batch>> {
+    /// comes, so that PostgreSQL takes rows while the next are read. Answers what came after
+    /// them (another tab's batch, or the end); rows that stop before the end fail the `COPY`.
+    pub async fn copy_in_run(&mut self, first: Batch, more: &mut mpsc::Receiver<Incoming>) -> Result<Incoming> {
         let tab = first.tab;
         let mut writer = std::pin::pin!(self.copy_writer(tab).await?);
         let mut batch = first;
@@ -159,8 +159,9 @@ impl Conn {
                 writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
             }
             match more.recv().await {
-                Some(same) if same.tab == tab => batch = same,
-                other => break other,
+                Some(Incoming::Rows(same)) if same.tab == tab => batch = same,
+                Some(other) => break other,
+                None => return Err(StoreError::Backend(crate::cells::COPY_INCOMPLETE.into())),
             }
         };
         writer.finish().await.map_err(map_err)?;

@@ -3,12 +3,12 @@
 //! and per-row triggers cost five times the rows' own COPY; built once from the loaded table,
 //! a b-tree is a sort.
 //!
-//! At the copy's start, in one transaction: the copied tabs' keys (primary and unique) and
-//! indexes are written down under a `store/` key and dropped, and the tabs' own triggers are
-//! mail's and jobs' triggers disabled (`mail_counts` is recounted at the end; nothing listens
-//! to a store being filled).
-//! At its end, in one transaction: the keys and b-trees are built again from what was written
-//! down, the triggers enabled, the counts recounted. The search indexes (GIN over
+//! At the copy's start, in one transaction: the copied tabs' keys (primary and unique),
+//! indexes and enabled triggers are written down in the store's own `kv` and dropped or
+//! disabled (`mail_counts`, which mail's triggers keep, is recounted at the end; nothing
+//! listens to a store being filled). At its end, in one transaction: the keys and b-trees are
+//! built again and the triggers enabled from what was written down, and the counts recounted.
+//! The search indexes (GIN over
 //! trigrams, ten seconds for a million mails) are left to the indexer of the first `serve`,
 //! which builds them `CONCURRENTLY` while the store serves: a search is the same `ILIKE` with
 //! or without them, so it answers the same meanwhile, only slower (U5; a large one may reach
@@ -29,14 +29,11 @@ const DEFERRED_SEARCH_KEY: &str = "store/copy-deferred-search";
 /// Held (for the session) by the one replica building the deferred search indexes.
 const SEARCH_BUILD_LOCK: i64 = 0x7063_6d61_696c_0002;
 
-/// Tabs whose user triggers a copy disables: mail's keep `mail_counts` and announce; jobs'
-/// announce.
-const TRIGGERED_TABS: &[&str] = &["mail", "jobs"];
-
 /// What a copy sets aside, in the order it is built again: each primary key and unique
-/// constraint of a copied tab but `kv` (whose key the copy's own marks are written by), then
-/// every index of a copied tab that backs no constraint. Each as its name, the statement that
-/// drops it, the one that builds it, and whether it is a search index (GIN).
+/// constraint of a copied tab but `kv` (whose key the copy's own marks are written by), every
+/// index of a copied tab that backs no constraint, and each of their triggers that is enabled
+/// (as it was: `ALWAYS` and `REPLICA` too). Each as its name, the statement that drops or
+/// disables it, the one that builds or enables it, and whether it is a search index (GIN).
 const SET_ASIDE: &str = "SELECT name, drop_it, build_it, gin FROM ( \
      SELECT 0 AS step, c.conname::text AS name, \
        format('ALTER TABLE %I DROP CONSTRAINT %I', t.relname, c.conname) AS drop_it, \
@@ -52,6 +49,14 @@ const SET_ASIDE: &str = "SELECT name, drop_it, build_it, gin FROM ( \
      JOIN pg_am am ON am.oid = ix.relam \
      WHERE t.relnamespace = to_regnamespace(current_schema()) AND t.relname = ANY($1) \
        AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid) \
+     UNION ALL \
+     SELECT 2, g.tgname::text, format('ALTER TABLE %I DISABLE TRIGGER %I', t.relname, g.tgname), \
+       format('ALTER TABLE %I ENABLE %s TRIGGER %I', t.relname, \
+         CASE g.tgenabled WHEN 'A' THEN 'ALWAYS' WHEN 'R' THEN 'REPLICA' ELSE '' END, g.tgname), \
+       false \
+     FROM pg_trigger g JOIN pg_class t ON t.oid = g.tgrelid \
+     WHERE t.relnamespace = to_regnamespace(current_schema()) AND t.relname = ANY($1) \
+       AND NOT g.tgisinternal AND g.tgenabled <> 'D' \
    ) AS aside ORDER BY step, name";
 
 /// `[name, statement that builds it]` pairs.
@@ -73,12 +78,9 @@ pub(super) async fn set_aside(c: &mut Conn) -> Result<()> {
     }
     write_down(c, DEFERRED_INDEXES_KEY, btrees).await?;
     write_down(c, DEFERRED_SEARCH_KEY, search).await?;
-    // Indexes first: none of them is a constraint's, whose drop would take its index along.
+    // Triggers first, then indexes (none of them a constraint's), then the keys.
     for drop_it in drops.iter().rev() {
         c.batch(drop_it).await?;
-    }
-    for tab in TRIGGERED_TABS {
-        c.batch(&format!("ALTER TABLE {tab} DISABLE TRIGGER USER")).await?;
     }
     Ok(())
 }
@@ -93,9 +95,6 @@ pub(super) async fn restore(c: &mut Conn) -> Result<()> {
         c.batch(&build_it).await?;
     }
     c.execute("DELETE FROM kv WHERE key = $1", &[&DEFERRED_INDEXES_KEY]).await?;
-    for tab in TRIGGERED_TABS {
-        c.batch(&format!("ALTER TABLE {tab} ENABLE TRIGGER USER")).await?;
-    }
     c.batch(
         "DELETE FROM mail_counts; \
          INSERT INTO mail_counts (state, kind, channel, n) \

@@ -766,10 +766,14 @@ impl Store for PgStore {
         c.finish(outcome).await
     }
 
-    async fn import_stream(&self, mut rows: mpsc::Receiver<Batch>) -> Result<()> {
+    async fn import_stream(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
         let mut c = self.conn().await?;
-        let mut next = rows.recv().await;
-        while let Some(first) = next {
+        let mut next = rows.recv().await.ok_or_else(|| StoreError::Backend(crate::cells::COPY_INCOMPLETE.into()))?;
+        loop {
+            let first = match next {
+                Incoming::Rows(first) => first,
+                Incoming::End => return Ok(()),
+            };
             c.begin().await?;
             // P14: as `import_rows`: the `finished` mark's commit waits for the WAL flush.
             let outcome = match c.batch("SET LOCAL synchronous_commit TO OFF").await {
@@ -778,7 +782,6 @@ impl Store for PgStore {
             };
             next = c.finish(outcome).await?;
         }
-        Ok(())
     }
 
     async fn import_started(&self) -> Result<()> {
@@ -1203,6 +1206,13 @@ pub(crate) mod tests {
         source.jobs_transaction(crate::JobSelect::Ids(vec![]), move |_| (jobs, ())).await.expect("jobs");
         let ((_target, url), (_reference, reference)) = (scratch_url().await, scratch_url().await);
         let (pg, _) = (PgStore::open(&url).await.expect("target"), PgStore::open(&reference).await.expect("ref"));
+        // A trigger an operator disabled stays so, and one set to fire ALWAYS stays so.
+        for u in [&url, &reference] {
+            let mut c = Conn::open(&u.parse().expect("url")).await.expect("connect");
+            c.batch("ALTER TABLE jobs DISABLE TRIGGER jobs_announce; ALTER TABLE specs ENABLE ALWAYS TRIGGER specs_announce")
+                .await
+                .expect("operator's triggers");
+        }
         let (fresh_schema, before_copy) = (schema_of(&reference).await, schema_of(&url).await);
         assert_eq!(before_copy, fresh_schema);
 
@@ -1243,6 +1253,34 @@ pub(crate) mod tests {
         .expect("a mail after the copy");
         let total: u64 = pg.mail_counts().await.expect("counts").iter().map(|c| c.count).sum();
         assert_eq!(total, 41);
+    }
+
+    #[tokio::test]
+    async fn p14_o3_rows_that_stop_before_their_end_fail_the_import_and_keep_none_of_their_run() {
+        let (_scratch, pg) = fresh().await;
+        let machine = |n: i64| vec![Cell::Text(format!("pc{n}")), Cell::Int(n), Cell::Text(String::new())];
+        let batch =
+            |ns: std::ops::Range<i64>| Incoming::Rows(Batch { tab: "machines", rows: ns.map(machine).collect() });
+        let (tx, rx) = mpsc::channel(4);
+        let import = pg.import_stream(rx);
+        let fed = async move {
+            tx.send(batch(0..3)).await.expect("taken");
+            tx.send(batch(3..5)).await.expect("taken");
+            // The feed breaks here: no `End`.
+        };
+        let (imported, ()) = tokio::join!(import, fed);
+        let err = imported.expect_err("a stream without its end fails");
+        assert!(err.to_string().contains("stopped before their end"), "{err}");
+        assert_eq!(pg.occupied_tabs().await.expect("occupied"), Vec::<&str>::new(), "the run is not kept");
+
+        let (tx, rx) = mpsc::channel(4);
+        let fed = async move {
+            tx.send(batch(0..3)).await.expect("taken");
+            tx.send(Incoming::End).await.expect("taken");
+        };
+        let (imported, ()) = tokio::join!(pg.import_stream(rx), fed);
+        imported.expect("a whole stream is kept");
+        assert_eq!(pg.occupied_tabs().await.expect("occupied"), vec!["machines"]);
     }
 
     #[test]
