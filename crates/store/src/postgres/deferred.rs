@@ -62,7 +62,9 @@ const SET_ASIDE: &str = "SELECT name, drop_it, build_it, gin FROM ( \
 /// `[name, statement that builds it]` pairs.
 type Defs = Vec<(String, String)>;
 
-/// At a copy's start, inside the caller's transaction.
+/// At a copy's start, inside the caller's transaction. O3: a copy that finds another's list
+/// (one under way, or one that stopped) goes no further; of two at once, the second to write
+/// its list waits for the first's commit and fails on the key.
 pub(super) async fn set_aside(c: &mut Conn) -> Result<()> {
     let tabs: Vec<&str> = transfer::TABS.iter().map(|(t, _)| *t).collect();
     let (mut btrees, mut search, mut drops) = (Defs::new(), Defs::new(), Vec::new());
@@ -76,7 +78,11 @@ pub(super) async fn set_aside(c: &mut Conn) -> Result<()> {
         drops.push(drop_it);
         if gin { &mut search } else { &mut btrees }.push((name, build_it));
     }
-    write_down(c, DEFERRED_INDEXES_KEY, btrees).await?;
+    let value = serde_json::to_string(&btrees).map_err(|e| StoreError::Backend(format!("the keys set aside: {e}")))?;
+    let written = "INSERT INTO kv (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";
+    if c.execute(written, &[&DEFERRED_INDEXES_KEY, &value]).await? == 0 {
+        return Err(StoreError::UnfinishedCopy);
+    }
     write_down(c, DEFERRED_SEARCH_KEY, search).await?;
     // Triggers first, then indexes (none of them a constraint's), then the keys.
     for drop_it in drops.iter().rev() {

@@ -1283,6 +1283,18 @@ pub(crate) mod tests {
         assert_eq!(pg.occupied_tabs().await.expect("occupied"), vec!["machines"]);
     }
 
+    #[tokio::test]
+    async fn p14_o3_a_second_copy_into_a_store_another_is_filling_stops_at_its_start() {
+        let (_scratch, url) = scratch_url().await;
+        let (first, second) = (PgStore::open(&url).await.expect("one"), PgStore::open(&url).await.expect("two"));
+        first.import_started().await.expect("the first sets its keys aside");
+        let err = second.import_started().await.expect_err("the second finds them set aside");
+        assert!(matches!(err, StoreError::UnfinishedCopy), "{err}");
+        first.import_finished().await.expect("the first ends");
+        let fresh = PgStore::open(&url).await.expect("three");
+        fresh.import_started().await.expect("after the first ended, a copy starts again");
+    }
+
     #[test]
     fn bad_urls_are_named_without_their_password() {
         assert_eq!(crate::redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
