@@ -10,6 +10,10 @@ mod progress;
 
 use clap::Parser;
 
+/// P14: see the workspace's Cargo.toml; the library crates leave the allocator to the binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut cli = args::Cli::parse();
     // E10: a variable set but empty (`PCMAIL_TOKEN=`) is unset, so the login's value applies.

@@ -25,6 +25,11 @@ mod transfer;
 
 use table::Row;
 
+/// The shipped binary's allocator, so the controller this process runs itself (P1, P2, P7's
+/// and P14's data sets) runs as it ships; the other targets run the real `pcmail-ctl`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let asked: Vec<String> =

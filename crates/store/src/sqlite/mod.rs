@@ -1163,24 +1163,46 @@ impl Store for SqliteStore {
     }
 
     async fn import_started(&self) -> Result<()> {
-        // NORMAL, not OFF: a commit skips its WAL sync, but a checkpoint still syncs the
-        // database file before the WAL is reused, so no page the import wrote can be lost
-        // behind a later synced commit. P14: an import's statement journal (the pages one
-        // multi-row INSERT changed, kept to undo it alone) stays in memory past its first
-        // 64 KiB, where it would spill into a temporary file created and written for most of
-        // an import's statements (a mail's nine indexes).
+        // P14: a copy's target is written with its rollback journal in memory and no syncs:
+        // one that stops is marked unfinished, which `serve` refuses and the operator deletes
+        // (a backup's file is never named), so no page it wrote need survive a crash, while a
+        // failed statement still rolls back. The WAL would write every page twice. Out of WAL
+        // only while no other connection holds the file; else the commits skip only their WAL
+        // syncs, and a checkpoint still syncs the file before the WAL is reused. Statement
+        // journals (the pages one multi-row INSERT changed, kept to undo it alone) stay in
+        // memory too, not in a temporary file a statement.
+        self.inner.readers.lock().unwrap_or_else(PoisonError::into_inner).clear();
         self.write(|conn| {
-            conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)?;
-            conn.pragma_update(None, "temp_store", "MEMORY").map_err(map_err)
+            conn.pragma_update(None, "temp_store", "MEMORY").map_err(map_err)?;
+            let held = |e: &rusqlite::Error| {
+                matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                )
+            };
+            let out_of_wal =
+                match conn.pragma_update_and_check(None, "journal_mode", "MEMORY", |r| r.get::<_, String>(0)) {
+                    Ok(mode) => mode.eq_ignore_ascii_case("memory"),
+                    Err(e) if held(&e) => false,
+                    Err(e) => return Err(map_err(e)),
+                };
+            let sync = if out_of_wal { "OFF" } else { "NORMAL" };
+            conn.pragma_update(None, "synchronous", sync).map_err(map_err)
         })
         .await
     }
 
     async fn import_finished(&self) -> Result<()> {
-        // FULL again: the copy's `finished` mark syncs the WAL, and every frame before it.
-        self.write(|conn| {
+        // Back in WAL with FULL syncs, and every page the import wrote synced before the copy's
+        // `finished` mark is (a power cut must not keep the mark and lose a row).
+        let path = self.inner.path.clone();
+        self.write(move |conn| {
+            conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
             conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
-            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)
+            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)?;
+            std::fs::File::open(&path)
+                .and_then(|file| file.sync_all())
+                .map_err(|e| crate::health::io_error(&format!("syncing {}", path.display()), &e))
         })
         .await
     }
@@ -1647,5 +1669,62 @@ mod tests {
         drop(store);
         let again = SqliteStore::open(dir.path().join("pcmail.db")).await;
         assert!(again.is_ok());
+    }
+
+    /// The writer's journal mode and `synchronous` level (0 OFF, 1 NORMAL, 2 FULL).
+    async fn journaling(store: &SqliteStore) -> (String, i64) {
+        store
+            .write(|c| {
+                let mode: String = c.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(map_err)?;
+                Ok((mode, c.pragma_query_value(None, "synchronous", |r| r.get(0)).map_err(map_err)?))
+            })
+            .await
+            .expect("pragmas")
+    }
+
+    fn machines(names: std::ops::Range<i64>) -> Batch {
+        let row = |n: i64| vec![Cell::Text(format!("pc{n}")), Cell::Int(n), Cell::Text(String::new())];
+        Batch { tab: "machines", rows: names.map(row).collect() }
+    }
+
+    /// P14: a copy's target takes its rows with the rollback journal in memory and no syncs
+    /// (the WAL would write each page twice), a failed batch still rolls back alone, and the
+    /// store ends in WAL with FULL syncs, every page synced, before the copy marks it finished.
+    #[tokio::test]
+    async fn p14_a_copy_into_sqlite_takes_its_rows_unjournaled_and_ends_in_wal_with_full_syncs() {
+        let (dir, store) = fresh().await;
+        assert_eq!(journaling(&store).await, ("wal".into(), 2));
+        // The copy's emptiness check leaves a reader of ours open; it does not hold the file in WAL.
+        assert_eq!(store.occupied_tabs().await.expect("read"), Vec::<String>::new());
+        store.import_started().await.expect("started");
+        assert_eq!(journaling(&store).await, ("memory".into(), 0));
+        store.import_rows(machines(0..500)).await.expect("rows");
+        let twice = machines(500..600).rows.into_iter().chain(machines(599..600).rows).collect();
+        let err = store.import_rows(Batch { tab: "machines", rows: twice }).await.expect_err("a key twice");
+        assert!(err.to_string().contains("UNIQUE"), "{err}");
+        store.import_finished().await.expect("finished");
+        assert_eq!(journaling(&store).await, ("wal".into(), 2));
+        drop(store);
+        let raw = Connection::open(dir.path().join("pcmail.db")).expect("raw");
+        let kept: i64 = raw.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("count");
+        assert_eq!(kept, 500, "the failed batch rolled back, and only it");
+        let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("mode");
+        assert_eq!(mode, "wal", "the file itself says WAL again");
+    }
+
+    /// P14: where another connection holds the file, it stays in WAL, its commits unsynced
+    /// (NORMAL: a checkpoint still syncs the file before the log is reused).
+    #[tokio::test]
+    async fn p14_a_copy_into_sqlite_held_open_elsewhere_stays_in_wal() {
+        let (dir, store) = fresh().await;
+        let other = Connection::open(dir.path().join("pcmail.db")).expect("another process's");
+        let reading = other.unchecked_transaction().expect("read");
+        let _: i64 = reading.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("a read under way");
+        store.import_started().await.expect("started");
+        assert_eq!(journaling(&store).await, ("wal".into(), 1));
+        drop(reading);
+        store.import_rows(machines(0..10)).await.expect("rows");
+        store.import_finished().await.expect("finished");
+        assert_eq!(journaling(&store).await, ("wal".into(), 2));
     }
 }
