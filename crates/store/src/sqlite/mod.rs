@@ -340,6 +340,37 @@ impl SqliteStore {
 }
 
 /// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
+/// P14: whether a copy writes `tab` with its rollback journal in memory and no syncs: every
+/// tab after `kv`, whose rows, the copy's `unfinished` mark among them, are already in and
+/// synced (a torn page cannot take the mark). The WAL would write every page twice. A copy
+/// that stops is marked unfinished, which `serve` refuses and the operator deletes (a backup's
+/// file is never named), so no page written so need survive a crash, and a failed statement
+/// still rolls back in memory. Its file may be left damaged as well as unfinished.
+fn unjournaled(tab: &str) -> bool {
+    let at = |name: &str| transfer::TABS.iter().position(|(t, _)| *t == name);
+    at(tab) > at("kv")
+}
+
+/// Out of WAL into a rollback journal in memory, with no syncs; left in WAL (its commits
+/// unsynced, NORMAL) while another connection holds the file.
+fn leave_wal(conn: &Connection) -> Result<()> {
+    let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(map_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Ok(());
+    }
+    let held = |e: &rusqlite::Error| {
+        matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+    };
+    match conn.pragma_update_and_check(None, "journal_mode", "MEMORY", |r| r.get::<_, String>(0)) {
+        Ok(mode) if mode.eq_ignore_ascii_case("memory") => {
+            conn.pragma_update(None, "synchronous", "OFF").map_err(map_err)
+        }
+        Ok(_) => Ok(()),
+        Err(e) if held(&e) => Ok(()),
+        Err(e) => Err(map_err(e)),
+    }
+}
+
 fn insert_batch(tx: &Connection, batch: &Batch) -> Result<()> {
     // P14: a full chunk's statement is written once a batch, not once a chunk.
     let full = transfer::insert_many_sql(batch.tab, ROWS_PER_INSERT, |i| format!("?{i}"));
@@ -1155,6 +1186,9 @@ impl Store for SqliteStore {
 
     async fn import_rows(&self, batch: Batch) -> Result<()> {
         self.write(move |conn| {
+            if unjournaled(batch.tab) {
+                leave_wal(conn)?;
+            }
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
             insert_batch(&tx, &batch)?;
             tx.commit().map_err(map_err)
@@ -1163,46 +1197,36 @@ impl Store for SqliteStore {
     }
 
     async fn import_started(&self) -> Result<()> {
-        // P14: a copy's target is written with its rollback journal in memory and no syncs:
-        // one that stops is marked unfinished, which `serve` refuses and the operator deletes
-        // (a backup's file is never named), so no page it wrote need survive a crash, while a
-        // failed statement still rolls back. The WAL would write every page twice. Out of WAL
-        // only while no other connection holds the file; else the commits skip only their WAL
-        // syncs, and a checkpoint still syncs the file before the WAL is reused. Statement
-        // journals (the pages one multi-row INSERT changed, kept to undo it alone) stay in
-        // memory too, not in a temporary file a statement.
+        // P14: the commits skip their WAL syncs until `import_finished` (a checkpoint still
+        // syncs the file before the WAL is reused), and statement journals (the pages one
+        // multi-row INSERT changed, kept to undo it alone) stay in memory, not in a temporary
+        // file a statement. No reader of ours may hold the file open when it leaves WAL.
         self.inner.readers.lock().unwrap_or_else(PoisonError::into_inner).clear();
         self.write(|conn| {
             conn.pragma_update(None, "temp_store", "MEMORY").map_err(map_err)?;
-            let held = |e: &rusqlite::Error| {
-                matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                )
-            };
-            let out_of_wal =
-                match conn.pragma_update_and_check(None, "journal_mode", "MEMORY", |r| r.get::<_, String>(0)) {
-                    Ok(mode) => mode.eq_ignore_ascii_case("memory"),
-                    Err(e) if held(&e) => false,
-                    Err(e) => return Err(map_err(e)),
-                };
-            let sync = if out_of_wal { "OFF" } else { "NORMAL" };
-            conn.pragma_update(None, "synchronous", sync).map_err(map_err)
+            conn.pragma_update(None, "synchronous", "NORMAL").map_err(map_err)
         })
         .await
     }
 
     async fn import_finished(&self) -> Result<()> {
-        // Back in WAL with FULL syncs, and every page the import wrote synced before the copy's
-        // `finished` mark is (a power cut must not keep the mark and lose a row).
-        let path = self.inner.path.clone();
-        self.write(move |conn| {
-            conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
+        // FULL again. Out of WAL, one commit under the rollback journal syncs the file, every
+        // page the import wrote with it, before the copy's `finished` mark is written; still in
+        // WAL, the mark's own commit syncs the log.
+        self.write(|conn| {
             conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
-            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)?;
-            std::fs::File::open(&path)
-                .and_then(|file| file.sync_all())
-                .map_err(|e| crate::health::io_error(&format!("syncing {}", path.display()), &e))
+            let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(map_err)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                // The mark taken out and put back: a page written (SQLite skips an update that
+                // leaves a row as it was), so the commit has a page to write and syncs.
+                let tx = conn.transaction().map_err(map_err)?;
+                tx.execute("DELETE FROM kv WHERE key = ?1", [transfer::COPY_KEY]).map_err(map_err)?;
+                tx.execute("INSERT INTO kv (key, value) VALUES (?1, 'unfinished')", [transfer::COPY_KEY])
+                    .map_err(map_err)?;
+                tx.commit().map_err(map_err)?;
+                conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
+            }
+            conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)
         })
         .await
     }
@@ -1687,26 +1711,39 @@ mod tests {
         Batch { tab: "machines", rows: names.map(row).collect() }
     }
 
-    /// P14: a copy's target takes its rows with the rollback journal in memory and no syncs
-    /// (the WAL would write each page twice), a failed batch still rolls back alone, and the
-    /// store ends in WAL with FULL syncs, every page synced, before the copy marks it finished.
+    fn leases(names: std::ops::Range<i64>) -> Batch {
+        let row = |n: i64| {
+            let mut row = vec![Cell::Text(format!("lease-{n}")), Cell::Text("pc1".into())];
+            row.extend([Cell::Int(n), Cell::Int(n), Cell::Int(n)]);
+            row
+        };
+        Batch { tab: "leases", rows: names.map(row).collect() }
+    }
+
+    /// P14: a copy's target takes the tabs after `kv` (whose rows hold its `unfinished` mark)
+    /// with the rollback journal in memory and no syncs (the WAL would write each page twice),
+    /// a failed batch still rolls back alone, and the store ends in WAL with FULL syncs.
     #[tokio::test]
     async fn p14_a_copy_into_sqlite_takes_its_rows_unjournaled_and_ends_in_wal_with_full_syncs() {
         let (dir, store) = fresh().await;
         assert_eq!(journaling(&store).await, ("wal".into(), 2));
         // The copy's emptiness check leaves a reader of ours open; it does not hold the file in WAL.
         assert_eq!(store.occupied_tabs().await.expect("read"), Vec::<String>::new());
+        store.kv_set(crate::transfer::COPY_KEY, "unfinished").await.expect("marked");
         store.import_started().await.expect("started");
+        store.import_rows(machines(0..500)).await.expect("rows before kv");
+        assert_eq!(journaling(&store).await, ("wal".into(), 1), "the mark's tab and those before it: in WAL");
+        store.import_rows(leases(0..500)).await.expect("rows after kv");
         assert_eq!(journaling(&store).await, ("memory".into(), 0));
-        store.import_rows(machines(0..500)).await.expect("rows");
-        let twice = machines(500..600).rows.into_iter().chain(machines(599..600).rows).collect();
-        let err = store.import_rows(Batch { tab: "machines", rows: twice }).await.expect_err("a key twice");
+        let twice = leases(500..600).rows.into_iter().chain(leases(599..600).rows).collect();
+        let err = store.import_rows(Batch { tab: "leases", rows: twice }).await.expect_err("a key twice");
         assert!(err.to_string().contains("UNIQUE"), "{err}");
         store.import_finished().await.expect("finished");
         assert_eq!(journaling(&store).await, ("wal".into(), 2));
+        assert_eq!(store.kv_get(crate::transfer::COPY_KEY).await.expect("kv").as_deref(), Some("unfinished"));
         drop(store);
         let raw = Connection::open(dir.path().join("pcmail.db")).expect("raw");
-        let kept: i64 = raw.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("count");
+        let kept: i64 = raw.query_row("SELECT count(*) FROM leases", [], |r| r.get(0)).expect("count");
         assert_eq!(kept, 500, "the failed batch rolled back, and only it");
         let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("mode");
         assert_eq!(mode, "wal", "the file itself says WAL again");
@@ -1720,10 +1757,11 @@ mod tests {
         let other = Connection::open(dir.path().join("pcmail.db")).expect("another process's");
         let reading = other.unchecked_transaction().expect("read");
         let _: i64 = reading.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("a read under way");
+        store.kv_set(crate::transfer::COPY_KEY, "unfinished").await.expect("marked");
         store.import_started().await.expect("started");
+        store.import_rows(leases(0..10)).await.expect("rows");
         assert_eq!(journaling(&store).await, ("wal".into(), 1));
         drop(reading);
-        store.import_rows(machines(0..10)).await.expect("rows");
         store.import_finished().await.expect("finished");
         assert_eq!(journaling(&store).await, ("wal".into(), 2));
     }
