@@ -1210,21 +1210,16 @@ impl Store for SqliteStore {
     }
 
     async fn import_finished(&self) -> Result<()> {
-        // FULL again. Out of WAL, one commit under the rollback journal syncs the file, every
-        // page the import wrote with it, before the copy's `finished` mark is written; still in
-        // WAL, the mark's own commit syncs the log.
+        // FULL again. Out of WAL, the switch back commits page 1's version bytes under the
+        // rollback journal, and that commit syncs the file (every page the import wrote with
+        // it) before the copy's `finished` mark is written; still in WAL, the mark's own commit
+        // syncs the log.
         self.write(|conn| {
             conn.pragma_update(None, "synchronous", "FULL").map_err(map_err)?;
-            let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(map_err)?;
+            let mode: String =
+                conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(map_err)?;
             if !mode.eq_ignore_ascii_case("wal") {
-                // The mark taken out and put back: a page written (SQLite skips an update that
-                // leaves a row as it was), so the commit has a page to write and syncs.
-                let tx = conn.transaction().map_err(map_err)?;
-                tx.execute("DELETE FROM kv WHERE key = ?1", [transfer::COPY_KEY]).map_err(map_err)?;
-                tx.execute("INSERT INTO kv (key, value) VALUES (?1, 'unfinished')", [transfer::COPY_KEY])
-                    .map_err(map_err)?;
-                tx.commit().map_err(map_err)?;
-                conn.pragma_update(None, "journal_mode", "WAL").map_err(map_err)?;
+                return Err(StoreError::Backend(format!("the copy's target stayed in journal mode {mode}, not WAL")));
             }
             conn.pragma_update(None, "temp_store", "DEFAULT").map_err(map_err)
         })
@@ -1732,6 +1727,8 @@ mod tests {
         store.kv_set(crate::transfer::COPY_KEY, "unfinished").await.expect("marked");
         store.import_started().await.expect("started");
         store.import_rows(machines(0..500)).await.expect("rows before kv");
+        let kv = Batch { tab: "kv", rows: vec![vec![Cell::Text("copied".into()), Cell::Text("1".into())]] };
+        store.import_rows(kv).await.expect("kv");
         assert_eq!(journaling(&store).await, ("wal".into(), 1), "the mark's tab and those before it: in WAL");
         store.import_rows(leases(0..500)).await.expect("rows after kv");
         assert_eq!(journaling(&store).await, ("memory".into(), 0));
@@ -1749,19 +1746,21 @@ mod tests {
         assert_eq!(mode, "wal", "the file itself says WAL again");
     }
 
-    /// P14: where another connection holds the file, it stays in WAL, its commits unsynced
-    /// (NORMAL: a checkpoint still syncs the file before the log is reused).
+    /// P14: while another connection has the file open, it stays in WAL, its commits unsynced
+    /// (NORMAL: a checkpoint still syncs the file before the log is reused); once that one has
+    /// closed, the next batch leaves WAL.
     #[tokio::test]
     async fn p14_a_copy_into_sqlite_held_open_elsewhere_stays_in_wal() {
         let (dir, store) = fresh().await;
         let other = Connection::open(dir.path().join("pcmail.db")).expect("another process's");
-        let reading = other.unchecked_transaction().expect("read");
-        let _: i64 = reading.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("a read under way");
+        let _: i64 = other.query_row("SELECT count(*) FROM machines", [], |r| r.get(0)).expect("it has read");
         store.kv_set(crate::transfer::COPY_KEY, "unfinished").await.expect("marked");
         store.import_started().await.expect("started");
         store.import_rows(leases(0..10)).await.expect("rows");
         assert_eq!(journaling(&store).await, ("wal".into(), 1));
-        drop(reading);
+        drop(other);
+        store.import_rows(leases(10..20)).await.expect("rows");
+        assert_eq!(journaling(&store).await, ("memory".into(), 0));
         store.import_finished().await.expect("finished");
         assert_eq!(journaling(&store).await, ("wal".into(), 2));
     }
