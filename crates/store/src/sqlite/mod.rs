@@ -339,12 +339,11 @@ impl SqliteStore {
     }
 }
 
-/// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
 /// P14: whether a copy writes `tab` with its rollback journal in memory and no syncs: every
 /// tab after `kv`, whose rows, the copy's `unfinished` mark among them, are already in and
 /// synced (a torn page cannot take the mark). The WAL would write every page twice. A copy
 /// that stops is marked unfinished, which `serve` refuses and the operator deletes (a backup's
-/// file is never named), so no page written so need survive a crash, and a failed statement
+/// file is never named), so no page written then need survive a crash, and a failed statement
 /// still rolls back in memory. Its file may be left damaged as well as unfinished.
 fn unjournaled(tab: &str) -> bool {
     let at = |name: &str| transfer::TABS.iter().position(|(t, _)| *t == name);
@@ -371,6 +370,7 @@ fn leave_wal(conn: &Connection) -> Result<()> {
     }
 }
 
+/// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
 fn insert_batch(tx: &Connection, batch: &Batch) -> Result<()> {
     // P14: a full chunk's statement is written once a batch, not once a chunk.
     let full = transfer::insert_many_sql(batch.tab, ROWS_PER_INSERT, |i| format!("?{i}"));
