@@ -3,14 +3,10 @@
 //! of today's schema holding the same rows.
 
 use super::conn::Conn;
-use super::tests::scratch_url;
+use super::tests::{connect, scratch_url};
 use super::{PgStore, schema};
 use crate::contract::{everything, fill_every_tab};
 use crate::transfer::TABS;
-
-async fn connect(url: &str) -> Conn {
-    Conn::open(&url.parse().expect("url")).await.expect("connect")
-}
 
 /// Each tab's columns in the database (none: the tab did not exist yet).
 async fn shape(c: &mut Conn) -> Vec<(&'static str, Vec<String>)> {

@@ -998,6 +998,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// A connection of the test's own to the database at `url`.
+    pub async fn connect(url: &str) -> Conn {
+        Conn::open(&url.parse().expect("url")).await.expect("connect")
+    }
+
     pub async fn scratch_url() -> (Scratch, String) {
         let mut bytes = [0u8; 6];
         getrandom::fill(&mut bytes).expect("random");
@@ -1022,7 +1027,7 @@ pub(crate) mod tests {
     async fn i6_missing_column_fails_closed_naming_it() {
         let (scratch, url) = scratch_url().await;
         drop(PgStore::open(&url).await.expect("open"));
-        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let mut c = connect(&url).await;
         c.batch("ALTER TABLE mail DROP COLUMN presented_session").await.expect("drop column");
         let err = PgStore::open(&url).await.err().expect("must refuse");
         assert!(err.to_string().contains("mail.presented_session is missing"), "{err}");
@@ -1034,7 +1039,7 @@ pub(crate) mod tests {
         let (_scratch, url) = scratch_url().await;
         drop(PgStore::open(&url).await.expect("open"));
         drop(PgStore::open(&url).await.expect("reopen"));
-        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let mut c = connect(&url).await;
         let known = schema::MIGRATIONS.len();
         // A next release's store whose migrations after this build's only add: used as it is.
         c.batch(&format!("UPDATE pcmail_schema SET version = 99, readable_by = {known}")).await.expect("bump");
@@ -1062,7 +1067,7 @@ pub(crate) mod tests {
         }
         // Once: one version row at the last migration, and one store identity that every
         // replica reads (a second run of migration 1 would have made another or failed).
-        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let mut c = connect(&url).await;
         let versions: Vec<i64> = c
             .query("SELECT version FROM pcmail_schema", &[])
             .await
@@ -1171,7 +1176,7 @@ pub(crate) mod tests {
 
     /// Every index and trigger of the store's schema, as PostgreSQL would build it again.
     async fn schema_of(url: &str) -> Vec<String> {
-        let mut c = Conn::open(&url.parse().expect("url")).await.expect("connect");
+        let mut c = connect(url).await;
         let indexes = "SELECT indexdef || CASE WHEN indisvalid THEN '' ELSE ' INVALID' END \
              FROM pg_indexes JOIN pg_index ON indexrelid = format('%I.%I', schemaname, indexname)::regclass \
              WHERE schemaname = current_schema()";
@@ -1208,7 +1213,7 @@ pub(crate) mod tests {
         let (pg, _) = (PgStore::open(&url).await.expect("target"), PgStore::open(&reference).await.expect("ref"));
         // A trigger an operator disabled stays so, and one set to fire ALWAYS stays so.
         for u in [&url, &reference] {
-            let mut c = Conn::open(&u.parse().expect("url")).await.expect("connect");
+            let mut c = connect(u).await;
             c.batch("ALTER TABLE jobs DISABLE TRIGGER jobs_announce; ALTER TABLE specs ENABLE ALWAYS TRIGGER specs_announce")
                 .await
                 .expect("operator's triggers");
