@@ -26,8 +26,10 @@ struct Ran {
 /// Runs `cmd` to its end; panics with its stderr when it fails (a benchmark of a failing
 /// command measures nothing). The peak is the process's `VmHWM`, read while it runs: its
 /// `ru_maxrss` would count this benchmark's own memory, which the kernel carries over the exec
-/// of a child spawned with a shared address space.
+/// of a child spawned with a shared address space. The files earlier steps wrote (a backup is
+/// 700 MB) are flushed first, so that no step pays for another's writeback.
 fn ran(cmd: &mut Command) -> Ran {
+    assert!(Command::new("sync").status().expect("sync").success(), "sync");
     let errors = tempfile::NamedTempFile::new().expect("stderr file");
     let started = Instant::now();
     let mut child =

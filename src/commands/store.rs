@@ -320,8 +320,8 @@ async fn open_end(url: &str, data_dir: &Path) -> anyhow::Result<AnyStore> {
 }
 
 async fn copy(from: &(impl Store + Clone), to: &impl Store, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
-    match transfer::copy_counted(from, to, &mut meter.rows()).await {
-        Ok(copied) => Ok(transfer::moved(&copied)),
+    match transfer::copy_moved(from, to, &mut meter.rows()).await {
+        Ok(moved) => Ok(moved),
         Err(e @ StoreError::NotEmpty(_)) => Err(e.into()),
         Err(e) => Err(e).with_context(|| {
             format!(

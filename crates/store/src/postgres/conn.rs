@@ -6,11 +6,11 @@ use std::sync::{Mutex, PoisonError};
 
 use bytes::BytesMut;
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{CancelToken, Client, NoTls, Row, Statement};
 
+use super::copy::CopyIn;
 use crate::cells::{Batch, Cell, Incoming};
 use crate::codec::{Columns, Value};
 use crate::{Result, StoreError};
@@ -139,12 +139,12 @@ impl Conn {
 
     /// P14: `rows` of `tab` (each in `transfer::columns` order) by `COPY … FROM STDIN` in
     /// PostgreSQL's binary format; a cell goes to its column's type as a bound parameter would.
-    pub async fn copy_in(&mut self, tab: &str, rows: &[Vec<Cell>]) -> Result<()> {
-        let mut writer = std::pin::pin!(self.copy_writer(tab).await?);
+    pub async fn copy_in(&mut self, tab: &'static str, rows: &[Vec<Cell>]) -> Result<()> {
+        let mut writer = self.copy_writer(tab).await?;
         for row in rows {
-            writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
+            writer.write(row).await?;
         }
-        writer.finish().await.map_err(map_err).map(drop)
+        writer.finish().await.map(drop)
     }
 
     /// P14: `first` and the batches after it of the same tab as one `COPY`, each written as it
@@ -152,11 +152,11 @@ impl Conn {
     /// them (another tab's batch, or the end); rows that stop before the end fail the `COPY`.
     pub async fn copy_in_run(&mut self, first: Batch, more: &mut mpsc::Receiver<Incoming>) -> Result<Incoming> {
         let tab = first.tab;
-        let mut writer = std::pin::pin!(self.copy_writer(tab).await?);
+        let mut writer = self.copy_writer(tab).await?;
         let mut batch = first;
         let next = loop {
             for row in &batch.rows {
-                writer.as_mut().write_raw(row.iter()).await.map_err(map_err)?;
+                writer.write(row).await?;
             }
             match more.recv().await {
                 Some(Incoming::Rows(same)) if same.tab == tab => batch = same,
@@ -164,16 +164,16 @@ impl Conn {
                 None => return Err(StoreError::Backend(crate::cells::COPY_INCOMPLETE.into())),
             }
         };
-        writer.finish().await.map_err(map_err)?;
+        writer.finish().await?;
         Ok(next)
     }
 
-    async fn copy_writer(&mut self, tab: &str) -> Result<BinaryCopyInWriter> {
+    async fn copy_writer(&mut self, tab: &'static str) -> Result<CopyIn> {
         let types = self.column_types(tab).await?;
         let sql = format!("COPY {tab} ({}) FROM STDIN (FORMAT binary)", crate::transfer::column_list(tab));
         let statement = self.prepare(&sql).await?;
         let sink = self.client.copy_in::<_, bytes::Bytes>(&statement).await.map_err(map_err)?;
-        Ok(BinaryCopyInWriter::new(sink, &types))
+        Ok(CopyIn::new(tab, types, sink))
     }
 
     /// The types of `tab`'s columns (in `transfer::columns` order), as this connection's prepared `SELECT` of them reads them.

@@ -7,6 +7,7 @@
 //! their rows. Committed mail, due jobs and spec changes are announced with NOTIFY.
 
 mod conn;
+mod copy;
 mod deferred;
 #[cfg(test)]
 mod earlier;
