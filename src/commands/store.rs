@@ -226,10 +226,9 @@ pub async fn restore(file: PathBuf, target: StoreArgs, force: bool) -> anyhow::R
 /// one transaction. Sheets: the working copy likewise, then the spreadsheet in one cycle.
 async fn replace(from: &SqliteStore, to: AnyStore, url: &str, meter: &mut Meter) -> anyhow::Result<Moved> {
     let Some(path) = url.strip_prefix("sqlite:").filter(|p| !p.is_empty()).map(PathBuf::from) else {
-        let replaced = transfer::replace(from, &to)
+        return transfer::replace(from, &to)
             .await
-            .with_context(|| format!("the restore into {} did not finish", redact_url(url)))?;
-        return Ok(transfer::moved(&replaced));
+            .with_context(|| format!("the restore into {} did not finish", redact_url(url)));
     };
     drop(to);
     let fresh = with_suffix(&path, ".restoring");

@@ -256,11 +256,12 @@ fn either_cause<T>(ended: (Result<T>, Result<()>)) -> Result<T> {
 
 /// E14: replaces every row of `to` (a store holding data, which `restore --force` empties) by
 /// `from`'s, in one transaction of `to`'s: it holds either what it held or all of `from`.
-/// Answers what moved, counted and checksummed as [`copy`] does.
-pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Vec<TabDigest>> {
+/// Answers what moved, counted as [`copy_moved`] counts it.
+pub async fn replace(from: &(impl Store + Clone), to: &impl Store) -> Result<Moved> {
     let (tx, rx) = mpsc::channel::<Incoming>(4);
     let mut untold = |_, _| {};
-    either_cause(tokio::join!(feed(from, tx, &mut untold, Tally::Checksums), to.replace_tabs(rx))).map(Sums::finish)
+    either_cause(tokio::join!(feed(from, tx, &mut untold, Tally::Counts), to.replace_tabs(rx)))
+        .map(|sums| moved(&sums.finish()))
 }
 
 const STOPPED_TAKING: &str = "the store being written stopped taking rows";

@@ -313,16 +313,20 @@ impl ToSql for Value<'_> {
     to_sql_checked!();
 }
 
-/// Cells go to the type the target column has: a 0/1 from SQLite into a boolean column.
+/// Cells go to the type the target column has: a 0/1 from SQLite into a boolean column. A
+/// value of another kind is refused, not written as the column's bytes (SQLite's columns take
+/// text where an integer belongs; `accepts` answers for the enum as a whole).
 impl ToSql for Cell {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         match self {
             Cell::Null => Ok(IsNull::Yes),
-            Cell::Text(v) => v.as_str().to_sql(ty, out),
+            Cell::Text(v) if <&str as ToSql>::accepts(ty) => v.as_str().to_sql(ty, out),
             Cell::Int(v) if *ty == Type::BOOL => (*v != 0).to_sql(ty, out),
-            Cell::Int(v) => v.to_sql(ty, out),
+            Cell::Int(v) if *ty == Type::INT8 => v.to_sql(ty, out),
             Cell::Bool(v) if *ty == Type::INT8 => i64::from(*v).to_sql(ty, out),
-            Cell::Bool(v) => v.to_sql(ty, out),
+            Cell::Bool(v) if *ty == Type::BOOL => v.to_sql(ty, out),
+            Cell::Text(_) => Err(format!("text cannot go into a {ty} column").into()),
+            Cell::Int(_) | Cell::Bool(_) => Err(format!("an integer cannot go into a {ty} column").into()),
         }
     }
 

@@ -23,44 +23,60 @@ const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// The field count that ends the stream.
 const TRAILER: i16 = -1;
 
-/// One tab's `COPY … FROM STDIN (FORMAT binary)` under way.
+/// One tab's `COPY … FROM STDIN (FORMAT binary)` under way. Dropped unfinished, it aborts
+/// the `COPY`, and the transaction it is in fails.
 pub struct CopyIn {
     tab: &'static str,
     types: Vec<Type>,
     sink: Pin<Box<CopyInSink<Bytes>>>,
     buf: BytesMut,
+    rows: u64,
 }
+
+/// Room for the row that crosses [`CHUNK`] without growing the buffer.
+const CAPACITY: usize = CHUNK + CHUNK / 4;
 
 impl CopyIn {
     /// `types` are the columns' as the `COPY` names them (`transfer::columns` order).
     pub fn new(tab: &'static str, types: Vec<Type>, sink: CopyInSink<Bytes>) -> Self {
-        let mut buf = BytesMut::with_capacity(CHUNK + CHUNK / 4);
+        let mut buf = BytesMut::with_capacity(CAPACITY);
         buf.put_slice(HEADER);
-        CopyIn { tab, types, sink: Box::pin(sink), buf }
+        CopyIn { tab, types, sink: Box::pin(sink), buf, rows: 0 }
     }
 
+    /// One row, sent with those before it once they fill a chunk. A row that cannot be
+    /// encoded leaves nothing of itself in the stream.
     pub async fn write(&mut self, row: &[Cell]) -> Result<()> {
-        encode_row(&mut self.buf, self.tab, &self.types, row)?;
+        let start = self.buf.len();
+        if let Err(e) = encode_row(&mut self.buf, self.tab, &self.types, row) {
+            self.buf.truncate(start);
+            return Err(e);
+        }
+        self.rows += 1;
         if self.buf.len() >= CHUNK {
             self.send().await?;
         }
         Ok(())
     }
 
-    /// Ends the stream; answers the rows PostgreSQL took. A `CopyIn` dropped unfinished
-    /// aborts its `COPY`, and the transaction it is in fails.
+    /// Ends the stream; fails unless PostgreSQL took every row written.
     pub async fn finish(mut self) -> Result<u64> {
         self.buf.put_i16(TRAILER);
         self.send().await?;
-        self.sink.as_mut().finish().await.map_err(map_err)
+        let took = self.sink.as_mut().finish().await.map_err(map_err)?;
+        if took != self.rows {
+            return Err(StoreError::Backend(format!("{}: PostgreSQL took {took} of {} rows", self.tab, self.rows)));
+        }
+        Ok(took)
     }
 
     async fn send(&mut self) -> Result<()> {
+        let sink = &mut self.sink;
+        // Ready first: a send that fails or is cancelled here leaves the chunk in the buffer.
+        poll_fn(|cx| sink.as_mut().poll_ready(cx)).await.map_err(map_err)?;
         let chunk = self.buf.split().freeze();
         // One allocation a chunk: the last one's is the connection's until it is written.
-        self.buf.reserve(CHUNK + CHUNK / 4);
-        let sink = &mut self.sink;
-        poll_fn(|cx| sink.as_mut().poll_ready(cx)).await.map_err(map_err)?;
+        self.buf.reserve(CAPACITY);
         sink.as_mut().start_send(chunk).map_err(map_err)?;
         poll_fn(|cx| sink.as_mut().poll_flush(cx)).await.map_err(map_err)
     }
@@ -115,5 +131,16 @@ mod tests {
         assert!(matches!(short, Err(StoreError::Corrupt(m)) if m == "jobs: a row of 1 values for 2 columns"));
         let mistyped = encode_row(&mut buf, "jobs", &[Type::FLOAT8], &[Cell::Int(1)]);
         assert!(matches!(mistyped, Err(StoreError::Corrupt(m)) if m.starts_with("jobs column 0: ")));
+        // Text where an integer or a flag belongs (SQLite keeps what it is given) is refused,
+        // not written as the column's bytes: eight of them would read as a bigint.
+        for ty in [Type::INT8, Type::BOOL] {
+            let text = encode_row(&mut buf, "jobs", std::slice::from_ref(&ty), &[Cell::Text("abcdefgh".into())]);
+            assert!(
+                matches!(&text, Err(StoreError::Corrupt(m)) if m.contains("text cannot go into")),
+                "{ty}: {text:?}"
+            );
+        }
+        let int = encode_row(&mut buf, "jobs", &[Type::TEXT], &[Cell::Int(7)]);
+        assert!(matches!(&int, Err(StoreError::Corrupt(m)) if m.contains("an integer cannot go into")), "{int:?}");
     }
 }

@@ -1264,20 +1264,34 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn p14_o3_rows_that_stop_before_their_end_fail_the_import_and_keep_none_of_their_run() {
         let (_scratch, pg) = fresh().await;
-        let machine = |n: i64| vec![Cell::Text(format!("pc{n}")), Cell::Int(n), Cell::Text(String::new())];
+        // Names of 100 bytes: 5,000 rows are more than one chunk of the COPY stream, so part of
+        // the run has reached PostgreSQL when it breaks.
+        let machine = |n: i64| vec![Cell::Text(format!("pc{n:0>98}")), Cell::Int(n), Cell::Text(String::new())];
         let batch =
             |ns: std::ops::Range<i64>| Incoming::Rows(Batch { tab: "machines", rows: ns.map(machine).collect() });
         let (tx, rx) = mpsc::channel(4);
         let import = pg.import_stream(rx);
         let fed = async move {
-            tx.send(batch(0..3)).await.expect("taken");
-            tx.send(batch(3..5)).await.expect("taken");
+            tx.send(batch(0..3000)).await.expect("taken");
+            tx.send(batch(3000..5000)).await.expect("taken");
             // The feed breaks here: no `End`.
         };
         let (imported, ()) = tokio::join!(import, fed);
         let err = imported.expect_err("a stream without its end fails");
         assert!(err.to_string().contains("stopped before their end"), "{err}");
         assert_eq!(pg.occupied_tabs().await.expect("occupied"), Vec::<&str>::new(), "the run is not kept");
+
+        // A row that fits no column, after the first chunks went: refused by name, none kept.
+        let (tx, rx) = mpsc::channel(4);
+        let fed = async move {
+            tx.send(batch(0..5000)).await.expect("taken");
+            let short = Batch { tab: "machines", rows: vec![vec![Cell::Text("pc-short".into())]] };
+            let _ = tx.send(Incoming::Rows(short)).await;
+        };
+        let (imported, ()) = tokio::join!(pg.import_stream(rx), fed);
+        let err = imported.expect_err("a row of one value for three columns");
+        assert!(err.to_string().contains("machines: a row of 1 values for 3 columns"), "{err}");
+        assert_eq!(pg.occupied_tabs().await.expect("the pool's connections still answer"), Vec::<&str>::new());
 
         let (tx, rx) = mpsc::channel(4);
         let fed = async move {
