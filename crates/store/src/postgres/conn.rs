@@ -326,7 +326,8 @@ impl ToSql for Cell {
             Cell::Bool(v) if *ty == Type::INT8 => i64::from(*v).to_sql(ty, out),
             Cell::Bool(v) if *ty == Type::BOOL => v.to_sql(ty, out),
             Cell::Text(_) => Err(format!("text cannot go into a {ty} column").into()),
-            Cell::Int(_) | Cell::Bool(_) => Err(format!("an integer cannot go into a {ty} column").into()),
+            Cell::Int(_) => Err(format!("an integer cannot go into a {ty} column").into()),
+            Cell::Bool(_) => Err(format!("a flag cannot go into a {ty} column").into()),
         }
     }
 

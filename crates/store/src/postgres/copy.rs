@@ -15,7 +15,7 @@ use crate::cells::Cell;
 use crate::{Result, StoreError};
 
 /// How much of the stream goes to the connection at once.
-const CHUNK: usize = 256 * 1024;
+pub(super) const CHUNK: usize = 256 * 1024;
 
 /// The format's signature, then its flags and its header extension's length (both none).
 const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
@@ -90,14 +90,15 @@ fn encode_row(buf: &mut BytesMut, tab: &str, types: &[Type], row: &[Cell]) -> Re
     })?;
     buf.put_i16(fields);
     for (i, (cell, ty)) in row.iter().zip(types).enumerate() {
+        let column = || crate::transfer::columns(tab).get(i).map_or_else(|| i.to_string(), |c| c.to_string());
         let at = buf.len();
         buf.put_i32(0);
         let written =
-            cell.to_sql_checked(ty, buf).map_err(|e| StoreError::Corrupt(format!("{tab} column {i}: {e}")))?;
+            cell.to_sql_checked(ty, buf).map_err(|e| StoreError::Corrupt(format!("{tab}.{}: {e}", column())))?;
         let len = match written {
             IsNull::Yes => -1,
             IsNull::No => i32::try_from(buf.len() - at - 4)
-                .map_err(|_| StoreError::Corrupt(format!("{tab} column {i}: a value of 2 GiB or more")))?,
+                .map_err(|_| StoreError::Corrupt(format!("{tab}.{}: a value of 2 GiB or more", column())))?,
         };
         buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
@@ -130,7 +131,9 @@ mod tests {
         let short = encode_row(&mut buf, "jobs", &[Type::INT8, Type::TEXT], &[Cell::Int(1)]);
         assert!(matches!(short, Err(StoreError::Corrupt(m)) if m == "jobs: a row of 1 values for 2 columns"));
         let mistyped = encode_row(&mut buf, "jobs", &[Type::FLOAT8], &[Cell::Int(1)]);
-        assert!(matches!(mistyped, Err(StoreError::Corrupt(m)) if m.starts_with("jobs column 0: ")));
+        assert!(matches!(mistyped, Err(StoreError::Corrupt(m)) if m.starts_with("jobs.seq: ")));
+        let unnamed = encode_row(&mut buf, "nothing", &[Type::FLOAT8], &[Cell::Int(1)]);
+        assert!(matches!(unnamed, Err(StoreError::Corrupt(m)) if m.starts_with("nothing.0: ")));
         // Text where an integer or a flag belongs (SQLite keeps what it is given) is refused,
         // not written as the column's bytes: eight of them would read as a bigint.
         for ty in [Type::INT8, Type::BOOL] {

@@ -1264,16 +1264,17 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn p14_o3_rows_that_stop_before_their_end_fail_the_import_and_keep_none_of_their_run() {
         let (_scratch, pg) = fresh().await;
-        // Names of 100 bytes: 5,000 rows are more than one chunk of the COPY stream, so part of
-        // the run has reached PostgreSQL when it breaks.
+        // Names of 100 bytes: `rows` of them are more than two chunks of the COPY stream, so
+        // part of the run has gone to the connection when it breaks.
+        let rows = (2 * copy::CHUNK / 100) as i64 + 1;
         let machine = |n: i64| vec![Cell::Text(format!("pc{n:0>98}")), Cell::Int(n), Cell::Text(String::new())];
         let batch =
             |ns: std::ops::Range<i64>| Incoming::Rows(Batch { tab: "machines", rows: ns.map(machine).collect() });
         let (tx, rx) = mpsc::channel(4);
         let import = pg.import_stream(rx);
         let fed = async move {
-            tx.send(batch(0..3000)).await.expect("taken");
-            tx.send(batch(3000..5000)).await.expect("taken");
+            tx.send(batch(0..rows / 2)).await.expect("taken");
+            tx.send(batch(rows / 2..rows)).await.expect("taken");
             // The feed breaks here: no `End`.
         };
         let (imported, ()) = tokio::join!(import, fed);
@@ -1284,7 +1285,7 @@ pub(crate) mod tests {
         // A row that fits no column, after the first chunks went: refused by name, none kept.
         let (tx, rx) = mpsc::channel(4);
         let fed = async move {
-            tx.send(batch(0..5000)).await.expect("taken");
+            tx.send(batch(0..rows)).await.expect("taken");
             let short = Batch { tab: "machines", rows: vec![vec![Cell::Text("pc-short".into())]] };
             let _ = tx.send(Incoming::Rows(short)).await;
         };
