@@ -5,15 +5,14 @@
 //!
 //! At the copy's start, in one transaction: the copied tabs' keys (primary and unique),
 //! indexes (but mail's over its few open rows, [`KEPT_UP`]) and enabled triggers are written
-//! down in the store's own `kv` and dropped or
-//! disabled (`mail_counts`, which mail's triggers keep, is recounted at the end; nothing
-//! listens to a store being filled). At its end, in one transaction: the keys and b-trees are
-//! built again and the triggers enabled from what was written down, and the counts recounted.
-//! The search indexes (GIN over
-//! trigrams, ten seconds for a million mails) are left to the indexer of the first `serve`,
-//! which builds them `CONCURRENTLY` while the store serves: a search is the same `ILIKE` with
-//! or without them, so it answers the same meanwhile, only slower (U5; a large one may reach
-//! its budget and say it is truncated, T14).
+//! down in the store's own `kv` and dropped or disabled (`mail_counts`, which mail's triggers
+//! keep, is recounted at the end; nothing listens to a store being filled). At its end, in one
+//! transaction: the keys and b-trees are built again and the triggers enabled from what was
+//! written down, and the counts recounted. The search indexes (GIN over trigrams, ten seconds
+//! for a million mails) are left to the indexer of the first `serve`, which builds them
+//! `CONCURRENTLY` while the store serves: a search is the same `ILIKE` with or without them,
+//! so it answers the same meanwhile, only slower (U5; a large one may reach its budget and say
+//! it is truncated, T14).
 //!
 //! A copy stopped in between leaves a store marked unfinished, which `serve` refuses until it
 //! is emptied — dropped and created, so the migrations build every index again.
@@ -32,9 +31,10 @@ const SEARCH_BUILD_LOCK: i64 = 0x7063_6d61_696c_0002;
 
 /// What a copy sets aside, in the order it is built again: each primary key and unique
 /// constraint of a copied tab but `kv` (whose key the copy's own marks are written by), every
-/// index of a copied tab that backs no constraint but [`KEPT_UP`], and each of their triggers that is enabled
-/// (as it was: `ALWAYS` and `REPLICA` too). Each as its name, the statement that drops or
-/// disables it, the one that builds or enables it, and whether it is a search index (GIN).
+/// index of a copied tab that backs no constraint but [`KEPT_UP`], and each of their triggers
+/// that is enabled (as it was: `ALWAYS` and `REPLICA` too). Each as its name, the statement
+/// that drops or disables it, the one that builds or enables it, and whether it is a search
+/// index (GIN).
 const SET_ASIDE: &str = "SELECT name, drop_it, build_it, gin FROM ( \
      SELECT 0 AS step, c.conname::text AS name, \
        format('ALTER TABLE %I DROP CONSTRAINT %I', t.relname, c.conname) AS drop_it, \
