@@ -144,7 +144,7 @@ impl Conn {
         for row in rows {
             writer.write(row).await?;
         }
-        writer.finish().await.map(drop)
+        writer.finish().await
     }
 
     /// P14: `first` and the batches after it of the same tab as one `COPY`, each written as it

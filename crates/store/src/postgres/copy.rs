@@ -60,14 +60,14 @@ impl CopyIn {
     }
 
     /// Ends the stream; fails unless PostgreSQL took every row written.
-    pub async fn finish(mut self) -> Result<u64> {
+    pub async fn finish(mut self) -> Result<()> {
         self.buf.put_i16(TRAILER);
         self.send().await?;
         let took = self.sink.as_mut().finish().await.map_err(map_err)?;
         if took != self.rows {
             return Err(StoreError::Backend(format!("{}: PostgreSQL took {took} of {} rows", self.tab, self.rows)));
         }
-        Ok(took)
+        Ok(())
     }
 
     async fn send(&mut self) -> Result<()> {
