@@ -13,6 +13,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+use std::sync::{Mutex, PoisonError};
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -43,6 +44,48 @@ pub struct Child {
 pub struct Exit {
     pid: i32,
     pidfd: Option<AsyncFd<OwnedFd>>,
+}
+
+/// The pids of this process' children not yet reaped. Until it is reaped, a child's pid is
+/// its own: no other process can be given it — so long as the kernel never reaps them itself,
+/// which [`children_kept`] sees to.
+static UNREAPED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// SIGCHLD back to its default if `serve` was started with it ignored or with SA_NOCLDWAIT
+/// (both pass through `execve`): the kernel would then reap exited children by itself, their
+/// pids free for anyone while [`UNREAPED`] still holds them, and `waitpid` would find none.
+fn children_kept() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sigaction reads (and then sets) this process' SIGCHLD disposition through
+        // structs that outlive the calls.
+        unsafe {
+            let mut now: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut now) == 0
+                && (now.sa_sigaction == libc::SIG_IGN || now.sa_flags & libc::SA_NOCLDWAIT != 0)
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(libc::SIGCHLD, &default, std::ptr::null_mut());
+            }
+        }
+    });
+}
+
+/// Whether `pid` is a child started here and not yet reaped (P9: a sweep for another run's
+/// strays knows it without reading `/proc`: it is that run's own process, in a session of its
+/// own and carrying that run's mark).
+pub fn unreaped(pid: i32) -> bool {
+    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).contains(&pid)
+}
+
+fn held(pid: i32) {
+    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).push(pid);
+}
+
+/// Out of [`UNREAPED`] before a reap: once reaped, the pid may be handed to anyone.
+fn released(pid: i32) {
+    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).retain(|p| *p != pid);
 }
 
 /// What the child reads (and, on failure, writes its errno to) while the parent waits.
@@ -105,6 +148,7 @@ fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
 /// runtime (PR_SET_PDEATHSIG follows the thread that started the child): a runtime worker,
 /// never a `spawn_blocking` thread.
 pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
+    children_kept();
     let paths: Vec<CString> = plan.paths.iter().map(|p| cstring(p)).collect::<io::Result<_>>()?;
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
     let envp: Vec<CString> = plan.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
@@ -135,8 +179,20 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(io::Error::from_raw_os_error(errno));
     }
+    held(pid);
     // SAFETY: the pidfd is owned by the AsyncFd from here until it is dropped.
-    let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }.map_err(io::Error::from)?;
+    let pidfd = match unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            released(pid);
+            // SAFETY: kills and reaps the child just started here, which nothing waits on.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut 0, 0);
+            }
+            return Err(io::Error::from(e));
+        }
+    };
     let exit = Exit { pid, pidfd: Some(pidfd) };
     let (stdin, stdout, stderr) = (in_w, out_r, err_r);
     for fd in [&stdin, &stdout, &stderr] {
@@ -295,10 +351,14 @@ impl Exit {
 /// The exit status of `pid`, this process' child, if it has exited; it is then reaped.
 fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
     let mut status = 0;
+    released(pid);
     // SAFETY: the pid is this process' unreaped child (its pidfd is held until reaped).
     let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
     if got < 0 {
         return Err(io::Error::last_os_error());
+    }
+    if got == 0 {
+        held(pid);
     }
     Ok((got != 0).then(|| ExitStatus::from_raw(status)))
 }
@@ -310,8 +370,77 @@ impl Drop for Exit {
         }
         self.kill();
         self.pidfd = None;
+        released(self.pid);
         let mut status = 0;
         // SAFETY: reaps this process' own child, just sent SIGKILL (it exits at once).
         unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(argv: &[&str]) -> Child {
+        let path = std::env::var("PATH").ok();
+        let paths = pcmail_core::exec::candidates(argv[0], path.as_deref());
+        let env = [("PATH".to_string(), path.unwrap_or_default())];
+        spawn(&Plan { paths: &paths, argv, env: &env, umask: None }).expect("spawn")
+    }
+
+    #[tokio::test]
+    async fn p9_e16_a_child_is_unreaped_until_its_exit_is_read_and_then_its_pid_is_no_longer_held() {
+        let mut child = start(&["true"]);
+        assert!(unreaped(child.pid), "a child started is held until it is reaped");
+        // Exited but not yet reaped (a zombie): its pid is still its own.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(unreaped(child.pid));
+        assert!(child.exit.wait().await.expect("status").success());
+        assert!(!unreaped(child.pid), "a reaped child's pid may be anyone's");
+    }
+
+    /// Set in the copy of this test binary that the SIGCHLD test below starts.
+    const IGNORED: &str = "PCMAIL_TEST_SIGCHLD_IGNORED";
+
+    #[test]
+    fn p9_e16_a_serve_started_with_sigchld_ignored_still_reaps_its_children() {
+        if std::env::var_os(IGNORED).is_some() {
+            // The copy: SIGCHLD came ignored through `execve`, as from a parent that ignored it.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let status = rt.block_on(async {
+                let mut child = start(&["true"]);
+                let pid = child.pid;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                assert!(unreaped(pid), "the kernel must not have reaped it");
+                child.exit.wait().await
+            });
+            assert!(status.expect("the exit status is read, not lost").success());
+            return;
+        }
+        let mut copy = std::process::Command::new(std::env::current_exe().expect("test binary"));
+        copy.args(["--exact", "spawner::tests::p9_e16_a_serve_started_with_sigchld_ignored_still_reaps_its_children"]);
+        copy.env(IGNORED, "1");
+        // SAFETY: the hook only sets a signal's disposition, which is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut copy, || {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let out = copy.output().expect("run the copy");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && said.contains("1 passed"), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[tokio::test]
+    async fn p9_e16_a_child_dropped_unreaped_is_killed_reaped_and_let_go() {
+        let child = start(&["sleep", "30"]);
+        let pid = child.pid;
+        assert!(unreaped(pid));
+        drop(child);
+        assert!(!unreaped(pid));
+        // SAFETY: waitpid on a pid that is no longer this process' child only fails.
+        let still_ours = unsafe { libc::waitpid(pid, &mut 0, libc::WNOHANG) };
+        assert_eq!(still_ours, -1, "the child was reaped when it was dropped");
     }
 }
