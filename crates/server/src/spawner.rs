@@ -184,12 +184,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     let pidfd = match unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) } {
         Ok(fd) => fd,
         Err(e) => {
-            released(pid);
-            // SAFETY: kills and reaps the child just started here, which nothing waits on.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut 0, 0);
-            }
+            kill_and_reap(pid);
             return Err(io::Error::from(e));
         }
     };
@@ -365,15 +360,19 @@ fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
 
 impl Drop for Exit {
     fn drop(&mut self) {
-        if self.pidfd.is_none() {
-            return;
+        if self.pidfd.take().is_some() {
+            kill_and_reap(self.pid);
         }
-        self.kill();
-        self.pidfd = None;
-        released(self.pid);
-        let mut status = 0;
-        // SAFETY: reaps this process' own child, just sent SIGKILL (it exits at once).
-        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+/// SIGKILL to `pid`, a child of this process not yet reaped, then its reap (it exits at once).
+fn kill_and_reap(pid: i32) {
+    released(pid);
+    // SAFETY: until it is reaped here, `pid` is this process' own child and no one else's.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut 0, 0);
     }
 }
 
