@@ -1014,6 +1014,11 @@ impl Store for SheetsStore {
         self.inner.local.import_rows(batch).await
     }
 
+    async fn import_stream(&self, rows: mpsc::Receiver<crate::cells::Incoming>) -> Result<()> {
+        // The working copy's own stream: its writer's triggers off once for all the batches.
+        self.inner.local.import_stream(rows).await
+    }
+
     async fn import_started(&self) -> Result<()> {
         self.inner.local.import_started().await
     }

@@ -1,14 +1,16 @@
 //! The embedded default store: SQLite in WAL mode, one writer connection plus a pool of
 //! readers. Every call runs on tokio's blocking pool so the async server never waits on disk.
 
+mod bulk;
 #[cfg(test)]
 mod earlier;
 pub mod rows;
 pub mod schema;
 mod search;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pcmail_core::Ts;
 use pcmail_core::alert::{Alert, AlertState};
@@ -370,19 +372,40 @@ fn leave_wal(conn: &Connection) -> Result<()> {
     }
 }
 
+/// P14: one batch of a copy in a transaction of its own, on a writer whose triggers are off
+/// (`bulk.rs` does their work).
+fn import_batch(conn: &mut Connection, batch: &Batch) -> Result<()> {
+    if unjournaled(batch.tab) {
+        leave_wal(conn)?;
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
+    bulk::insert(&tx, batch)?;
+    tx.commit().map_err(map_err)
+}
+
 /// O3/E14: one batch of a copy or a restore, its rows as they are, in the caller's transaction.
 fn insert_batch(tx: &Connection, batch: &Batch) -> Result<()> {
-    // P14: a full chunk's statement is written once a batch, not once a chunk.
-    let full = transfer::insert_many_sql(batch.tab, ROWS_PER_INSERT, |i| format!("?{i}"));
     for rows in batch.rows.chunks(ROWS_PER_INSERT) {
         let sql = match rows.len() {
-            ROWS_PER_INSERT => std::borrow::Cow::Borrowed(full.as_str()),
-            short => std::borrow::Cow::Owned(transfer::insert_many_sql(batch.tab, short, |i| format!("?{i}"))),
+            ROWS_PER_INSERT => full_insert(batch.tab),
+            short => Cow::Owned(transfer::insert_many_sql(batch.tab, short, |i| format!("?{i}"))),
         };
         let mut insert = tx.prepare_cached(&sql).map_err(map_err)?;
         insert.execute(rusqlite::params_from_iter(rows.iter().flatten())).map_err(map_err)?;
     }
     Ok(())
+}
+
+/// P14: each tab's `INSERT` of a full chunk, written once a process, not once a batch (mail's
+/// has 1,664 placeholders).
+fn full_insert(tab: &str) -> Cow<'static, str> {
+    static FULL: OnceLock<Vec<(&str, String)>> = OnceLock::new();
+    let written = |tab: &str| transfer::insert_many_sql(tab, ROWS_PER_INSERT, |i| format!("?{i}"));
+    let full = FULL.get_or_init(|| transfer::TABS.iter().map(|(t, _)| (*t, written(t))).collect());
+    match full.iter().find(|(t, _)| *t == tab) {
+        Some((_, sql)) => Cow::Borrowed(sql),
+        None => Cow::Owned(written(tab)),
+    }
 }
 
 /// P14: rows one `INSERT` of an import takes: a statement's own work (its cursors on the tab
@@ -1185,13 +1208,22 @@ impl Store for SqliteStore {
     }
 
     async fn import_rows(&self, batch: Batch) -> Result<()> {
+        self.write(move |conn| bulk::without_triggers(conn, |conn| import_batch(conn, &batch))).await
+    }
+
+    async fn import_stream(&self, mut rows: mpsc::Receiver<Incoming>) -> Result<()> {
+        // P14: the writer held for the whole stream, its triggers off once (`bulk.rs`); each
+        // batch still commits on its own.
         self.write(move |conn| {
-            if unjournaled(batch.tab) {
-                leave_wal(conn)?;
-            }
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(map_err)?;
-            insert_batch(&tx, &batch)?;
-            tx.commit().map_err(map_err)
+            bulk::without_triggers(conn, |conn| {
+                loop {
+                    match rows.blocking_recv() {
+                        Some(Incoming::Rows(batch)) => import_batch(conn, &batch)?,
+                        Some(Incoming::End) => return Ok(()),
+                        None => return Err(StoreError::Backend(crate::cells::COPY_INCOMPLETE.into())),
+                    }
+                }
+            })
         })
         .await
     }

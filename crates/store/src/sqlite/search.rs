@@ -27,7 +27,7 @@ const OWN_MAIL: &str = "SELECT seq, subject, body FROM mail WHERE seq IN \
 const INDEXED_MAIL: &str =
     "SELECT rowid, subject, body FROM mail_search WHERE mail_search MATCH ?1 ORDER BY rowid DESC";
 /// P13: the index's mark — it holds exactly the mail at or below it (migration 11).
-const MARK: &str = "SELECT through FROM search_indexed WHERE tab = 'mail'";
+pub(super) const MARK: &str = "SELECT through FROM search_indexed WHERE tab = 'mail'";
 /// P13: the mail stored since the index's last batch, newest first: every number above the mark.
 const UNINDEXED_MAIL: &str = "SELECT seq, subject, body FROM mail \
     WHERE seq > (SELECT through FROM search_indexed WHERE tab = 'mail') ORDER BY seq DESC";
