@@ -55,3 +55,31 @@ fn quiet_on_closed_output(command: &args::Command) {
     #[cfg(not(unix))]
     let _ = command;
 }
+
+/// While held, a verb's write into a child that went away is an error it reports, not the end
+/// of the verb: SIGPIPE ignored, and back to E10's default on drop.
+pub struct ChildPipesReported(());
+
+impl ChildPipesReported {
+    pub fn now() -> ChildPipesReported {
+        set_sigpipe(true);
+        ChildPipesReported(())
+    }
+}
+
+impl Drop for ChildPipesReported {
+    fn drop(&mut self) {
+        set_sigpipe(false);
+    }
+}
+
+fn set_sigpipe(ignored: bool) {
+    // SAFETY: sets one signal's disposition (sigaction is process-wide and thread-safe); no
+    // handler of ours is installed.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, if ignored { libc::SIG_IGN } else { libc::SIG_DFL });
+    }
+    #[cfg(not(unix))]
+    let _ = ignored;
+}

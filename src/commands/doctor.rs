@@ -27,7 +27,12 @@ pub async fn run(conn: Connection, output: Output) -> anyhow::Result<i32> {
         project: std::env::current_dir().context("reading the working directory")?,
         exe: std::env::current_exe().context("finding this executable")?,
     };
-    let findings = doctor::run(&setup).await;
+    let findings = {
+        // The MCP check writes to a server that may have ended unread (E10's default SIGPIPE
+        // would end doctor then, printing nothing); the report itself ends quietly as E10 says.
+        let _reported = crate::ChildPipesReported::now();
+        doctor::run(&setup).await
+    };
     let code = pcmail_core::doctor::exit_code(&findings);
     let report = serde_json::json!({ "kind": "Doctor", "healthy": code == 0, "checks": findings });
     if !crate::output::structured(output, &report)? {

@@ -237,6 +237,8 @@ fn x5_doctor_finds_the_plugin_claude_code_installed_and_starts_the_mcp_server_th
                 .current_dir(&h.home)
                 .output()
                 .expect("doctor");
+            // A report, whatever it finds: exit 0 or 1, never a crash or an error of its own.
+            assert!(matches!(out.status.code(), Some(0 | 1)), "doctor ended {}: {}", out.status, stderr(&out));
             stdout(&out)
         };
         let report = doctor(&[("PCMAIL_CTL", BIN)]);

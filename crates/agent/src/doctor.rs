@@ -173,11 +173,13 @@ async fn initialize(child: &mut tokio::process::Child) -> McpStart {
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return McpStart::Failed("its stdio could not be opened".into());
     };
-    if let Err(e) = stdin.write_all(format!("{request}\n").as_bytes()).await {
-        return McpStart::Failed(format!("writing to it: {e}"));
-    }
+    // A server that ended before reading (a plugin's launcher that found no pcmail-ctl) breaks
+    // the pipe: what it said as it ended is still the answer.
+    let written = stdin.write_all(format!("{request}\n").as_bytes()).await;
     let mut lines = BufReader::new(stdout).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    while written.is_ok()
+        && let Ok(Some(line)) = lines.next_line().await
+    {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
         if message["id"] != 1 {
             continue;
@@ -189,13 +191,17 @@ async fn initialize(child: &mut tokio::process::Child) -> McpStart {
         let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
         return McpStart::Answered { name: text(&info["name"]), version: text(&info["version"]) };
     }
+    drop(stdin);
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut stderr).await;
     }
     let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
-    let why = stderr.lines().find(|l| !l.trim().is_empty());
-    McpStart::Failed(why.map_or_else(|| format!("it exited ({status})"), str::to_string))
+    let why = stderr.lines().find(|l| !l.trim().is_empty()).map(str::to_string);
+    McpStart::Failed(why.unwrap_or_else(|| match written {
+        Err(e) => format!("writing to it: {e}"),
+        Ok(()) => format!("it exited ({status})"),
+    }))
 }
 
 /// The Telegram poller, when this PC has a bot.
@@ -208,5 +214,36 @@ fn poller(home: &Path) -> Poller {
             Ok(false) => Poller::Free,
             Err(e) => Poller::Unknown(e.to_string()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// X5: a server that closed its stdin before `initialize` came (the launcher of a plugin
+    /// whose pcmail-ctl is missing) is reported by what it said, not by the broken pipe.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn x5_an_mcp_server_gone_before_its_initialize_is_reported_by_what_it_said() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let closed = dir.path().join("closed");
+        let script =
+            format!("exec 0<&-; : > '{}'; echo 'pcmail-ctl is not installed' >&2; sleep 0.2; exit 1", closed.display());
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        while !closed.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        match initialize(&mut child).await {
+            McpStart::Failed(why) => assert_eq!(why, "pcmail-ctl is not installed"),
+            other => panic!("{other:?}"),
+        }
     }
 }
