@@ -7,7 +7,7 @@ use std::time::Duration;
 use pcmail_core::Ts;
 use pcmail_core::api::{MachineSeen, WhoAmI};
 use pcmail_core::doctor::{self, Contact, Finding, HooksSeen, Login, McpStart, Poller, Polls, Service, TokenAnswer};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::client::{Client, ClientError, config_path, load_config};
 use crate::install::{self, Os};
@@ -191,17 +191,31 @@ async fn initialize(child: &mut tokio::process::Child) -> McpStart {
         let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
         return McpStart::Answered { name: text(&info["name"]), version: text(&info["version"]) };
     }
-    drop(stdin);
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr).await;
+    drop((stdin, lines));
+    // The first thing it said is enough; a child that keeps running (or a grandchild holding
+    // its stderr) is the caller's timeout's.
+    if let Some(said) = first_said(child.stderr.take()).await {
+        return McpStart::Failed(said);
     }
-    let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
-    let why = stderr.lines().find(|l| !l.trim().is_empty()).map(str::to_string);
-    McpStart::Failed(why.unwrap_or_else(|| match written {
-        Err(e) => format!("writing to it: {e}"),
-        Ok(()) => format!("it exited ({status})"),
-    }))
+    match written {
+        Err(e) => McpStart::Failed(format!("writing to it: {e}")),
+        Ok(()) => {
+            let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
+            McpStart::Failed(format!("it exited ({status})"))
+        }
+    }
+}
+
+/// The first line with something on it that a child wrote to `stderr`, read until it comes or
+/// the stream ends.
+async fn first_said(stderr: Option<tokio::process::ChildStderr>) -> Option<String> {
+    let mut lines = BufReader::new(stderr?).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if !line.trim().is_empty() {
+            return Some(line);
+        }
+    }
+    None
 }
 
 /// The Telegram poller, when this PC has a bot.
@@ -238,9 +252,12 @@ mod tests {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn");
-        while !closed.exists() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let gone = async {
+            while !closed.exists() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(TIMEOUT, gone).await.expect("the server closed its stdin");
         match initialize(&mut child).await {
             McpStart::Failed(why) => assert_eq!(why, "pcmail-ctl is not installed"),
             other => panic!("{other:?}"),
