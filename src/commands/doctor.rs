@@ -30,7 +30,7 @@ pub async fn run(conn: Connection, output: Output) -> anyhow::Result<i32> {
     let findings = {
         // The MCP check writes to a server that may have ended unread (E10's default SIGPIPE
         // would end doctor then, printing nothing); the report itself ends quietly as E10 says.
-        let _reported = crate::ChildPipesReported::now();
+        let _reported = crate::sigpipe::ChildPipesReported::now();
         doctor::run(&setup).await
     };
     let code = pcmail_core::doctor::exit_code(&findings);
