@@ -26,9 +26,16 @@ struct Ran {
 /// Runs `cmd` to its end; panics with its stderr when it fails (a benchmark of a failing
 /// command measures nothing). The peak is the process's `VmHWM`, read while it runs: its
 /// `ru_maxrss` would count this benchmark's own memory, which the kernel carries over the exec
-/// of a child spawned with a shared address space. The files earlier steps wrote (a backup is
-/// 700 MB) are flushed first, so that no step pays for another's writeback.
+/// of a child spawned with a shared address space. What earlier steps wrote is flushed first,
+/// so that no step pays for another's writeback: PostgreSQL's buffers and WAL by a
+/// `CHECKPOINT` (a copy into it writes a gigabyte of WAL, and one started by an earlier step's
+/// WAL ran on into the next step, its final syncs among that step's writes), then the files (a
+/// backup is 700 MB) by `sync`.
 fn ran(cmd: &mut Command) -> Ran {
+    let admin =
+        std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let checkpoint = Command::new("psql").args([admin.as_str(), "-qXc", "CHECKPOINT"]).status();
+    assert!(checkpoint.is_ok_and(|s| s.success()), "psql {admin} -c CHECKPOINT");
     assert!(Command::new("sync").status().expect("sync").success(), "sync");
     let errors = tempfile::NamedTempFile::new().expect("stderr file");
     let started = Instant::now();
@@ -79,6 +86,12 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
         let kept = Path::new(&keep).join(format!("p14-{total}"));
         let _ = std::fs::create_dir_all(&kept);
         let _ = dot_backup(&dir.path().join("pcmail.db"), &kept.join("pcmail.db")).status();
+        // And the files as the steps find them (a WAL not yet checkpointed into the file).
+        let raw = kept.join("raw");
+        let _ = std::fs::create_dir_all(&raw);
+        for name in ["pcmail.db", "pcmail.db-wal"] {
+            let _ = std::fs::copy(dir.path().join(name), raw.join(name));
+        }
         eprintln!("P14: kept the {total}-mail data dir in {}", kept.display());
     }
     let db = dir.path().join("pcmail.db");

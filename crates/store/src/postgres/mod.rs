@@ -134,10 +134,16 @@ async fn export(c: &mut Conn, out: &mpsc::Sender<Batch>) -> Result<()> {
                 None => c.query(&first, &[]).await?,
                 Some(key) => c.query(&next, &key.iter().map(|v| v as Param<'_>).collect::<Vec<_>>()).await?,
             };
-            let rows = page
-                .iter()
-                .map(|row| (0..row.len()).map(|i| conn::cell(row, i, tab)).collect::<Result<Vec<Cell>>>())
-                .collect::<Result<Vec<_>>>()?;
+            // Plain loops: nested `collect`s into `Result<Vec<_>>` cost SQLite's export a fifth
+            // of its time.
+            let mut rows = Vec::with_capacity(page.len());
+            for row in &page {
+                let mut cells = Vec::with_capacity(row.len());
+                for i in 0..row.len() {
+                    cells.push(conn::cell(row, i, tab)?);
+                }
+                rows.push(cells);
+            }
             let last = rows.len() < transfer::BATCH;
             after = rows.last().map(|row| keys.iter().filter_map(|&i| row.get(i).cloned()).collect());
             if !rows.is_empty() && out.send(Batch { tab, rows }).await.is_err() {
@@ -793,6 +799,7 @@ impl Store for PgStore {
     }
 
     async fn import_finished(&self) -> Result<()> {
+        deferred::build_btrees(&self.inner.pool).await?;
         let mut c = self.conn().await?;
         c.begin().await?;
         let outcome = match deferred::restore(&mut c).await {
@@ -1175,15 +1182,18 @@ pub(crate) mod tests {
         assert_eq!((there, again), (ours.clone(), ours), "each copy counted what it wrote");
     }
 
-    /// Every index and trigger of the store's schema, as PostgreSQL would build it again.
+    /// Every index, trigger and key of the store's schema, as PostgreSQL would build it again.
     async fn schema_of(url: &str) -> Vec<String> {
         let mut c = connect(url).await;
         let indexes = "SELECT indexdef || CASE WHEN indisvalid THEN '' ELSE ' INVALID' END \
              FROM pg_indexes JOIN pg_index ON indexrelid = format('%I.%I', schemaname, indexname)::regclass \
              WHERE schemaname = current_schema()";
         let triggers = "SELECT pg_get_triggerdef(oid) || ' ' || tgenabled::text FROM pg_trigger WHERE NOT tgisinternal";
+        let constraints = "SELECT conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid) \
+             || ' over ' || conindid::regclass::text FROM pg_constraint \
+             WHERE connamespace = to_regnamespace(current_schema()) AND contype IN ('p', 'u')";
         let mut all: Vec<String> = Vec::new();
-        for sql in [indexes, triggers] {
+        for sql in [indexes, triggers, constraints] {
             all.extend(c.query(sql, &[]).await.expect("catalog").iter().map(|r| r.get::<_, String>(0)));
         }
         all.sort();
