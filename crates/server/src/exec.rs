@@ -407,18 +407,51 @@ static READING: Mutex<(Option<PidCounter>, Option<PidCounter>)> = Mutex::new((No
 /// does not say.
 #[cfg(target_os = "linux")]
 fn pid_counter(counted: bool) -> Option<PidCounter> {
-    let read = |path: &str| std::fs::read_to_string(path).ok();
+    static LOADAVG: KeptOpen = KeptOpen::new("/proc/loadavg");
+    static PID_MAX: KeptOpen = KeptOpen::new("/proc/sys/kernel/pid_max");
+    let (mut loadavg, mut pid_max) = ([0u8; 128], [0u8; 32]);
     let from = reading_clock();
-    let loadavg = read("/proc/loadavg")?;
-    let stat = if counted { Some(read("/proc/stat")?) } else { None };
-    let pid_max = read("/proc/sys/kernel/pid_max")?;
-    let now = PidCounter::parse(&loadavg, stat.as_deref(), &pid_max, (from, reading_clock()));
+    let loadavg = LOADAVG.read(&mut loadavg)?;
+    let stat = if counted { Some(std::fs::read_to_string("/proc/stat").ok()?) } else { None };
+    let pid_max = PID_MAX.read(&mut pid_max)?;
+    let now = PidCounter::parse(loadavg, stat.as_deref(), pid_max, (from, reading_clock()));
     let mut kept = READING.lock().unwrap_or_else(PoisonError::into_inner);
     kept.0 = now;
     if counted {
         kept.1 = now;
     }
     now
+}
+
+/// A small `/proc` file opened once and read again from its start each time: P9 reads two at
+/// every run's end, and their opening and closing was most of what reading them cost.
+#[cfg(target_os = "linux")]
+struct KeptOpen {
+    path: &'static str,
+    file: std::sync::OnceLock<std::fs::File>,
+}
+
+#[cfg(target_os = "linux")]
+impl KeptOpen {
+    const fn new(path: &'static str) -> Self {
+        KeptOpen { path, file: std::sync::OnceLock::new() }
+    }
+
+    /// The whole file as the kernel writes it now; None where it cannot be opened (tried again
+    /// next time) or read, or does not fit `buf`.
+    fn read<'b>(&self, buf: &'b mut [u8]) -> Option<&'b str> {
+        use std::os::unix::fs::FileExt;
+        let file = match self.file.get() {
+            Some(file) => file,
+            None => {
+                let opened = std::fs::File::open(self.path).ok()?;
+                self.file.get_or_init(|| opened)
+            }
+        };
+        // Positioned at 0, each read has the kernel write the file afresh.
+        let n = file.read_at(buf, 0).ok()?;
+        (n < buf.len()).then(|| std::str::from_utf8(&buf[..n]).ok()).flatten()
+    }
 }
 
 /// The monotonic clock pid-counter readings are stamped with.
@@ -656,6 +689,23 @@ mod tests {
             rate_limit: None,
             env: BTreeMap::from([("EXTRA".to_string(), "x".to_string())]),
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn p9_the_pid_counter_read_again_from_its_kept_files_moves_with_each_process_started() {
+        let before = pid_counter(false).expect("a reading");
+        for _ in 0..3 {
+            assert!(std::process::Command::new("true").status().expect("true runs").success());
+        }
+        let after = pid_counter(false).expect("another reading");
+        assert_ne!(after.last, before.last, "a kept file read again says what holds now");
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").expect("pid_max");
+        let pid_max: i32 = pid_max.trim().parse().expect("a number");
+        assert_eq!((before.max, after.max), (pid_max, pid_max));
+        let longer = KeptOpen::new("/proc/self/status").read(&mut [0u8; 16]).map(String::from);
+        assert_eq!(longer, None, "a file longer than the buffer is not taken in part");
+        assert_eq!(KeptOpen::new("/nonexistent/pid_max").read(&mut [0u8; 16]), None);
     }
 
     #[tokio::test]
