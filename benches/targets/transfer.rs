@@ -35,7 +35,7 @@ fn ran(cmd: &mut Command) -> Ran {
     let admin =
         std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let checkpoint = Command::new("psql").args([admin.as_str(), "-qXc", "CHECKPOINT"]).status();
-    assert!(checkpoint.is_ok_and(|s| s.success()), "psql {admin} -c CHECKPOINT");
+    assert!(checkpoint.is_ok_and(|s| s.success()), "psql -c CHECKPOINT on PCMAIL_TEST_POSTGRES's server");
     assert!(Command::new("sync").status().expect("sync").success(), "sync");
     let errors = tempfile::NamedTempFile::new().expect("stderr file");
     let started = Instant::now();
@@ -85,13 +85,14 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
         // For a profile of one step: the filled data dir, kept (`perf record pcmail-ctl backup …`).
         let kept = Path::new(&keep).join(format!("p14-{total}"));
         let _ = std::fs::create_dir_all(&kept);
-        let _ = dot_backup(&dir.path().join("pcmail.db"), &kept.join("pcmail.db")).status();
-        // And the files as the steps find them (a WAL not yet checkpointed into the file).
+        // The files as the steps find them (a WAL not yet checkpointed into the file), and a
+        // page copy of them.
         let raw = kept.join("raw");
         let _ = std::fs::create_dir_all(&raw);
         for name in ["pcmail.db", "pcmail.db-wal"] {
             let _ = std::fs::copy(dir.path().join(name), raw.join(name));
         }
+        let _ = dot_backup(&dir.path().join("pcmail.db"), &kept.join("pcmail.db")).status();
         eprintln!("P14: kept the {total}-mail data dir in {}", kept.display());
     }
     let db = dir.path().join("pcmail.db");

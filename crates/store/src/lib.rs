@@ -706,8 +706,8 @@ pub trait Store: Send + Sync + 'static {
     }
     /// After the last batch: sequences moved past the imported rows, the copy made durable.
     /// PostgreSQL's `import_started` sets aside the tabs' keys, indexes and triggers, built
-    /// again here (`postgres/deferred.rs`); a copy stopped between the two leaves a store
-    /// without them, marked unfinished, which must be emptied.
+    /// again here (`postgres/deferred.rs`); a copy stopped between the two, or within this,
+    /// leaves a store without some or all of them, marked unfinished, which must be emptied.
     fn import_finished(&self) -> impl Future<Output = Result<()>> + Send {
         std::future::ready(Ok(()))
     }

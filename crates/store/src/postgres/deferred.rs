@@ -7,7 +7,7 @@
 //! indexes (but mail's over its few open rows, [`KEPT_UP`]) and enabled triggers are written
 //! down in the store's own `kv` and dropped or disabled (`mail_counts`, which mail's triggers
 //! keep, is recounted at the end; nothing listens to a store being filled). At its end, every
-//! b-tree (a key's own index too) is built again and `mail_counts` recounted in two
+//! index (a key's own too) is built again and `mail_counts` recounted in two
 //! transactions side by side, largest tab first, each statement taken by the first lane free:
 //! one index's sort and another's scan of the table overlap, where one after another they
 //! left a core idle. Then, in one transaction, the keys are made constraints again over their
@@ -136,8 +136,9 @@ pub(super) async fn set_aside(c: &mut Conn) -> Result<()> {
 /// recounted, in two transactions side by side ([`lane_work`]'s order, each statement taken by
 /// the first lane free). Two keep two cores busy: a million mails' b-trees took 2.7 s one
 /// after another and 2.2 s in two lanes; PostgreSQL's own parallel workers still help each
-/// build where the server has more. A lane that fails leaves the other nothing more to take;
-/// the copy has failed and its store stays marked unfinished.
+/// build where the server has more. A lane that fails ends the other, its running statement
+/// cancelled and its transaction rolled back; what a lane committed before stays, in a store
+/// still marked unfinished.
 pub(super) async fn build_btrees(pool: &Pool) -> Result<()> {
     let mut c = pool.get().await?;
     let aside: Vec<SetAside> = read(&mut c, DEFERRED_INDEXES_KEY).await?;
@@ -149,8 +150,7 @@ pub(super) async fn build_btrees(pool: &Pool) -> Result<()> {
     let by_size = by_size.iter().map(|r| r.try_get(0)).collect::<Result<Vec<String>, _>>().map_err(conn::map_err)?;
     drop(c);
     let work = Mutex::new(lane_work(&aside, &by_size));
-    let (one, other) = tokio::join!(lane(pool, &work), lane(pool, &work));
-    one.and(other)
+    tokio::try_join!(lane(pool, &work), lane(pool, &work)).map(drop)
 }
 
 /// The statements of [`build_btrees`]' lanes: each index set aside, the largest tab's first
@@ -166,25 +166,26 @@ fn lane_work(aside: &[SetAside], tabs_largest_first: &[String]) -> VecDeque<Stri
     work.into_iter().map(|(_, sql)| sql.to_string()).collect()
 }
 
-/// One lane: statements taken from `work` until none is left, in one transaction.
+/// One lane: statements taken from `work` until none is left, in one transaction. Dropped
+/// (the other lane failed), it cancels the statement it is running.
 async fn lane(pool: &Pool, work: &Mutex<VecDeque<String>>) -> Result<()> {
     let mut c = pool.get().await?;
+    let cancel = c.cancel_on_drop();
     c.begin().await?;
     let outcome = async {
-        // A million keys sorted in memory rather than in runs on disk (the server's memory,
-        // for this transaction only).
+        // A million keys sorted in memory rather than in runs on disk (the server's memory, up
+        // to 256 MB a lane, for these transactions only).
         c.batch("SET LOCAL maintenance_work_mem TO '256MB'; SET LOCAL statement_timeout TO 0").await?;
         loop {
             let next = work.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
             let Some(sql) = next else { return Ok(()) };
-            if let Err(e) = c.batch(&sql).await {
-                work.lock().unwrap_or_else(PoisonError::into_inner).clear();
-                return Err(e);
-            }
+            c.batch(&sql).await?;
         }
     }
     .await;
-    c.finish(outcome).await
+    let built = c.finish(outcome).await;
+    cancel.disarm();
+    built
 }
 
 /// At a copy's end, after [`build_btrees`], inside the caller's transaction: the keys made

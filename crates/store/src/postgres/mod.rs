@@ -1315,6 +1315,21 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
+    async fn p14_o3_a_key_that_cannot_be_built_again_fails_the_copys_end_and_leaves_it_unfinished() {
+        let (_scratch, url) = scratch_url().await;
+        let pg = PgStore::open(&url).await.expect("open");
+        pg.import_started().await.expect("the keys set aside");
+        // Two machines of one name: taken while the key is aside, then no key builds over them.
+        let machine = |n: i64| vec![Cell::Text("pc-twice".into()), Cell::Int(n), Cell::Text(String::new())];
+        pg.import_rows(Batch { tab: "machines", rows: vec![machine(1), machine(2)] }).await.expect("rows");
+        let err = pg.import_finished().await.expect_err("a key over a name twice");
+        assert!(err.to_string().contains("machines_pkey"), "{err}");
+        let again = pg.import_started().await.expect_err("still marked unfinished");
+        assert!(matches!(again, StoreError::UnfinishedCopy), "{again}");
+        assert_eq!(pg.occupied_tabs().await.expect("the pool's connections still answer"), vec!["machines"]);
+    }
+
+    #[tokio::test]
     async fn p14_o3_a_second_copy_into_a_store_another_is_filling_stops_at_its_start() {
         let (_scratch, url) = scratch_url().await;
         let (first, second) = (PgStore::open(&url).await.expect("one"), PgStore::open(&url).await.expect("two"));
