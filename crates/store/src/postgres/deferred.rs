@@ -91,7 +91,7 @@ type Defs = Vec<(String, String)>;
 struct SetAside {
     name: String,
     tab: String,
-    /// The index that builds it again, in a lane ([`build_btrees`]).
+    /// The index that builds it again, in a lane ([`build_indexes`]).
     build: Option<String>,
     /// What makes it whole once every index is built ([`restore`]).
     then: Option<String>,
@@ -139,7 +139,7 @@ pub(super) async fn set_aside(c: &mut Conn) -> Result<()> {
 /// build where the server has more. A lane that fails ends the other, its running statement
 /// cancelled and its transaction rolled back; what a lane committed before stays, in a store
 /// still marked unfinished.
-pub(super) async fn build_btrees(pool: &Pool) -> Result<()> {
+pub(super) async fn build_indexes(pool: &Pool) -> Result<()> {
     let mut c = pool.get().await?;
     let aside: Vec<SetAside> = read(&mut c, DEFERRED_INDEXES_KEY).await?;
     let tabs: Vec<&str> = transfer::TABS.iter().map(|(t, _)| *t).collect();
@@ -153,7 +153,7 @@ pub(super) async fn build_btrees(pool: &Pool) -> Result<()> {
     tokio::try_join!(lane(pool, &work), lane(pool, &work)).map(drop)
 }
 
-/// The statements of [`build_btrees`]' lanes: each index set aside, the largest tab's first
+/// The statements of [`build_indexes`]' lanes: each index set aside, the largest tab's first
 /// (its few large builds are then spread over the lanes, the many small ones fill in after),
 /// and mail's recount with mail's builds.
 fn lane_work(aside: &[SetAside], tabs_largest_first: &[String]) -> VecDeque<String> {
@@ -188,7 +188,7 @@ async fn lane(pool: &Pool, work: &Mutex<VecDeque<String>>) -> Result<()> {
     built
 }
 
-/// At a copy's end, after [`build_btrees`], inside the caller's transaction: the keys made
+/// At a copy's end, after [`build_indexes`], inside the caller's transaction: the keys made
 /// constraints again over the indexes built for them, the triggers enabled as they were, and
 /// the list deleted.
 pub(super) async fn restore(c: &mut Conn) -> Result<()> {

@@ -799,7 +799,7 @@ impl Store for PgStore {
     }
 
     async fn import_finished(&self) -> Result<()> {
-        deferred::build_btrees(&self.inner.pool).await?;
+        deferred::build_indexes(&self.inner.pool).await?;
         let mut c = self.conn().await?;
         c.begin().await?;
         let outcome = match deferred::restore(&mut c).await {
