@@ -143,8 +143,9 @@ pub(super) async fn build_indexes(pool: &Pool) -> Result<()> {
     let mut c = pool.get().await?;
     let aside: Vec<SetAside> = read(&mut c, DEFERRED_INDEXES_KEY).await?;
     let tabs: Vec<&str> = transfer::TABS.iter().map(|(t, _)| *t).collect();
+    // A tab's name is its table's alone in the schema (no index or view can share it).
     let largest_first = "SELECT relname::text FROM pg_class \
-         WHERE relnamespace = to_regnamespace(current_schema()) AND relkind = 'r' AND relname = ANY($1) \
+         WHERE relnamespace = to_regnamespace(current_schema()) AND relname = ANY($1) \
          ORDER BY pg_relation_size(oid) DESC, relname";
     let by_size = c.query(largest_first, &[&tabs]).await?;
     let by_size = by_size.iter().map(|r| r.try_get(0)).collect::<Result<Vec<String>, _>>().map_err(conn::map_err)?;
