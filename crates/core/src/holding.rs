@@ -113,6 +113,70 @@ pub fn report_for(end: RunEnd) -> Option<Report> {
     }
 }
 
+/// P9: a pool holds at least this many jobs a slot, its running one included, so that a freed
+/// slot starts its next at once and claims come in batches.
+pub const AHEAD: usize = 3;
+/// ... and at most this many, however short its runs.
+pub const AHEAD_MOST: usize = 16;
+/// Short runs fill a slot's reserve up to what the slot starts within this time.
+pub const HORIZON: Duration = Duration::from_millis(20);
+
+/// P9: how many jobs a pool of `slots` holds at once, its running ones included: [`AHEAD`] a
+/// slot, or for runs as short as `typical` what a slot starts within [`HORIZON`], up to
+/// [`AHEAD_MOST`]. A claim and its commit then serve dozens of short runs, while a job claimed
+/// ahead of long runs waits no longer than it did (two runs), and no job waits claimed much
+/// longer than the horizon behind short ones.
+pub fn jobs_to_hold(slots: usize, typical: Option<Duration>) -> usize {
+    let per_slot = match typical {
+        Some(run) if !run.is_zero() => usize::try_from(HORIZON.as_nanos() / run.as_nanos()).unwrap_or(usize::MAX),
+        _ => AHEAD,
+    };
+    slots.saturating_mul(per_slot.clamp(AHEAD, AHEAD_MOST))
+}
+
+/// P9: how many jobs a pool of `slots` holding `in_flight` (running and waiting) claims now,
+/// to hold `hold` ([`jobs_to_hold`]): none until its reserve ahead of the slots is down to
+/// half, then back up to `hold`. The claim, and its commit, then run while jobs still wait for
+/// the slots, not while slots wait for the claim (a refill at an empty reserve left the
+/// machine idle a tenth of a drain).
+pub fn to_claim(slots: usize, in_flight: usize, hold: usize) -> usize {
+    let low = slots.saturating_add(hold.saturating_sub(slots) / 2);
+    if in_flight <= low { hold.saturating_sub(in_flight) } else { 0 }
+}
+
+/// J2/E17: how long a job claimed ahead may wait for its slot and still start on its claim
+/// alone. Past it, its row is read again first: cancelled or rescued meanwhile, it never
+/// starts. Within it no rescue can come (a lease is at least [`crate::bounds::MIN_LEASE`]),
+/// and it starts as a job given its slot at its claim does: a cancel that lands
+/// meanwhile finds it running, and it is stopped at its next heartbeat (its lease gone) as any
+/// running job is. P9: a pool of short runs holds what it starts within [`HORIZON`], so its
+/// jobs start without a read a job (a tenth of its time).
+pub const FRESH: Duration = Duration::from_millis(50);
+
+/// Whether a job claimed at `claimed` (when the claim was asked) is read again before it
+/// starts at `now` ([`FRESH`]).
+pub fn read_again_before_start(claimed: Duration, now: Duration) -> bool {
+    now.saturating_sub(claimed) > FRESH
+}
+
+/// A pool's typical run: the mean of its recent runs' wall times, the latest weighing an
+/// eighth, so one slow run moves it little and a change of Function is followed in a few dozen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TypicalRun(Option<Duration>);
+
+impl TypicalRun {
+    pub fn note(&mut self, run: Duration) {
+        self.0 = Some(match self.0 {
+            None => run,
+            Some(typical) => (typical * 7 + run) / 8,
+        });
+    }
+
+    pub fn get(self) -> Option<Duration> {
+        self.0
+    }
+}
+
 /// Whether a store outage is news: said once when it begins and once when it ends, never per
 /// retry. Answers the line to log, if any, and the new state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -224,5 +288,58 @@ mod tests {
         }
         assert_eq!(outage.note(true, s(8)), Some(OutageNews::Ended(s(6))));
         assert_eq!(outage.note(true, s(9)), None);
+    }
+
+    #[test]
+    fn p9_a_pool_holds_three_jobs_a_slot_and_for_short_runs_what_it_starts_within_the_horizon() {
+        let ms = Duration::from_millis;
+        assert_eq!(jobs_to_hold(4, None), 12, "no run seen yet: three a slot");
+        assert_eq!(jobs_to_hold(4, Some(Duration::from_secs(30))), 12, "long runs: three a slot, as ever");
+        assert_eq!(jobs_to_hold(4, Some(ms(10))), 12, "two runs within the horizon: still three");
+        assert_eq!(jobs_to_hold(4, Some(ms(4))), 20, "five runs a slot within 20 ms");
+        assert_eq!(jobs_to_hold(4, Some(Duration::from_micros(1600))), 48, "P9's runs of `true`: twelve");
+        assert_eq!(jobs_to_hold(4, Some(Duration::from_micros(10))), 64, "at most sixteen a slot");
+        assert_eq!(jobs_to_hold(4, Some(Duration::ZERO)), 12, "a run of no length is not believed");
+        assert_eq!(jobs_to_hold(0, Some(ms(1))), 0, "no slots, nothing held");
+        assert_eq!(jobs_to_hold(usize::MAX, Some(ms(1))), usize::MAX, "saturates, never wraps");
+    }
+
+    #[test]
+    fn p9_the_typical_run_starts_at_the_first_and_moves_an_eighth_of_the_way_to_each_next() {
+        let mut typical = TypicalRun::default();
+        assert_eq!(typical.get(), None);
+        typical.note(Duration::from_millis(8));
+        assert_eq!(typical.get(), Some(Duration::from_millis(8)));
+        typical.note(Duration::from_millis(16));
+        assert_eq!(typical.get(), Some(Duration::from_millis(9)));
+        for _ in 0..60 {
+            typical.note(Duration::from_secs(1));
+        }
+        assert!(typical.get().is_some_and(|t| t > Duration::from_millis(990)), "{typical:?}");
+    }
+
+    #[test]
+    fn j2_e17_a_job_that_waited_past_fresh_for_its_slot_is_read_again_before_it_starts() {
+        let at = Duration::from_secs(100);
+        assert!(!read_again_before_start(at, at), "given its slot at its claim");
+        assert!(!read_again_before_start(at, at + FRESH), "at the bound: still fresh");
+        assert!(read_again_before_start(at, at + FRESH + Duration::from_millis(1)));
+        assert!(read_again_before_start(at, at + Duration::from_secs(2)), "behind a long run");
+        assert!(!read_again_before_start(at, at - Duration::from_secs(1)), "a clock read before the claim");
+        assert!(FRESH > HORIZON * 2, "a pool's reserve of short runs starts within it");
+        assert!(FRESH < crate::bounds::MIN_LEASE.to_std(), "no lease can expire within it");
+    }
+
+    #[test]
+    fn p9_a_pool_claims_back_up_to_what_it_holds_once_its_reserve_is_down_to_half() {
+        // 4 slots holding 48: 44 ahead, refilled at 22 ahead or fewer.
+        assert_eq!(to_claim(4, 0, 48), 48, "nothing held: all of it");
+        assert_eq!(to_claim(4, 26, 48), 22, "half the reserve left");
+        assert_eq!(to_claim(4, 27, 48), 0, "more than half left: no claim yet");
+        assert_eq!(to_claim(4, 48, 48), 0);
+        assert_eq!(to_claim(4, 60, 48), 0, "more than held (the pool shrank): none");
+        // Long runs: 3 a slot, 8 ahead, refilled at 4 ahead.
+        assert_eq!((to_claim(4, 9, 12), to_claim(4, 8, 12)), (0, 4));
+        assert_eq!(to_claim(0, 0, 0), 0, "no slots, no claims");
     }
 }

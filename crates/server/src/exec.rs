@@ -10,17 +10,20 @@
 //! finds a build's strays). A process that also clears its environment escapes; only a cgroup
 //! would hold it, and `serve` may not own one.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::process::ExitStatus;
 #[cfg(not(target_os = "linux"))]
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 #[cfg(target_os = "linux")]
 use pcmail_core::exec::Suspects;
 use pcmail_core::exec::{self as rules, Capped, Ended, Keep, Mark, Member, PidCounter, RunId, Verdict};
 use pcmail_core::manifest::spec::FunctionSpec;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 /// Variables passed through from the server's environment; everything else is dropped.
@@ -179,41 +182,47 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let argv: Vec<&str> = std::iter::once(p.program).chain(p.args.iter().map(String::as_str)).collect();
     // The function creates files with its user's usual permissions, not serve's 077 (T8).
     let umask = pcmail_store::private::inherited_umask();
-    let plan = crate::spawner::Plan { paths: &paths, argv: &argv, env: &env, umask };
+    let plan = crate::spawner::Plan { paths: &paths, argv: &argv, env: &env, umask, input: &p.input };
     // Both read before the child starts: no fork since goes uncounted, and no stray of the
     // run started earlier than this.
     let (before, started) = (earlier_readings(), boot_ticks());
     let mut child = crate::spawner::spawn(&plan)?;
-    let born = before.map(|(before, counted)| Born { child: child.pid, before, counted });
+    let born = before.map(|(before, counted)| Born { child: child.pid, order: child.order, before, counted });
     let guard = Live::register(RunId { session: child.pid, started, mark: Mark::Run(mark) }, born);
-    let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
-    let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
-    let feed = feed(child.stdin.take(), p.input);
-    let waited = tokio::time::timeout(p.timeout, child.exit.wait()).await;
-    if let Some(feed) = feed {
-        feed.abort();
-    }
-    // E16: the run is over the moment its process exits (or its timeout passes): everything
-    // it left behind is killed now, whatever still holds its pipes.
-    drop(guard);
-    let (ended, status) = match waited {
-        Ok(status) => {
-            let status = status?;
-            (Ended::Exited { success: status.success() }, Some(status))
+    let mut caps = output_caps(&p);
+    let (ended, status) = {
+        let reading = std::pin::pin!(read_both(child.stdout.take(), child.stderr.take(), &mut caps));
+        let mut output = Draining::new(reading);
+        let feed = child.stdin.take().and_then(|stdin| feed(Some(stdin), p.input[child.fed..].to_vec()));
+        let waited = tokio::time::timeout(p.timeout, output.beside(child.exit.wait())).await;
+        if let Some(feed) = feed {
+            feed.abort();
         }
-        Err(_) => {
-            child.exit.kill();
-            let _ = tokio::time::timeout(Duration::from_secs(1), child.exit.wait()).await;
-            (Ended::TimedOut, None)
-        }
+        // E16: the run is over the moment its process exits (or its timeout passes): everything
+        // it left behind is killed now, whatever still holds its pipes.
+        drop(guard);
+        let (ended, status) = match waited {
+            Ok(status) => {
+                let status = status?;
+                (Ended::Exited { success: status.success() }, Some(status))
+            }
+            Err(_) => {
+                child.exit.kill();
+                let _ = tokio::time::timeout(Duration::from_secs(1), output.beside(child.exit.wait())).await;
+                (Ended::TimedOut, None)
+            }
+        };
+        output.finish().await;
+        (ended, status)
     };
-    let (stdout, stderr) = (out.finish().await, err.finish().await);
+    let (stdout, stderr) = caps;
     Ok(Finished { ended, status, stdout, stderr })
 }
 
 /// E4: the input is written inside the timeout, beside the wait; a function that never reads
 /// it (or a stray holding its stdin) blocks nothing but its own task. P9: an input the pipe
-/// takes at once is written here and closed, and needs no task.
+/// takes at once needs no task (on Linux the spawner wrote it before the start, and this
+/// writes only what was left).
 fn feed<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(stdin: Option<W>, input: Vec<u8>) -> Option<JoinHandle<()>> {
     let mut writing = Box::pin(async move {
         if let Some(mut stdin) = stdin {
@@ -243,26 +252,31 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mut child = command(&p, &mark).spawn()?;
     let session = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
     let guard = Live::register(RunId { session, started: started_at(session), mark: Mark::Run(mark) }, None);
-    let out = capped_reader(child.stdout.take(), Capped::new(p.stdout_cap, Keep::Head));
-    let err = capped_reader(child.stderr.take(), Capped::new(rules::STDERR_TAIL, Keep::Tail));
-    let feed = feed(child.stdin.take(), p.input);
-    let waited = tokio::time::timeout(p.timeout, child.wait()).await;
-    if let Some(feed) = feed {
-        feed.abort();
-    }
-    drop(guard);
-    let (ended, status) = match waited {
-        Ok(status) => {
-            let status = status?;
-            (Ended::Exited { success: status.success() }, Some(status))
+    let mut caps = output_caps(&p);
+    let (ended, status) = {
+        let reading = std::pin::pin!(read_both(child.stdout.take(), child.stderr.take(), &mut caps));
+        let mut output = Draining::new(reading);
+        let feed = feed(child.stdin.take(), p.input);
+        let waited = tokio::time::timeout(p.timeout, output.beside(child.wait())).await;
+        if let Some(feed) = feed {
+            feed.abort();
         }
-        Err(_) => {
-            let _ = child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
-            (Ended::TimedOut, None)
-        }
+        drop(guard);
+        let (ended, status) = match waited {
+            Ok(status) => {
+                let status = status?;
+                (Ended::Exited { success: status.success() }, Some(status))
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(1), output.beside(child.wait())).await;
+                (Ended::TimedOut, None)
+            }
+        };
+        output.finish().await;
+        (ended, status)
     };
-    let (stdout, stderr) = (out.finish().await, err.finish().await);
+    let (stdout, stderr) = caps;
     Ok(Finished { ended, status, stdout, stderr })
 }
 
@@ -291,44 +305,76 @@ fn command(p: &Process<'_>, mark: &str) -> tokio::process::Command {
     cmd
 }
 
-/// A pipe being read into a cap by a task of its own; what it holds stays readable when the
-/// task is stopped.
-struct CappedReader {
-    kept: Arc<Mutex<Capped>>,
-    task: Option<JoinHandle<()>>,
+/// A run's stdout, kept from its head, and the tail of its stderr.
+fn output_caps(p: &Process<'_>) -> (Capped, Capped) {
+    (Capped::new(p.stdout_cap, Keep::Head), Capped::new(rules::STDERR_TAIL, Keep::Tail))
 }
 
-fn capped_reader<R: AsyncRead + Unpin + Send + 'static>(pipe: Option<R>, cap: Capped) -> CappedReader {
-    let kept = Arc::new(Mutex::new(cap));
-    let task = pipe.map(|mut pipe| {
-        let into = kept.clone();
-        tokio::spawn(async move {
-            // In the task's own state, not a buffer of its own: P9's runs mostly write nothing,
-            // and a fresh 64 KiB buffer a pipe cost each of them its zeroing, page faults and
-            // malloc's consolidation on free. A pipe holds 64 KiB, read in a few calls.
-            let mut buf = [0u8; READ_CHUNK];
-            // Read to the end, keeping what the cap allows: a writer past it is drained, never
-            // blocked, and never held.
-            while let Ok(n @ 1..) = pipe.read(&mut buf).await {
-                into.lock().unwrap_or_else(PoisonError::into_inner).push(&buf[..n]);
+/// Both pipes read to their ends into their caps, in the run's own task (P9: not a task a
+/// pipe, spawned, woken and joined at every run).
+async fn read_both<O: AsyncRead + Unpin, E: AsyncRead + Unpin>(
+    stdout: Option<O>,
+    stderr: Option<E>,
+    (out, err): &mut (Capped, Capped),
+) {
+    tokio::join!(read_capped(stdout, out), read_capped(stderr, err));
+}
+
+thread_local! {
+    /// Where a pipe's bytes land on their way into a cap: one a thread, so no run's state
+    /// carries a buffer (P9: most runs write nothing).
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> = std::cell::RefCell::new(vec![0; READ_CHUNK].into_boxed_slice());
+}
+
+/// Reads `pipe` to its end, keeping what `cap` allows: a writer past the cap is drained, never
+/// blocked, and never held.
+async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: &mut Capped) {
+    let Some(mut pipe) = pipe else { return };
+    std::future::poll_fn(|cx| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            loop {
+                let mut read = tokio::io::ReadBuf::new(scratch);
+                match std::pin::Pin::new(&mut pipe).poll_read(cx, &mut read) {
+                    Poll::Ready(Ok(())) if !read.filled().is_empty() => cap.push(read.filled()),
+                    // Its end, or an error that ends it.
+                    Poll::Ready(_) => return Poll::Ready(()),
+                    Poll::Pending => return Poll::Pending,
+                }
             }
         })
-    });
-    CappedReader { kept, task }
+    })
+    .await
 }
 
-impl CappedReader {
-    /// What was read, once the pipe closed or [`DRAIN_GRACE`] passed (a writer that escaped
-    /// the kill keeps it open).
-    async fn finish(mut self) -> Capped {
-        if let Some(mut task) = self.task.take()
-            && tokio::time::timeout(DRAIN_GRACE, &mut task).await.is_err()
-        {
-            task.abort();
-            let _ = task.await;
+/// A run's output being read while its exit is awaited, and for [`DRAIN_GRACE`] after.
+struct Draining<'a, F> {
+    reading: Pin<&'a mut F>,
+    done: bool,
+}
+
+impl<'a, F: Future<Output = ()>> Draining<'a, F> {
+    fn new(reading: Pin<&'a mut F>) -> Self {
+        Draining { reading, done: false }
+    }
+
+    /// `other`'s output, the pipes read beside it meanwhile.
+    async fn beside<T>(&mut self, other: impl Future<Output = T>) -> T {
+        let mut other = std::pin::pin!(other);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut other => return out,
+                () = self.reading.as_mut(), if !self.done => self.done = true,
+            }
         }
-        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.clone()
+    }
+
+    /// What the pipes still hold once the run's processes are killed, for a short grace: a
+    /// stray that escaped the kill keeps a pipe open.
+    async fn finish(mut self) {
+        if !self.done {
+            let _ = tokio::time::timeout(DRAIN_GRACE, self.reading.as_mut()).await;
+        }
     }
 }
 
@@ -366,6 +412,8 @@ impl Drop for Live {
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Born {
     child: i32,
+    /// The child's place in the order of this serve's starts ([`crate::spawner::started_after`]).
+    order: u64,
     before: PidCounter,
     counted: PidCounter,
 }
@@ -559,7 +607,7 @@ fn kill_marked(run: &RunId) -> usize {
     {
         let mut killed = 0;
         for _ in 0..SWEEPS {
-            match sweep(run, Suspects::Everywhere) {
+            match sweep(run, Suspects::Everywhere, None) {
                 0 => break,
                 n => killed += n,
             }
@@ -613,7 +661,11 @@ fn kill_run(run: &RunId, born: Option<&Born>) {
     }
     #[cfg(target_os = "linux")]
     for _ in 0..SWEEPS {
-        if sweep(run, Born::suspects(born)) == 0 {
+        let suspects = Born::suspects(born);
+        // Only where no pid was handed out twice since the run's child does a later start's pid
+        // belong to that start alone.
+        let after = born.filter(|_| matches!(suspects, Suspects::Since { .. })).map(|b| b.order);
+        if sweep(run, suspects, after) == 0 {
             break;
         }
     }
@@ -622,9 +674,10 @@ fn kill_run(run: &RunId, born: Option<&Born>) {
 }
 
 /// One pass over the `suspects` among `/proc`'s processes: SIGKILL to each the run owns;
-/// answers how many.
+/// answers how many. `after`: the order of the run's child, when the suspects are the pids
+/// handed out since it.
 #[cfg(target_os = "linux")]
-fn sweep(run: &RunId, suspects: Suspects) -> usize {
+fn sweep(run: &RunId, suspects: Suspects, after: Option<u64>) -> usize {
     let pids: Vec<i32> = match suspects.few(PROBE_MAX) {
         Some(few) => few,
         None => {
@@ -639,11 +692,17 @@ fn sweep(run: &RunId, suspects: Suspects) -> usize {
     let me = std::process::id();
     let mut killed = 0;
     for pid in pids {
-        // A child of this serve not yet reaped: another run's own process, no stray of this
-        // run (P9: at 4 runs at once most suspects are these, and reading each one's `stat`
-        // cost serve about an eighth of its time a job). This run's own child is one too while
-        // a timeout or a drop ends the run: `kill_run` has killed its group before sweeping.
-        if u32::try_from(pid).is_ok_and(|p| p == me) || pid <= 1 || crate::spawner::unreaped(pid) {
+        // A child of this serve not yet reaped, being started, or started since this run's (its
+        // pid given to no one else since): another run's own process, no stray of this run (P9: at 4
+        // runs at once most suspects are these, and reading each one's `stat` cost serve about
+        // an eighth of its time a job). This run's own child is unreaped too while a timeout or
+        // a drop ends the run: `kill_run` has killed its group before sweeping.
+        let another_run = |pid| {
+            crate::spawner::unreaped(pid)
+                || crate::spawner::starting(pid)
+                || after.is_some_and(|after| crate::spawner::started_after(pid, after))
+        };
+        if u32::try_from(pid).is_ok_and(|p| p == me) || pid <= 1 || another_run(pid) {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };

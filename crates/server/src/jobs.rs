@@ -197,7 +197,9 @@ pub async fn record_many(
         Actor::Pool => Reporter::Pool,
         Actor::Admin => Reporter::Admin,
     };
-    let ids = reports.iter().map(|(id, _, _)| id.clone()).collect();
+    // A pool's batch often holds a job's start and its end: its row is read once.
+    let mut seen = std::collections::HashSet::with_capacity(reports.len());
+    let ids = reports.iter().filter(|(id, _, _)| seen.insert(id.as_str())).map(|(id, _, _)| id.clone()).collect();
     let outcomes = app
         .store()
         .jobs_transaction(JobSelect::Ids(ids), move |found| {

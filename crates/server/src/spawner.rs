@@ -8,11 +8,13 @@
 //! The child runs on a stack of its own in the parent's memory, until `execve`, while the
 //! calling thread is suspended: it only makes system calls on data prepared beforehand.
 
+use std::collections::VecDeque;
 use std::ffi::{CString, c_int, c_void};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::io::Interest;
@@ -29,12 +31,19 @@ pub struct Plan<'a> {
     pub argv: &'a [&'a str],
     pub env: &'a [(String, String)],
     pub umask: Option<u32>,
+    /// What its stdin reads before its end.
+    pub input: &'a [u8],
 }
 
 /// A started child: its pipes and its exit.
 pub struct Child {
     pub pid: i32,
+    /// Its place in the order of this process' starts (see [`started_after`]).
+    pub order: u64,
+    /// The writing end of its stdin while [`Plan::input`] is not all in the pipe yet.
     pub stdin: Option<pipe::Sender>,
+    /// How much of the input the pipe took before the child started.
+    pub fed: usize,
     pub stdout: Option<pipe::Receiver>,
     pub stderr: Option<pipe::Receiver>,
     pub exit: Exit,
@@ -46,14 +55,28 @@ pub struct Exit {
     pidfd: Option<AsyncFd<OwnedFd>>,
 }
 
-/// The pids of this process' children not yet reaped. Until it is reaped, a child's pid is
-/// its own: no other process can be given it — so long as the kernel never reaps them itself,
-/// which [`children_kept`] sees to.
-static UNREAPED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// The children started here: those not yet reaped, and the latest started, in the order
+/// they were. Until it is reaped, a child's pid is its own: no other process can be given it —
+/// so long as the kernel never reaps them itself, which [`children_kept`] sees to.
+struct Children {
+    unreaped: Vec<i32>,
+    /// (pid, its place in the order of starts), the newest last, at most [`RECENT`].
+    recent: VecDeque<(i32, u64)>,
+    started: u64,
+}
+
+static CHILDREN: Mutex<Children> = Mutex::new(Children { unreaped: Vec::new(), recent: VecDeque::new(), started: 0 });
+
+/// Starts remembered: more than the runs of any pool start while one of them runs (P9).
+const RECENT: usize = 1024;
+
+fn children() -> std::sync::MutexGuard<'static, Children> {
+    CHILDREN.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// SIGCHLD back to its default if `serve` was started with it ignored or with SA_NOCLDWAIT
 /// (both pass through `execve`): the kernel would then reap exited children by itself, their
-/// pids free for anyone while [`UNREAPED`] still holds them, and `waitpid` would find none.
+/// pids free for anyone while [`CHILDREN`] still holds them as unreaped, and `waitpid` would find none.
 fn children_kept() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -76,16 +99,70 @@ fn children_kept() {
 /// strays knows it without reading `/proc`: it is that run's own process, in a session of its
 /// own and carrying that run's mark).
 pub fn unreaped(pid: i32) -> bool {
-    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).contains(&pid)
+    children().unreaped.contains(&pid)
+}
+
+/// Whether `pid` is a child started here after the start numbered `after` ([`Child::order`]),
+/// reaped or not. P9: a sweep of the pids handed out since a run's child, none given twice
+/// meanwhile ([`pcmail_core::exec::Suspects`]), skips these: each went to another run's child,
+/// so none can be a stray of this run; most suspects at 4 runs at once are these.
+pub fn started_after(pid: i32, after: u64) -> bool {
+    let kept = children();
+    kept.recent.iter().rev().take_while(|(_, order)| *order > after).any(|(p, _)| *p == pid)
+}
+
+/// Whether `pid` is a child being started here now: its `clone` has not returned, the child
+/// not yet through its `execve` (P9: another thread's sweep finds it in `/proc` meanwhile).
+pub fn starting(pid: i32) -> bool {
+    pid > 0 && STARTING.iter().any(|slot| slot.load(Ordering::Acquire) == pid)
+}
+
+/// One slot a spawning thread holds ([`Starting`]); more threads than this spawn at once only
+/// in a runtime of as many workers, and the rest start with none: a sweep then reads their
+/// `stat` as it does any stranger's.
+static STARTING: [AtomicI32; 16] = [const { AtomicI32::new(0) }; 16];
+
+/// A slot of [`STARTING`] held while one child starts: 0 free, -1 held, else the child's pid.
+struct Starting(Option<&'static AtomicI32>);
+
+impl Starting {
+    fn take() -> Starting {
+        Starting(STARTING.iter().find(|slot| slot.compare_exchange(0, -1, Ordering::AcqRel, Ordering::Relaxed).is_ok()))
+    }
+
+    fn slot(&self) -> *const AtomicI32 {
+        self.0.map_or(std::ptr::null(), std::ptr::from_ref)
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0 {
+            slot.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// A child just started: held until reaped, and remembered as the latest start; its order.
+fn started(pid: i32) -> u64 {
+    let mut kept = children();
+    kept.started += 1;
+    let order = kept.started;
+    kept.unreaped.push(pid);
+    if kept.recent.len() == RECENT {
+        kept.recent.pop_front();
+    }
+    kept.recent.push_back((pid, order));
+    order
 }
 
 fn held(pid: i32) {
-    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).push(pid);
+    children().unreaped.push(pid);
 }
 
-/// Out of [`UNREAPED`] before a reap: once reaped, the pid may be handed to anyone.
+/// Out of the unreaped before a reap: once reaped, the pid may be handed to anyone.
 fn released(pid: i32) {
-    UNREAPED.lock().unwrap_or_else(PoisonError::into_inner).retain(|p| *p != pid);
+    children().unreaped.retain(|p| *p != pid);
 }
 
 /// What the child reads (and, on failure, writes its errno to) while the parent waits.
@@ -99,6 +176,8 @@ struct Shared {
     set_umask: bool,
     parent: libc::pid_t,
     errno: c_int,
+    /// Where the child writes its pid first thing ([`Starting`]); null if no slot was free.
+    starting: *const AtomicI32,
 }
 
 fn cstring(s: &str) -> io::Result<CString> {
@@ -135,13 +214,36 @@ fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
+/// O_NONBLOCK on an end of a pipe just made, whose only status flag it then is.
 fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: fcntl on an fd owned here.
-    let ok = unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
-    };
-    if ok { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The child's stdin: a pipe holding as much of `input` as it takes before the child starts,
+/// its writing end kept only if some is left ([`Child::fed`]). P9: most inputs fit, so most
+/// runs write theirs here and register no writer with the runtime.
+fn stdin_with(input: &[u8]) -> io::Result<(OwnedFd, Option<OwnedFd>, usize)> {
+    let (read, write) = pipe_pair()?;
+    nonblocking(&write)?;
+    let mut fed = 0;
+    while fed < input.len() {
+        let rest = &input[fed..];
+        // SAFETY: write(2) of a live slice into an fd owned here.
+        let n = unsafe { libc::write(write.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+        match usize::try_from(n) {
+            Ok(n) => fed += n,
+            Err(_) => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => {}
+                e if e.kind() == io::ErrorKind::WouldBlock => break,
+                e => return Err(e),
+            },
+        }
+    }
+    Ok((read, (fed < input.len()).then_some(write), fed))
 }
 
 /// Starts `plan` (see the module doc). Must be called on a thread that lives as long as the
@@ -153,9 +255,10 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
     let envp: Vec<CString> = plan.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
     let (paths_p, argv_p, envp_p) = (pointers(&paths), pointers(&argv), pointers(&envp));
-    let (in_r, in_w) = pipe_pair()?;
+    let (in_r, in_w, fed) = stdin_with(plan.input)?;
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
+    let starting = Starting::take();
     let mut shared = Shared {
         paths: paths_p.as_ptr(),
         argv: argv_p.as_ptr(),
@@ -166,6 +269,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
         // SAFETY: getpid has no preconditions.
         parent: unsafe { libc::getpid() },
         errno: 0,
+        starting: starting.slot(),
     };
     let (pid, pidfd) = clone_child(&mut shared)?;
     drop((in_r, out_w, err_w));
@@ -174,12 +278,16 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     // SAFETY: the child exited (vfork returned) or exec'd; its write, if any, is done.
     let errno = unsafe { std::ptr::read_volatile(&shared.errno) };
     if errno != 0 {
+        // Let go before the reap frees its pid for anyone.
+        drop(starting);
         let mut status = 0;
         // SAFETY: reaps the child that failed before its exec.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(io::Error::from_raw_os_error(errno));
     }
-    held(pid);
+    let order = started(pid);
+    // Told as started: the slot may go.
+    drop(starting);
     // SAFETY: the pidfd is owned by the AsyncFd from here until it is dropped.
     let pidfd = match unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) } {
         Ok(fd) => fd,
@@ -189,15 +297,16 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
         }
     };
     let exit = Exit { pid, pidfd: Some(pidfd) };
-    let (stdin, stdout, stderr) = (in_w, out_r, err_r);
-    for fd in [&stdin, &stdout, &stderr] {
+    for fd in [&out_r, &err_r] {
         nonblocking(fd)?;
     }
     Ok(Child {
         pid,
-        stdin: Some(pipe::Sender::from_owned_fd_unchecked(stdin)?),
-        stdout: Some(pipe::Receiver::from_owned_fd_unchecked(stdout)?),
-        stderr: Some(pipe::Receiver::from_owned_fd_unchecked(stderr)?),
+        order,
+        stdin: in_w.map(pipe::Sender::from_owned_fd_unchecked).transpose()?,
+        fed,
+        stdout: Some(pipe::Receiver::from_owned_fd_unchecked(out_r)?),
+        stderr: Some(pipe::Receiver::from_owned_fd_unchecked(err_r)?),
         exit,
     })
 }
@@ -250,6 +359,9 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Shared` of the suspended parent; everything it points to lives.
     unsafe {
         let shared = &mut *arg.cast::<Shared>();
+        if !shared.starting.is_null() {
+            (*shared.starting).store(libc::getpid(), Ordering::Release);
+        }
         // Handlers of the server must not run here: each caught signal back to its default,
         // SIGPIPE too (std ignores it in the server); the mask stays full until the exec.
         for sig in 1..libc::SIGRTMIN() {
@@ -384,7 +496,7 @@ mod tests {
         let path = std::env::var("PATH").ok();
         let paths = pcmail_core::exec::candidates(argv[0], path.as_deref());
         let env = [("PATH".to_string(), path.unwrap_or_default())];
-        spawn(&Plan { paths: &paths, argv, env: &env, umask: None }).expect("spawn")
+        spawn(&Plan { paths: &paths, argv, env: &env, umask: None, input: b"" }).expect("spawn")
     }
 
     #[tokio::test]
@@ -441,5 +553,34 @@ mod tests {
         // SAFETY: waitpid on a pid that is no longer this process' child only fails.
         let still_ours = unsafe { libc::waitpid(pid, &mut 0, libc::WNOHANG) };
         assert_eq!(still_ours, -1, "the child was reaped when it was dropped");
+    }
+
+    #[tokio::test]
+    async fn p9_e16_a_child_started_after_a_runs_own_is_known_by_its_order_reaped_or_not() {
+        let mut first = start(&["true"]);
+        let mut second = start(&["true"]);
+        assert!(second.order > first.order, "starts are numbered in order");
+        for child in [&mut first, &mut second] {
+            assert!(child.exit.wait().await.expect("status").success());
+        }
+        assert!(started_after(second.pid, first.order), "reaped, still known as started after the first");
+        assert!(!started_after(first.pid, first.order), "a run's own child is not after itself");
+        assert!(!started_after(second.pid, second.order));
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(!started_after(me, 0), "a process never started here is a stranger");
+        assert!(!starting(first.pid) && !starting(second.pid), "a started child's slot is let go");
+    }
+
+    #[test]
+    fn p9_e16_a_starting_slot_names_its_child_while_held_and_nothing_once_let_go() {
+        let held = Starting::take();
+        let slot = held.0.expect("a free slot");
+        assert!(!starting(-1), "a held slot with no pid yet names no one");
+        // What the child writes first thing (from the clone's shared memory).
+        slot.store(4_000_000, Ordering::Release);
+        assert!(starting(4_000_000));
+        drop(held);
+        assert!(!starting(4_000_000), "let go once the start is recorded");
+        assert_eq!(slot.load(Ordering::Acquire), 0, "free for the next start");
     }
 }

@@ -1,6 +1,7 @@
 //! J5: the in-process workers of each WorkerPool, as one runner per pool with `workers`
-//! slots. The runner claims as many jobs as slots are free, in one claim, and claims again as
-//! soon as a Function ends, while the others run (P9); starts and results are committed in
+//! slots. The runner holds jobs ahead of its slots ([`holding::jobs_to_hold`]: more for
+//! shorter runs) and claims the next batch when half that reserve is used up, while the slots run
+//! (P9); starts and results are committed in
 //! batches, [`GATHER`] after the first of each arrives, so one commit (and its fsync) carries
 //! dozens. A spec change moves the slot count: more slots are filled at once, fewer drain
 //! (running jobs finish, no new claims until under the count). Rate limits per pool (its queues) and per Function pace the claims
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use pcmail_core::duration::Dur;
-use pcmail_core::holding::{self, Attempt, Next, Outage, OutageNews, OwnLease, RunEnd};
+use pcmail_core::holding::{self, Attempt, Next, Outage, OutageNews, OwnLease, RunEnd, TypicalRun};
 use pcmail_core::jobs::{Actor, Job, Report, began, check_lease};
 use pcmail_core::manifest::spec::WorkerPoolSpec;
 use pcmail_store::{Store, StoreError};
@@ -90,8 +91,6 @@ pub async fn run(app: App, grace: Duration) {
 const IDLE_MIN: Duration = Duration::from_millis(200);
 const IDLE_MAX: Duration = Duration::from_secs(2);
 
-/// How many jobs a slot's claims hold at most, the one it runs included (P9).
-const AHEAD: usize = 3;
 /// How long the recorder gathers reports after the first before it commits them. P9: a
 /// commit, its fsync above all, costs about what the rest of a short job's handling does, so
 /// a batch holds a few dozen reports, not four. A crash loses the uncommitted batch: those
@@ -159,7 +158,9 @@ impl Drop for Slot<'_> {
         let mut s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.busy = s.busy.saturating_sub(1);
         drop(s);
-        self.0.freed.notify_waiters();
+        // One slot, one waiter: all of a reserve of dozens woken for it cost a pool a tenth
+        // of its time a job (P9). A woken waiter dropped before it looks passes the wake on.
+        self.0.freed.notify_one();
     }
 }
 
@@ -171,6 +172,8 @@ struct Shared {
     pool: String,
     origin: Instant,
     outage: Mutex<Outage>,
+    /// How long this pool's runs take, for how many jobs it holds ahead (P9).
+    typical: Mutex<TypicalRun>,
 }
 
 impl Shared {
@@ -221,7 +224,13 @@ impl Shared {
 async fn run_pool(app: App, pool: String, mut stop: watch::Receiver<bool>, grace: Duration) {
     let mut shutdown = app.watch_shutdown();
     let (ended, reports) = mpsc::unbounded_channel::<Ended>();
-    let shared = Arc::new(Shared { app, pool, origin: Instant::now(), outage: Mutex::new(Outage::default()) });
+    let shared = Arc::new(Shared {
+        app,
+        pool,
+        origin: Instant::now(),
+        outage: Mutex::new(Outage::default()),
+        typical: Mutex::new(TypicalRun::default()),
+    });
     let recorder = tokio::spawn(record_ends(shared.clone(), reports));
     // E17: set once the shutdown grace is over: runs still going are killed and handed back.
     let (abandon, abandoned) = watch::channel(false);
@@ -259,15 +268,18 @@ impl PoolRun {
             let Some((_, spec)) = rt.pools.iter().find(|(n, _)| *n == self.shared.pool) else { break };
             let limit = spec.workers as usize;
             self.slots.set_limit(limit);
-            // P9: up to two more jobs per slot are claimed ahead, so a slot that frees starts
-            // its next job at once, and claims come in batches of two a slot: a refill when
-            // that reserve is used up. A rate-limited pool claims one job at a time, each
-            // paced, and nothing ahead.
+            // P9: jobs are held ahead of the slots, so a slot that frees starts its next job at
+            // once, and claimed in batches: a refill when half that reserve is used up. A
+            // rate-limited pool claims one job at a time, each paced, and nothing ahead.
             let in_flight = self.claimed.len();
-            let (refill, want) = match spec.rate_limit {
-                Some(_) => (in_flight < limit, 1),
-                None => (in_flight <= limit && in_flight < AHEAD * limit, (AHEAD * limit).saturating_sub(in_flight)),
+            let want = match spec.rate_limit {
+                Some(_) => usize::from(in_flight < limit),
+                None => {
+                    let typical = self.shared.typical.lock().unwrap_or_else(PoisonError::into_inner).get();
+                    holding::to_claim(limit, in_flight, holding::jobs_to_hold(limit, typical))
+                }
             };
+            let refill = want > 0;
             let (got, store_down) = if refill { self.claim(spec, want).await } else { (0, false) };
             if got > 0 {
                 idle = IDLE_MIN;
@@ -305,10 +317,9 @@ impl PoolRun {
                     self.shared.store_answered(Ok(()));
                     for job in jobs {
                         got += 1;
-                        let held = OwnLease::extended(asked, lease);
                         let (shared, slots, abandoned) =
                             (self.shared.clone(), self.slots.clone(), self.abandoned.clone());
-                        self.claimed.spawn(run_job(shared, self.ended.clone(), job, (lease, held), slots, abandoned));
+                        self.claimed.spawn(run_job(shared, self.ended.clone(), job, (lease, asked), slots, abandoned));
                     }
                 }
                 Err(e) => {
@@ -440,24 +451,25 @@ async fn hold(shared: &Shared, id: &str, token: &str, lease: Dur, held: &Mutex<O
     }
 }
 
-/// A claimed job: it waits for a slot, its lease kept by [`hold`] from the claim on, is checked
-/// to be still this pool's, marked started (E17) and run; whatever ends it makes the report
+/// A claimed job: it waits for a slot, its lease kept by [`hold`] from the claim on (`asked`
+/// then), is checked to be still this pool's if it waited long ([`holding::FRESH`]), marked
+/// started (E17) and run; whatever ends it makes the report
 /// [`holding::report_for`] says. A lost lease kills the run: a job never runs next to its
 /// next run (E11). The heartbeats are polled in this job's own task (P9: one task a job).
 async fn run_job(
     shared: Arc<Shared>,
     ended: mpsc::UnboundedSender<Ended>,
     job: Job,
-    (lease, claimed): (Dur, OwnLease),
+    (lease, asked): (Dur, Duration),
     slots: Arc<Slots>,
     mut abandoned: watch::Receiver<bool>,
 ) {
     let token = job.lease_token.clone().unwrap_or_default();
-    let held = Arc::new(Mutex::new(claimed));
+    let held = Arc::new(Mutex::new(OwnLease::extended(asked, lease)));
     let running = std::sync::atomic::AtomicBool::new(false);
     let work = async {
         let Some(_slot) = slots.take().await else { return RunEnd::NoSlot };
-        if !still_ours(&shared, &job, &token, &held).await {
+        if holding::read_again_before_start(asked, shared.now()) && !still_ours(&shared, &job, &token, &held).await {
             return RunEnd::LeaseLost;
         }
         if !began(&job) {
@@ -475,7 +487,10 @@ async fn run_job(
                         shared.app.limits().bucket(LimitKey::Function(name.to_string()), rate).until_ready().await;
                     }
                     let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
-                    exec::run(name, function, &vars, job.payload.clone()).await.map_err(|e| e.to_string())
+                    let began = Instant::now();
+                    let outcome = exec::run(name, function, &vars, job.payload.clone()).await;
+                    shared.typical.lock().unwrap_or_else(PoisonError::into_inner).note(began.elapsed());
+                    outcome.map_err(|e| e.to_string())
                 }
                 None => Err(format!("function {:?} is not defined", job.function)),
             }
@@ -501,9 +516,9 @@ async fn run_job(
     }
 }
 
-/// A job claimed ahead may have been cancelled or rescued while it waited for its slot: it
-/// starts only while the claim is still its own (J2), never next to its next run. The read is
-/// retried through an outage while the lease lives.
+/// A job claimed ahead that waited long for its slot may have been cancelled or rescued
+/// meanwhile: it starts only while the claim is still its own (J2), never next to its next
+/// run. The read is retried through an outage while the lease lives.
 async fn still_ours(shared: &Shared, job: &Job, token: &str, held: &Mutex<OwnLease>) -> bool {
     let mut failures = 0;
     loop {

@@ -292,12 +292,19 @@ impl SqliteStore {
         }
     }
 
-    /// P9: a read of a few rows by key on the caller's thread, when a pooled reader is free
-    /// (as [`SqliteStore::write_brief`]); otherwise on the pool.
+    /// P9: a read of a few rows by key on the caller's thread (as [`SqliteStore::write_brief`]):
+    /// on the writer when it is free, whose page cache its own commits keep current (each
+    /// commit empties a pooled reader's, and a job's row read there fetched half a dozen pages
+    /// again: a tenth of a pool's time a job); else on a free pooled reader; else on the pool.
     async fn read_brief<R: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<R> + Send + 'static,
     ) -> Result<R> {
+        match self.inner.writer.try_lock() {
+            Ok(conn) => return f(&conn),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return f(&poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
         match self.read_if_free(f) {
             Ok(done) => done,
             Err(f) => self.read(f).await,
