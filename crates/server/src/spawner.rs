@@ -60,12 +60,22 @@ pub struct Exit {
 /// so long as the kernel never reaps them itself, which [`children_kept`] sees to.
 struct Children {
     unreaped: Vec<i32>,
-    /// (pid, its place in the order of starts), the newest last, at most [`RECENT`].
-    recent: VecDeque<(i32, u64)>,
-    started: u64,
+    /// The latest starts, the newest last, at most [`RECENT`].
+    recent: VecDeque<Start>,
+    /// A count of events in order: each start asked for, and each start recorded.
+    events: u64,
 }
 
-static CHILDREN: Mutex<Children> = Mutex::new(Children { unreaped: Vec::new(), recent: VecDeque::new(), started: 0 });
+/// One start: its child's pid, the count when the start was asked for (before its `clone`,
+/// so before its pid was handed out), and its order, the count once it was recorded (after).
+#[derive(Clone, Copy)]
+struct Start {
+    pid: i32,
+    asked: u64,
+    order: u64,
+}
+
+static CHILDREN: Mutex<Children> = Mutex::new(Children { unreaped: Vec::new(), recent: VecDeque::new(), events: 0 });
 
 /// Starts remembered: more than the runs of any pool start while one of them runs (P9).
 const RECENT: usize = 1024;
@@ -102,13 +112,26 @@ pub fn unreaped(pid: i32) -> bool {
     children().unreaped.contains(&pid)
 }
 
-/// Whether `pid` is a child started here after the start numbered `after` ([`Child::order`]),
-/// reaped or not. P9: a sweep of the pids handed out since a run's child, none given twice
-/// meanwhile ([`pcmail_core::exec::Suspects`]), skips these: each went to another run's child,
-/// so none can be a stray of this run; most suspects at 4 runs at once are these.
+/// Whether `pid` is a child whose start was asked for here after the start of order `after`
+/// ([`Child::order`]) was recorded, reaped or not: its pid was handed out after that start's.
+/// P9: a sweep of the pids handed out since a run's child, none given twice meanwhile
+/// ([`pcmail_core::exec::Suspects`]), skips these: each went to another run's child, so none
+/// can be a stray of this run; most suspects at 4 runs at once are these.
 pub fn started_after(pid: i32, after: u64) -> bool {
     let kept = children();
-    kept.recent.iter().rev().take_while(|(_, order)| *order > after).any(|(p, _)| *p == pid)
+    // Recorded in order: an entry recorded before `after` was asked for before it too.
+    kept.recent
+        .iter()
+        .rev()
+        .take_while(|start| start.order > after)
+        .any(|start| start.pid == pid && start.asked > after)
+}
+
+/// A start about to be asked for: the count it was asked at.
+fn asking() -> u64 {
+    let mut kept = children();
+    kept.events += 1;
+    kept.events
 }
 
 /// Whether `pid` is a child being started here now: its `clone` has not returned, the child
@@ -143,16 +166,17 @@ impl Drop for Starting {
     }
 }
 
-/// A child just started: held until reaped, and remembered as the latest start; its order.
-fn started(pid: i32) -> u64 {
+/// A child just started, asked for at `asked` ([`asking`]): held until reaped, and remembered
+/// as the latest start; its order.
+fn started(pid: i32, asked: u64) -> u64 {
     let mut kept = children();
-    kept.started += 1;
-    let order = kept.started;
+    kept.events += 1;
+    let order = kept.events;
     kept.unreaped.push(pid);
     if kept.recent.len() == RECENT {
         kept.recent.pop_front();
     }
-    kept.recent.push_back((pid, order));
+    kept.recent.push_back(Start { pid, asked, order });
     order
 }
 
@@ -259,6 +283,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
     let starting = Starting::take();
+    let asked = asking();
     let mut shared = Shared {
         paths: paths_p.as_ptr(),
         argv: argv_p.as_ptr(),
@@ -285,7 +310,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(io::Error::from_raw_os_error(errno));
     }
-    let order = started(pid);
+    let order = started(pid, asked);
     // Told as started: the slot may go.
     drop(starting);
     // SAFETY: the pidfd is owned by the AsyncFd from here until it is dropped.

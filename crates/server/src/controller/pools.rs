@@ -122,9 +122,13 @@ struct SlotState {
 struct Slot<'a>(&'a Slots);
 
 impl Slots {
+    /// The runner sets it at each pass; only a change wakes the waiters (each pass follows a
+    /// job's end, and waking the whole reserve at each undid a freed slot's one wake-up).
     fn set_limit(&self, limit: usize) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).limit = limit;
-        self.freed.notify_waiters();
+        let was = std::mem::replace(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner).limit, limit);
+        if was != limit {
+            self.freed.notify_waiters();
+        }
     }
 
     fn close(&self) {
@@ -469,6 +473,9 @@ async fn run_job(
     let running = std::sync::atomic::AtomicBool::new(false);
     let work = async {
         let Some(_slot) = slots.take().await else { return RunEnd::NoSlot };
+        // The slot's whole hold, a Function's rate-limit wait included: what the pool's next
+        // jobs would wait behind (`TypicalRun`).
+        let took = Instant::now();
         if holding::read_again_before_start(asked, shared.now()) && !still_ours(&shared, &job, &token, &held).await {
             return RunEnd::LeaseLost;
         }
@@ -487,9 +494,8 @@ async fn run_job(
                         shared.app.limits().bucket(LimitKey::Function(name.to_string()), rate).until_ready().await;
                     }
                     let vars = [("PCMAIL_JOB_ID", job.id.clone()), ("PCMAIL_QUEUE", job.queue.clone())];
-                    let began = Instant::now();
                     let outcome = exec::run(name, function, &vars, job.payload.clone()).await;
-                    shared.typical.lock().unwrap_or_else(PoisonError::into_inner).note(began.elapsed());
+                    shared.typical.lock().unwrap_or_else(PoisonError::into_inner).note(took.elapsed());
                     outcome.map_err(|e| e.to_string())
                 }
                 None => Err(format!("function {:?} is not defined", job.function)),

@@ -976,7 +976,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim_jobs(&self, claim: Claim) -> Result<Vec<Job>> {
-        // Idle workers ask often: answer "nothing due" from a reader, without the writer.
+        // Idle workers ask often: answer "nothing due" from a read, without a write transaction.
         let (queue, now) = (claim.queue.clone(), ms(claim.now));
         let due = self
             .read_brief(move |conn| {
