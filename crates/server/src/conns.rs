@@ -25,7 +25,7 @@ use axum::response::IntoResponse;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
-use pcmail_core::conns::{Closed, Phase, Timeouts, deadline, evictee};
+use pcmail_core::conns::{Closed, Deadline, Phase, Timeouts, deadline, evictee};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
@@ -38,7 +38,7 @@ const OVERFLOW: usize = 32;
 const MAX_BUF: usize = 64 * 1024;
 /// How often a connection whose answer is all handed to the socket asks the kernel whether
 /// the client has taken it (T15: bytes the client never acknowledged are not taken).
-const TAKEN_CHECK: Duration = Duration::from_millis(50);
+const TAKEN_CHECK_MS: u64 = 50;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
@@ -47,10 +47,10 @@ pub struct Settings {
     pub timeouts: Timeouts,
 }
 
-/// One connection's shared state: its phase, a wake-up when the phase changes, and the order
-/// to close.
+/// One connection's shared state: its phase, a wake-up when the phase moves outside the
+/// connection's own poll, and the order to close.
 struct Conn {
-    phase: Mutex<Phase>,
+    state: Mutex<State>,
     changed: Notify,
     close: Notify,
     /// The answer's body has been handed to hyper to its end (what is left is in the socket).
@@ -59,10 +59,18 @@ struct Conn {
     fd: Option<i32>,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct State {
+    phase: Phase,
+    /// The connection's own task is polling its exchange: a move made now is seen when that
+    /// poll ends ([`Watch`]), and wakes nobody.
+    minding: bool,
+}
+
 impl Conn {
     fn new(now: u64, fd: Option<i32>) -> Arc<Conn> {
         Arc::new(Conn {
-            phase: Mutex::new(Phase::Head { since: now }),
+            state: Mutex::new(State { phase: Phase::Head { since: now }, minding: false }),
             changed: Notify::new(),
             close: Notify::new(),
             answered: AtomicBool::new(false),
@@ -70,15 +78,35 @@ impl Conn {
         })
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Moves from one phase to the next only if `from` accepts the current one: the body and
     /// answer wrappers report late (a body dropped after its answer) and must not undo a move.
     fn shift(&self, from: impl FnOnce(Phase) -> Option<Phase>) {
-        let mut phase = self.phase.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(next) = from(*phase) {
-            *phase = next;
-            drop(phase);
-            self.changed.notify_one();
+        let mut state = self.state();
+        if let Some(next) = from(state.phase) {
+            state.phase = next;
+            let minding = state.minding;
+            drop(state);
+            if !minding {
+                self.changed.notify_one();
+            }
         }
+    }
+
+    /// Runs `f` as the connection's own poll: the moves it makes wake nobody.
+    fn minding<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Done<'a>(&'a Conn);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.state().minding = false;
+            }
+        }
+        self.state().minding = true;
+        let _done = Done(self);
+        f()
     }
 
     /// The answer is taken when hyper has all of it and the client acknowledged every byte:
@@ -99,22 +127,16 @@ impl Conn {
     }
 
     fn phase(&self) -> Phase {
-        *self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state().phase
     }
 
     fn set(&self, next: Phase) {
-        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = next;
-        self.changed.notify_one();
+        self.shift(|_| Some(next));
     }
 
     /// Bytes arrived: an idle connection starts its next request's head now.
     fn bytes_arrived(&self, now: u64) {
-        let mut phase = self.phase.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(*phase, Phase::Idle { .. }) {
-            *phase = Phase::Head { since: now };
-            drop(phase);
-            self.changed.notify_one();
-        }
+        self.shift(|p| matches!(p, Phase::Idle { .. }).then_some(Phase::Head { since: now }));
     }
 }
 
@@ -135,7 +157,7 @@ struct Shared {
 
 impl Shared {
     fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        ms_since(self.epoch)
     }
 
     fn warn_full(&self, message: &str) {
@@ -291,26 +313,31 @@ async fn exchange<S>(
     let shared = shared.clone();
     let served = http1::Builder::new().keep_alive(!overflow).max_buf_size(MAX_BUF).serve_connection(io, service);
     tokio::pin!(served);
+    let timer = tokio::time::sleep_until(instant_at(shared.epoch, NEVER));
+    tokio::pin!(timer);
+    let mut watch = Watch {
+        served: served.as_mut(),
+        timer: timer.as_mut(),
+        conn,
+        clock: (shared.epoch, shared.settings.timeouts),
+        taken_check: None,
+    };
     let mut draining = false;
     loop {
-        let wake = next_wake(&shared, conn);
         tokio::select! {
-            done = served.as_mut() => {
-                if let Err(e) = done {
-                    tracing::debug!(%addr, error = %e, "connection ended");
+            turn = &mut watch => {
+                match turn {
+                    Turn::Served(Err(e)) => tracing::debug!(%addr, error = %e, "connection ended"),
+                    Turn::Served(Ok(())) => {}
+                    // Past its deadline in the phase it is still in: a head or body too slow,
+                    // an answer not taken, or idle too long.
+                    Turn::Expired(d) => {
+                        tracing::debug!(%addr, reason = d.reason.as_str(), "closing a connection past its deadline");
+                        shared.count(d.reason);
+                        conn.drop_unsent();
+                    }
                 }
                 break;
-            }
-            _ = tokio::time::sleep_until(wake) => {
-                conn.check_taken(shared.now());
-                // Past its deadline in the phase it is still in: a head or body too slow, an
-                // answer not taken, or idle too long.
-                if let Some(d) = deadline(conn.phase(), shared.settings.timeouts).filter(|d| shared.now() >= d.at) {
-                    tracing::debug!(%addr, reason = d.reason.as_str(), "closing a connection past its deadline");
-                    shared.count(d.reason);
-                    conn.drop_unsent();
-                    break;
-                }
             }
             _ = conn.changed.notified() => {}
             _ = conn.close.notified() => {
@@ -319,7 +346,7 @@ async fn exchange<S>(
                     conn.drop_unsent();
                     break;
                 }
-                served.as_mut().graceful_shutdown();
+                watch.served.as_mut().graceful_shutdown();
             }
             _ = shutdown.wait_for(|stop| *stop), if !draining => {
                 draining = true;
@@ -327,22 +354,83 @@ async fn exchange<S>(
                     break;
                 }
                 // The answer in flight is finished (a long-poll returns at shutdown), then closed.
-                served.as_mut().graceful_shutdown();
+                watch.served.as_mut().graceful_shutdown();
             }
         }
     }
 }
 
-/// When the connection's loop next looks: its deadline, and while the kernel still holds an
-/// answer, every [`TAKEN_CHECK`].
-fn next_wake(shared: &Shared, conn: &Conn) -> tokio::time::Instant {
-    let phase = conn.phase();
-    let at = deadline(phase, shared.settings.timeouts).map(|d| shared.epoch + Duration::from_millis(d.at));
-    let mut wake = at.map_or(tokio::time::Instant::now() + Duration::from_secs(3600), tokio::time::Instant::from_std);
-    if matches!(phase, Phase::Write { .. }) && conn.answered.load(Ordering::Acquire) {
-        wake = wake.min(tokio::time::Instant::now() + TAKEN_CHECK);
+/// A deadline no phase has (busy: the answer is the server's to give), as ms after `epoch`.
+const NEVER: u64 = 1 << 40;
+
+/// The connections' clock: ms since `epoch`.
+fn ms_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `ms` after `epoch`, as the timer takes it.
+fn instant_at(epoch: Instant, ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(epoch + Duration::from_millis(ms))
+}
+
+/// What ends a connection's exchange from within: its own end, or a deadline passed.
+enum Turn {
+    Served(hyper::Result<()>),
+    Expired(Deadline),
+}
+
+/// A connection's exchange and its deadline timer as one future. Its phase moves inside the
+/// exchange's own poll (a head's first bytes, the body, the answer), so the timer is re-armed
+/// as that poll ends: a wake-up at each move, from the task to itself, made every request
+/// yield its worker and wake the other (P10). A move from elsewhere still wakes the loop
+/// through `changed`.
+struct Watch<'a, F> {
+    served: Pin<&'a mut F>,
+    timer: Pin<&'a mut tokio::time::Sleep>,
+    conn: &'a Conn,
+    /// The connections' epoch and timeouts.
+    clock: (Instant, Timeouts),
+    /// T15: when an answer all handed to the socket is next asked after, every [`TAKEN_CHECK_MS`]
+    /// until the client has it.
+    taken_check: Option<u64>,
+}
+
+impl<F: std::future::Future<Output = hyper::Result<()>>> std::future::Future for Watch<'_, F> {
+    type Output = Turn;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Turn> {
+        let this = &mut *self;
+        let (conn, (epoch, timeouts)) = (this.conn, this.clock);
+        if let Poll::Ready(done) = conn.minding(|| this.served.as_mut().poll(cx)) {
+            return Poll::Ready(Turn::Served(done));
+        }
+        loop {
+            let phase = conn.phase();
+            let due = deadline(phase, timeouts);
+            let awaiting_taken = matches!(phase, Phase::Write { .. }) && conn.answered.load(Ordering::Acquire);
+            if !awaiting_taken {
+                this.taken_check = None;
+            } else if this.taken_check.is_none() {
+                this.taken_check = Some(ms_since(epoch).saturating_add(TAKEN_CHECK_MS));
+            }
+            let look = due.map_or(NEVER, |d| d.at).min(this.taken_check.unwrap_or(NEVER)).min(NEVER);
+            let at = instant_at(epoch, look);
+            if this.timer.deadline() != at {
+                this.timer.as_mut().reset(at);
+            }
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = ms_since(epoch);
+            if awaiting_taken {
+                conn.minding(|| conn.check_taken(now));
+                this.taken_check = Some(now.saturating_add(TAKEN_CHECK_MS));
+            }
+            if let Some(d) = deadline(conn.phase(), timeouts).filter(|d| now >= d.at) {
+                return Poll::Ready(Turn::Expired(d));
+            }
+        }
     }
-    wake
 }
 
 /// One request: refused at the edge (T19's `Host`, an overflow connection's other routes) or
@@ -634,5 +722,102 @@ pub fn file_limit() -> Option<u64> {
     #[cfg(not(unix))]
     {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `changed` holds a wake-up for the connection's loop.
+    fn woken(conn: &Conn) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        std::pin::pin!(conn.changed.notified()).poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn p10_t15_a_phase_moved_within_the_connections_own_poll_wakes_nobody_and_one_moved_elsewhere_wakes_its_loop() {
+        let conn = Conn::new(0, None);
+        conn.minding(|| conn.set(Phase::Busy));
+        assert_eq!(conn.phase(), Phase::Busy);
+        assert!(!woken(&conn), "a move inside the connection's own poll is seen as that poll ends");
+        conn.set(Phase::Write { since: 5 });
+        assert!(woken(&conn), "a move from another task wakes the loop to re-arm its deadline");
+        assert_eq!(conn.phase(), Phase::Write { since: 5 });
+    }
+
+    #[tokio::test]
+    async fn t15_a_head_started_inside_the_exchanges_own_poll_is_cut_at_its_deadline_with_no_wake_up() {
+        let timeouts = Timeouts { header_ms: 100, ..pcmail_core::conns::TIMEOUTS };
+        let conn = Conn::new(0, None);
+        conn.set(Phase::Idle { since: 0 });
+        let _ = woken(&conn);
+        let epoch = Instant::now();
+        // The exchange: a request's first bytes arrive at its first poll, and nothing more.
+        let mut arrived = false;
+        let exchange = std::future::poll_fn(|_| {
+            if !arrived {
+                arrived = true;
+                conn.bytes_arrived(ms_since(epoch));
+            }
+            Poll::<hyper::Result<()>>::Pending
+        });
+        let served = std::pin::pin!(exchange);
+        let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
+        let watch = Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None };
+        let turn = tokio::time::timeout(Duration::from_secs(5), watch).await.expect("cut long before the idle timeout");
+        assert!(matches!(turn, Turn::Expired(Deadline { reason: Closed::Head, .. })));
+        assert!(epoch.elapsed() >= Duration::from_millis(100), "not before the head's deadline");
+        assert!(!woken(&conn), "the move to a head woke nobody: the watch re-armed its timer as its poll ended");
+    }
+
+    /// The exchange that never ends on its own.
+    fn pending_exchange() -> impl std::future::Future<Output = hyper::Result<()>> {
+        std::future::pending()
+    }
+
+    #[tokio::test]
+    async fn t15_an_answer_handed_to_the_socket_is_asked_after_until_taken_and_the_connection_is_then_idle() {
+        let conn = Conn::new(0, None);
+        conn.set(Phase::Write { since: 0 });
+        conn.answered.store(true, Ordering::Release);
+        let epoch = Instant::now();
+        let served = std::pin::pin!(pending_exchange());
+        let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
+        let mut watch =
+            Watch { served, timer, conn: &conn, clock: (epoch, pcmail_core::conns::TIMEOUTS), taken_check: None };
+        // No socket: nothing is unacknowledged, so the first check finds the answer taken.
+        let ended = tokio::time::timeout(Duration::from_millis(500), &mut watch).await;
+        assert!(ended.is_err(), "an idle connection has a minute before it is closed");
+        assert!(matches!(conn.phase(), Phase::Idle { .. }), "taken at the check {TAKEN_CHECK_MS} ms on");
+        assert_eq!(watch.taken_check, None, "nothing left to ask after");
+    }
+
+    #[tokio::test]
+    async fn t15_a_body_started_by_another_task_wakes_the_loop_and_is_cut_at_its_deadline() {
+        let timeouts = Timeouts { body_ms: 200, ..pcmail_core::conns::TIMEOUTS };
+        let conn = Conn::new(0, None);
+        conn.set(Phase::Busy);
+        let epoch = Instant::now();
+        let served = std::pin::pin!(pending_exchange());
+        let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
+        let mut watch = Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None };
+        let elsewhere = conn.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            elsewhere.set(Phase::Body { since: ms_since(epoch), received: 0 });
+        });
+        // The connection's loop, as `exchange` runs it.
+        let turn = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                tokio::select! {
+                    turn = &mut watch => break turn,
+                    _ = conn.changed.notified() => {}
+                }
+            }
+        })
+        .await
+        .expect("a busy connection has no deadline of its own: the body's came through the wake-up");
+        assert!(matches!(turn, Turn::Expired(Deadline { reason: Closed::Body | Closed::SlowBody, .. })));
     }
 }

@@ -95,8 +95,7 @@ pub async fn enqueue_many(
     let keys: Vec<String> = jobs.iter().filter_map(|j| j.unique_key.clone()).collect();
     let select = if keys.is_empty() { JobSelect::Ids(vec![]) } else { JobSelect::Unique(keys) };
     // Stored holders are weighed by their own queue's terms, incoming jobs by what they asked.
-    let pools = rt.pools.clone();
-    let terms_of = move |j: &Job| KeyTerms::of(&pools, &j.queue, asked.get(&j.id).copied().flatten());
+    let terms_of = move |j: &Job| KeyTerms::of(&rt.pools, &j.queue, asked.get(&j.id).copied().flatten());
     let answers = app.store().jobs_transaction(select, move |stored| plan_enqueue(stored, jobs, terms_of, now)).await?;
     if answers.iter().any(|(_, created)| *created) {
         app.pools().ring();

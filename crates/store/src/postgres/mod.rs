@@ -333,6 +333,8 @@ async fn apply_ledger_writes(c: &mut Conn, project: &str, w: &LedgerWrites) -> R
 
 async fn select_jobs(c: &mut Conn, select: &JobSelect) -> Result<Vec<Job>> {
     match select {
+        // P10: an enqueue without unique keys asks for nothing: no round trip.
+        JobSelect::Ids(ids) if ids.is_empty() => Ok(Vec::new()),
         JobSelect::Ids(ids) => {
             let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1) FOR UPDATE");
             let found = c.decode(&sql, &[ids], codec::job).await?;

@@ -576,6 +576,8 @@ fn select_jobs(conn: &Connection, select: &JobSelect) -> Result<Vec<Job>> {
         collect(&mut conn.prepare_cached(sql).map_err(map_err)?, args, codec::job)
     };
     match select {
+        // P10: an enqueue without unique keys asks for nothing, and its transaction reads nothing.
+        JobSelect::Ids(ids) if ids.is_empty() => Ok(Vec::new()),
         JobSelect::Ids(ids) => {
             let mut stmt =
                 conn.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1")).map_err(map_err)?;
