@@ -321,6 +321,7 @@ async fn exchange<S>(
         conn,
         clock: (shared.epoch, shared.settings.timeouts),
         taken_check: None,
+        in_place: InPlace::new(),
     };
     let mut draining = false;
     loop {
@@ -393,6 +394,76 @@ struct Watch<'a, F> {
     /// T15: when an answer all handed to the socket is next asked after, every [`TAKEN_CHECK_MS`]
     /// until the client has it.
     taken_check: Option<u64>,
+    in_place: InPlace,
+}
+
+/// P10: the wakes an exchange gives itself, served in place. hyper wakes the connection's
+/// task from within its own poll (a body asked for wakes the dispatcher that reads it, and its
+/// frames wake the body); tokio takes such a wake for a yield: it queues the task and wakes
+/// another worker to steal it, a thread woken, and often moved to, at every request. A wake
+/// during the poll is noted and the exchange polled again at once, [`AGAIN`] times at most, so
+/// a deliberate yield (hyper's, or a spent budget) still reaches tokio; a wake after the poll
+/// goes to the task's own waker.
+struct InPlace {
+    wakes: Arc<Wakes>,
+    waker: std::task::Waker,
+}
+
+/// How many times an exchange is polled again in place before its wake goes to tokio.
+const AGAIN: usize = 4;
+
+/// Whether the exchange is being polled and was woken meanwhile, and the task to wake after.
+struct Wakes {
+    state: std::sync::atomic::AtomicU8,
+    task: Mutex<std::task::Waker>,
+}
+
+const IDLE: u8 = 0;
+const POLLING: u8 = 1;
+const WOKEN: u8 = 2;
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Noted while the poll runs (it looks when it ends); the task's otherwise. A wake that
+        // loses the race with the poll's end finds IDLE and goes to the task: none is lost.
+        if self.state.compare_exchange(POLLING, WOKEN, Ordering::AcqRel, Ordering::Acquire) == Err(IDLE) {
+            self.task.lock().unwrap_or_else(PoisonError::into_inner).wake_by_ref();
+        }
+    }
+}
+
+impl InPlace {
+    fn new() -> InPlace {
+        let wakes = Arc::new(Wakes {
+            state: std::sync::atomic::AtomicU8::new(IDLE),
+            task: Mutex::new(std::task::Waker::noop().clone()),
+        });
+        InPlace { waker: std::task::Waker::from(wakes.clone()), wakes }
+    }
+
+    fn poll<F: std::future::Future>(&self, mut fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        {
+            let mut task = self.wakes.task.lock().unwrap_or_else(PoisonError::into_inner);
+            if !task.will_wake(cx.waker()) {
+                task.clone_from(cx.waker());
+            }
+        }
+        let mut own = Context::from_waker(&self.waker);
+        for _ in 0..AGAIN {
+            self.wakes.state.store(POLLING, Ordering::Release);
+            let polled = fut.as_mut().poll(&mut own);
+            let woken = self.wakes.state.swap(IDLE, Ordering::AcqRel) == WOKEN;
+            if polled.is_ready() || !woken {
+                return polled;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
 }
 
 impl<F: std::future::Future<Output = hyper::Result<()>>> std::future::Future for Watch<'_, F> {
@@ -401,7 +472,7 @@ impl<F: std::future::Future<Output = hyper::Result<()>>> std::future::Future for
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Turn> {
         let this = &mut *self;
         let (conn, (epoch, timeouts)) = (this.conn, this.clock);
-        if let Poll::Ready(done) = conn.minding(|| this.served.as_mut().poll(cx)) {
+        if let Poll::Ready(done) = conn.minding(|| this.in_place.poll(this.served.as_mut(), cx)) {
             return Poll::Ready(Turn::Served(done));
         }
         loop {
@@ -746,6 +817,57 @@ mod tests {
         assert_eq!(conn.phase(), Phase::Write { since: 5 });
     }
 
+    /// A task's waker that counts its wakes.
+    #[derive(Default)]
+    struct Counted(AtomicUsize);
+
+    impl std::task::Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn p10_a_wake_an_exchange_gives_itself_is_served_in_place_and_one_after_its_poll_reaches_the_task() {
+        let task = Arc::new(Counted::default());
+        let waker = std::task::Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let woken = || task.0.load(Ordering::Relaxed);
+        let in_place = InPlace::new();
+
+        let mut polls = 0;
+        let wakes_itself_once = std::pin::pin!(std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(polls)
+        }));
+        assert_eq!(in_place.poll(wakes_itself_once, &mut cx), Poll::Ready(2), "polled again at once");
+        assert_eq!(woken(), 0, "the task was not woken for it");
+
+        let mut kept = None;
+        let keeps_its_waker = std::pin::pin!(std::future::poll_fn(|cx| {
+            kept = Some(cx.waker().clone());
+            Poll::<()>::Pending
+        }));
+        assert!(in_place.poll(keeps_its_waker, &mut cx).is_pending());
+        assert_eq!(woken(), 0);
+        kept.expect("the exchange kept its waker").wake();
+        assert_eq!(woken(), 1, "a wake after the poll reaches the task");
+
+        let mut polls = 0;
+        let always_wakes_itself = std::pin::pin!(std::future::poll_fn(|cx| {
+            polls += 1;
+            cx.waker().wake_by_ref();
+            Poll::<()>::Pending
+        }));
+        assert!(in_place.poll(always_wakes_itself, &mut cx).is_pending());
+        assert_eq!(polls, AGAIN, "polled again in place a few times at most");
+        assert_eq!(woken(), 2, "then the wake goes to the task: a yield still yields");
+    }
+
     #[tokio::test]
     async fn t15_a_head_started_inside_the_exchanges_own_poll_is_cut_at_its_deadline_with_no_wake_up() {
         let timeouts = Timeouts { header_ms: 100, ..pcmail_core::conns::TIMEOUTS };
@@ -764,7 +886,8 @@ mod tests {
         });
         let served = std::pin::pin!(exchange);
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let watch = Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None };
+        let watch =
+            Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None, in_place: InPlace::new() };
         let turn = tokio::time::timeout(Duration::from_secs(5), watch).await.expect("cut long before the idle timeout");
         assert!(matches!(turn, Turn::Expired(Deadline { reason: Closed::Head, .. })));
         assert!(epoch.elapsed() >= Duration::from_millis(100), "not before the head's deadline");
@@ -784,8 +907,14 @@ mod tests {
         let epoch = Instant::now();
         let served = std::pin::pin!(pending_exchange());
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let mut watch =
-            Watch { served, timer, conn: &conn, clock: (epoch, pcmail_core::conns::TIMEOUTS), taken_check: None };
+        let mut watch = Watch {
+            served,
+            timer,
+            conn: &conn,
+            clock: (epoch, pcmail_core::conns::TIMEOUTS),
+            taken_check: None,
+            in_place: InPlace::new(),
+        };
         // No socket: nothing is unacknowledged, so the first check finds the answer taken.
         let ended = tokio::time::timeout(Duration::from_millis(500), &mut watch).await;
         assert!(ended.is_err(), "an idle connection has a minute before it is closed");
@@ -801,7 +930,8 @@ mod tests {
         let epoch = Instant::now();
         let served = std::pin::pin!(pending_exchange());
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let mut watch = Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None };
+        let mut watch =
+            Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None, in_place: InPlace::new() };
         let elsewhere = conn.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
