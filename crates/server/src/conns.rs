@@ -431,7 +431,8 @@ impl std::task::Wake for Wakes {
         // Noted while the poll runs (it looks when it ends); the task's otherwise. A wake that
         // loses the race with the poll's end finds IDLE and goes to the task: none is lost.
         if self.state.compare_exchange(POLLING, WOKEN, Ordering::AcqRel, Ordering::Acquire) == Err(IDLE) {
-            self.task.lock().unwrap_or_else(PoisonError::into_inner).wake_by_ref();
+            let task = self.task.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            task.wake();
         }
     }
 }
@@ -446,12 +447,7 @@ impl InPlace {
     }
 
     fn poll<F: std::future::Future>(&self, mut fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        {
-            let mut task = self.wakes.task.lock().unwrap_or_else(PoisonError::into_inner);
-            if !task.will_wake(cx.waker()) {
-                task.clone_from(cx.waker());
-            }
-        }
+        self.wakes.task.lock().unwrap_or_else(PoisonError::into_inner).clone_from(cx.waker());
         let mut own = Context::from_waker(&self.waker);
         for _ in 0..AGAIN {
             self.wakes.state.store(POLLING, Ordering::Release);
@@ -854,8 +850,17 @@ mod tests {
         }));
         assert!(in_place.poll(keeps_its_waker, &mut cx).is_pending());
         assert_eq!(woken(), 0);
-        kept.expect("the exchange kept its waker").wake();
+        let kept = kept.expect("the exchange kept its waker");
+        kept.wake_by_ref();
         assert_eq!(woken(), 1, "a wake after the poll reaches the task");
+
+        // The task's waker can change between polls: the wake goes to the latest.
+        let moved = Arc::new(Counted::default());
+        let moved_waker = std::task::Waker::from(moved.clone());
+        let pending = std::pin::pin!(std::future::pending::<()>());
+        assert!(in_place.poll(pending, &mut Context::from_waker(&moved_waker)).is_pending());
+        kept.wake();
+        assert_eq!((woken(), moved.0.load(Ordering::Relaxed)), (1, 1), "woken through the waker of the last poll");
 
         let mut polls = 0;
         let always_wakes_itself = std::pin::pin!(std::future::poll_fn(|cx| {
@@ -866,6 +871,38 @@ mod tests {
         assert!(in_place.poll(always_wakes_itself, &mut cx).is_pending());
         assert_eq!(polls, AGAIN, "polled again in place a few times at most");
         assert_eq!(woken(), 2, "then the wake goes to the task: a yield still yields");
+    }
+
+    #[test]
+    fn p10_the_watch_polls_its_exchange_in_place() {
+        let task = Arc::new(Counted::default());
+        let waker = std::task::Waker::from(task.clone());
+        let conn = Conn::new(0, None);
+        conn.set(Phase::Busy);
+        let epoch = Instant::now();
+        let mut polls = 0;
+        let served = std::pin::pin!(std::future::poll_fn(|cx| {
+            polls += 1;
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+            }
+            Poll::<hyper::Result<()>>::Pending
+        }));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        let _in_rt = rt.enter();
+        let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
+        let mut watch = Watch {
+            served,
+            timer,
+            conn: &conn,
+            clock: (epoch, pcmail_core::conns::TIMEOUTS),
+            taken_check: None,
+            in_place: InPlace::new(),
+        };
+        assert!(Pin::new(&mut watch).poll(&mut Context::from_waker(&waker)).is_pending());
+        drop(watch);
+        assert_eq!(polls, 2, "the exchange's wake of itself polled it again at once");
+        assert_eq!(task.0.load(Ordering::Relaxed), 0, "and did not wake the task");
     }
 
     #[tokio::test]
