@@ -315,14 +315,7 @@ async fn exchange<S>(
     tokio::pin!(served);
     let timer = tokio::time::sleep_until(instant_at(shared.epoch, NEVER));
     tokio::pin!(timer);
-    let mut watch = Watch {
-        served: served.as_mut(),
-        timer: timer.as_mut(),
-        conn,
-        clock: (shared.epoch, shared.settings.timeouts),
-        taken_check: None,
-        in_place: InPlace::new(),
-    };
+    let mut watch = Watch::new(served.as_mut(), timer.as_mut(), conn, (shared.epoch, shared.settings.timeouts));
     let mut draining = false;
     loop {
         tokio::select! {
@@ -459,6 +452,17 @@ impl InPlace {
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+impl<'a, F> Watch<'a, F> {
+    fn new(
+        served: Pin<&'a mut F>,
+        timer: Pin<&'a mut tokio::time::Sleep>,
+        conn: &'a Conn,
+        clock: (Instant, Timeouts),
+    ) -> Self {
+        Watch { served, timer, conn, clock, taken_check: None, in_place: InPlace::new() }
     }
 }
 
@@ -891,14 +895,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
         let _in_rt = rt.enter();
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let mut watch = Watch {
-            served,
-            timer,
-            conn: &conn,
-            clock: (epoch, pcmail_core::conns::TIMEOUTS),
-            taken_check: None,
-            in_place: InPlace::new(),
-        };
+        let mut watch = Watch::new(served, timer, &conn, (epoch, pcmail_core::conns::TIMEOUTS));
         assert!(Pin::new(&mut watch).poll(&mut Context::from_waker(&waker)).is_pending());
         drop(watch);
         assert_eq!(polls, 2, "the exchange's wake of itself polled it again at once");
@@ -923,8 +920,7 @@ mod tests {
         });
         let served = std::pin::pin!(exchange);
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let watch =
-            Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None, in_place: InPlace::new() };
+        let watch = Watch::new(served, timer, &conn, (epoch, timeouts));
         let turn = tokio::time::timeout(Duration::from_secs(5), watch).await.expect("cut long before the idle timeout");
         assert!(matches!(turn, Turn::Expired(Deadline { reason: Closed::Head, .. })));
         assert!(epoch.elapsed() >= Duration::from_millis(100), "not before the head's deadline");
@@ -944,14 +940,7 @@ mod tests {
         let epoch = Instant::now();
         let served = std::pin::pin!(pending_exchange());
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let mut watch = Watch {
-            served,
-            timer,
-            conn: &conn,
-            clock: (epoch, pcmail_core::conns::TIMEOUTS),
-            taken_check: None,
-            in_place: InPlace::new(),
-        };
+        let mut watch = Watch::new(served, timer, &conn, (epoch, pcmail_core::conns::TIMEOUTS));
         // No socket: nothing is unacknowledged, so the first check finds the answer taken.
         let ended = tokio::time::timeout(Duration::from_millis(500), &mut watch).await;
         assert!(ended.is_err(), "an idle connection has a minute before it is closed");
@@ -967,8 +956,7 @@ mod tests {
         let epoch = Instant::now();
         let served = std::pin::pin!(pending_exchange());
         let timer = std::pin::pin!(tokio::time::sleep_until(instant_at(epoch, NEVER)));
-        let mut watch =
-            Watch { served, timer, conn: &conn, clock: (epoch, timeouts), taken_check: None, in_place: InPlace::new() };
+        let mut watch = Watch::new(served, timer, &conn, (epoch, timeouts));
         let elsewhere = conn.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
