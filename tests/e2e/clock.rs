@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::harness::{Server, eventually, examples, ok};
 
 /// Debian's libfaketime (`scripts/test` installs the `faketime` package).
-fn libfaketime() -> PathBuf {
+pub fn libfaketime() -> PathBuf {
     ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
         .into_iter()
         .map(PathBuf::from)
@@ -19,7 +19,7 @@ fn libfaketime() -> PathBuf {
 
 /// serve's environment for a wall clock offset by what `offsets` holds (`+3h`, `-70`), re-read
 /// every second, so a test steps the clock of a running serve by writing the file.
-fn faked(offsets: &Path) -> Vec<(String, String)> {
+pub fn faked(offsets: &Path) -> Vec<(String, String)> {
     [
         ("LD_PRELOAD", libfaketime().display().to_string()),
         ("FAKETIME_TIMESTAMP_FILE", offsets.display().to_string()),
@@ -31,12 +31,12 @@ fn faked(offsets: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
-fn as_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+pub fn as_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// Sets the faked clock `offset` seconds from the real one.
-fn step_to(offsets: &Path, offset: i64) {
+pub fn step_to(offsets: &Path, offset: i64) {
     std::fs::write(offsets, format!("{offset:+}\n")).expect("offset file");
 }
 

@@ -193,7 +193,8 @@ fn x5_doctor_passes_a_healthy_pc_and_names_each_broken_check_and_its_fix_in_turn
 
     // The agent stopped, and 4 minutes pass for the server and the PC alike.
     pc.stop_agent();
-    s.set_env(&[("LD_PRELOAD", &libfaketime()), ("FAKETIME", "+240"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")]);
+    let preload = crate::clock::libfaketime().display().to_string();
+    s.set_env(&[("LD_PRELOAD", &preload), ("FAKETIME", "+240"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")]);
     s.restart();
     let outcome = pc.doctor(Some("+4m"));
     // The server's clock reaches doctor as the Date header's whole seconds, so a last poll less
@@ -204,14 +205,6 @@ fn x5_doctor_passes_a_healthy_pc_and_names_each_broken_check_and_its_fix_in_turn
         "not polling: the last poll from laptop is ",
         "systemctl --user enable --now pcmail-agent.service",
     );
-}
-
-fn libfaketime() -> String {
-    ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("libfaketime is installed (apt-get install faketime; scripts/test does)")
-        .to_string()
 }
 
 /// The plugin as the real Claude Code installs it (skipped where `claude` is not installed):

@@ -135,22 +135,17 @@ impl Server {
     /// As [`Server::start_logged_opts`], with `prepare` run on the data dir's path before serve
     /// first starts (a small disk mounted there).
     pub fn start_logged_on(apply: Option<PathBuf>, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
-        let dir = tempfile::tempdir().expect("tempdir");
-        prepare(&dir.path().join("data"));
-        std::fs::write(dir.path().join("serve.log"), "").expect("serve.log");
-        let mut s = Server {
-            dir,
-            url: String::new(),
-            child: None,
-            apply,
-            listen: "127.0.0.1:0".into(),
-            extra: extra.iter().map(|e| e.to_string()).collect(),
-            nofile: None,
-            ca: None,
-            env: vec![],
-            bin: None,
-        };
+        let mut s = Server::unstarted_logged_on(apply, extra, prepare);
         s.spawn();
+        s
+    }
+
+    /// [`Server::start_logged_on`] short of starting serve, for a test that sets its
+    /// environment first ([`Server::set_env`]) and then calls [`Server::spawn`].
+    pub fn unstarted_logged_on(apply: Option<PathBuf>, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
+        let s = Server::start_opts_unstarted(apply, extra);
+        prepare(&s.dir.path().join("data"));
+        std::fs::write(s.dir.path().join("serve.log"), "").expect("serve.log");
         s
     }
 

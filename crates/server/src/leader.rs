@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use pcmail_core::health::Leading;
 
-use crate::app::App;
+use crate::app::{App, warn_unless_outage};
 use crate::key::Key;
 
 /// One attempt to take or renew the lease; records the outcome on the app.
@@ -63,10 +63,8 @@ pub async fn run(app: App) {
         }
         if let Err(e) = attempt(&app).await {
             // Leadership lapses on its own when renewals fail (said by `say_leadership` when
-            // it does); a store outage is said by the health watch.
-            if !e.is_outage() {
-                tracing::warn!(error = %e, "leader lease attempt failed");
-            }
+            // it does).
+            warn_unless_outage!(e.is_outage(), error = %e, "leader lease attempt failed");
             say_leadership(&app, None);
         }
     }

@@ -6,6 +6,22 @@ use std::sync::{Mutex, PoisonError};
 use pcmail_core::Ts;
 use pcmail_core::health::{Said, Say, Uptime};
 
+/// E15: a store outage or full disk is said once per change by the health watch
+/// (`serve::watch_health`, through [`Liveness::observe_store`]); a loop that meets it on one of
+/// its tries says it at debug, and any other error at warn. `$outage` is whether the error
+/// is one ([`pcmail_store::StoreError::is_outage`]); the rest is a `tracing` event's fields
+/// and message.
+macro_rules! warn_unless_outage {
+    ($outage:expr, $($event:tt)+) => {
+        if $outage {
+            tracing::debug!($($event)+)
+        } else {
+            tracing::warn!($($event)+)
+        }
+    };
+}
+pub(crate) use warn_unless_outage;
+
 pub struct Liveness {
     /// E18: since when this server has been up without a break, by its own ticks.
     uptime: Mutex<Uptime>,

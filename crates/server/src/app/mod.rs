@@ -25,6 +25,7 @@ pub use access::Access;
 pub use leadership::Leadership;
 pub use limits::{LimitKey, Limits};
 pub use liveness::Liveness;
+pub(crate) use liveness::warn_unless_outage;
 pub use pools::Pools;
 
 #[derive(Clone)]

@@ -10,7 +10,7 @@
 use pcmail_core::search::{INDEX_BATCH, INDEX_EVERY};
 use pcmail_store::Store;
 
-use crate::app::App;
+use crate::app::{App, warn_unless_outage};
 
 /// After a failed batch (a full disk, E15: said by the health watch, not here again).
 const AFTER_ERROR: std::time::Duration = std::time::Duration::from_secs(1);
@@ -29,11 +29,8 @@ pub async fn run(app: App, shared: bool) {
             Ok(_) if shared => return,
             Ok(_) => INDEX_EVERY,
             Err(e) => {
-                if app.store().health().refusing().is_some() {
-                    tracing::debug!(error = %e, "search index batch refused; trying again");
-                } else {
-                    tracing::warn!(error = %e, "search index batch failed; trying again (searches stay whole)");
-                }
+                let outage = e.is_outage() || app.store().health().refusing().is_some();
+                warn_unless_outage!(outage, error = %e, "search index batch failed; trying again (searches stay whole)");
                 AFTER_ERROR
             }
         };

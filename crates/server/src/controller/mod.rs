@@ -21,7 +21,7 @@ use pcmail_core::manifest::spec::ScheduleRole;
 use pcmail_store::Store;
 use tokio::task::JoinSet;
 
-use crate::app::App;
+use crate::app::{App, warn_unless_outage};
 use crate::error::ReconcileError;
 use crate::key::Key;
 
@@ -68,12 +68,8 @@ async fn reconcile(app: &App, key: Key) -> bool {
         Ok(()) => true,
         Err(e) => {
             app.metrics().control.reconcile_failed(&key, e.reason());
-            // E15: a store outage is said once per change by the health watch, not per key.
-            if matches!(&e, ReconcileError::Store(s) if s.is_outage()) {
-                tracing::debug!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
-            } else {
-                tracing::warn!(reconciler = key.name(), error = %e, "reconcile failed; backing off");
-            }
+            let outage = matches!(&e, ReconcileError::Store(s) if s.is_outage());
+            warn_unless_outage!(outage, reconciler = key.name(), error = %e, "reconcile failed; backing off");
             false
         }
     }

@@ -11,7 +11,7 @@ use pcmail_core::Ts;
 use pcmail_core::cron::plan_due;
 use pcmail_store::Store;
 
-use crate::app::App;
+use crate::app::{App, warn_unless_outage};
 use crate::runtime::CronEntry;
 
 /// How often the leader looks at the clock: a step over an entry's time runs it this late.
@@ -44,7 +44,7 @@ pub async fn run(app: App) {
                 None => match app.store().kv_get(&key).await {
                     Ok(stored) => stored.and_then(|s| s.parse::<Ts>().ok()),
                     Err(e) => {
-                        tracing::warn!(error = %e, entry = %key, "cannot read a schedule's last run; trying again");
+                        warn_unless_outage!(e.is_outage(), error = %e, entry = %key, "cannot read a schedule's last run; trying again");
                         continue;
                     }
                 },
@@ -53,7 +53,8 @@ pub async fn run(app: App) {
             if due.fire {
                 // Stored before it is queued: a crash in between skips this run, never repeats it.
                 if let Err(e) = app.store().kv_set(&key, &due.last.to_rfc3339()).await {
-                    tracing::warn!(error = %e, entry = %key, "cannot record a schedule's run; it runs when it can");
+                    // Tried again every tick: a full disk is said once, by the health watch.
+                    warn_unless_outage!(e.is_outage(), error = %e, entry = %key, "cannot record a schedule's run; it runs when it can");
                     last.insert(key, known);
                     continue;
                 }
