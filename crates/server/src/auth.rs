@@ -56,7 +56,7 @@ impl Caller {
 
 pub fn new_token(prefix: &str) -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 24];
-    getrandom::fill(&mut bytes)?;
+    crate::random::fill(&mut bytes)?;
     Ok(format!("{prefix}{}", hex(&bytes)))
 }
 

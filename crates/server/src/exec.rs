@@ -552,9 +552,8 @@ fn serve_mark() -> &'static str {
     static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     MARK.get_or_init(|| {
         let mut b = [0u8; 6];
-        let _ = getrandom::fill(&mut b);
-        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        format!("{}-{hex}", std::process::id())
+        let _ = crate::random::fill(&mut b);
+        format!("{}-{}", std::process::id(), pcmail_core::ids::hex(&b))
     })
 }
 

@@ -18,14 +18,14 @@ use crate::error::ServiceError;
 
 fn random_hex(bytes: usize) -> Result<String, ServiceError> {
     let mut b = vec![0u8; bytes];
-    getrandom::fill(&mut b).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
+    crate::random::fill(&mut b).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
     Ok(hex(&b))
 }
 
 /// Jitter in [0, 1) for J4's backoff.
 fn jitter() -> f64 {
     let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
+    let _ = crate::random::fill(&mut b);
     f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
 }
 

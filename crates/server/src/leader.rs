@@ -121,6 +121,6 @@ pub fn replica_name() -> String {
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
         .unwrap_or_else(|| "pcmail".into());
     let mut suffix = [0u8; 3];
-    let suffix = getrandom::fill(&mut suffix).map(|()| pcmail_core::ids::hex(&suffix)).unwrap_or_default();
+    let suffix = crate::random::fill(&mut suffix).map(|()| pcmail_core::ids::hex(&suffix)).unwrap_or_default();
     format!("{host}-{}-{suffix}", std::process::id())
 }

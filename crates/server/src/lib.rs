@@ -17,6 +17,7 @@ pub mod exec;
 mod key;
 pub mod manifests;
 mod metrics;
+mod random;
 mod runtime;
 #[cfg(target_os = "linux")]
 mod spawner;

@@ -75,7 +75,7 @@ impl Moves {
 
 fn random_id() -> Result<String, ServiceError> {
     let mut bytes = [0u8; 4];
-    getrandom::fill(&mut bytes).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
+    crate::random::fill(&mut bytes).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
     Ok(ids::mail_id(bytes))
 }
 
