@@ -293,9 +293,9 @@ impl Server {
         } else {
             Stdio::inherit()
         };
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        let mut child =
-            cmd.env("PCMAIL_LOG", "warn").stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn serve");
+        // Warnings and errors, unless the test asks for another filter in its environment.
+        cmd.env("PCMAIL_LOG", "warn").envs(self.env.iter().map(|(k, v)| (k, v)));
+        let mut child = cmd.stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn serve");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -56,7 +56,7 @@ impl Caller {
 
 pub fn new_token(prefix: &str) -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 24];
-    crate::random::fill(&mut bytes)?;
+    crate::random::secret(&mut bytes)?;
     Ok(format!("{prefix}{}", hex(&bytes)))
 }
 

@@ -22,6 +22,14 @@ fn random_hex(bytes: usize) -> Result<String, ServiceError> {
     Ok(hex(&b))
 }
 
+/// The random part of a claim's lease tokens, a secret: whoever holds a token may report for
+/// its job (J2).
+fn lease_secret() -> Result<String, ServiceError> {
+    let mut b = [0u8; 8];
+    crate::random::secret(&mut b).map_err(|e| ServiceError::internal(format!("no randomness: {e}")))?;
+    Ok(hex(&b))
+}
+
 /// Jitter in [0, 1) for J4's backoff.
 fn jitter() -> f64 {
     let mut b = [0u8; 4];
@@ -122,7 +130,7 @@ pub async fn claim(
         bounds::duration("lease", lease, bounds::MIN_LEASE, max_lease)
             .map_err(|e| ServiceError::unprocessable(format!("{e} (the WorkerPool's maxLease)")))?;
     }
-    let prefix = random_hex(8)?;
+    let prefix = lease_secret()?;
     Ok(claim_in_store(app, queue, limit, LeaseOwner::of(actor, worker), prefix, lease, now).await?)
 }
 
@@ -137,7 +145,7 @@ pub async fn pool_claim(
     lease: Dur,
     now: Ts,
 ) -> Result<Vec<Job>, StoreError> {
-    let prefix = random_hex(8).map_err(|e| StoreError::Backend(format!("claim: {}", e.message())))?;
+    let prefix = lease_secret().map_err(|e| StoreError::Backend(format!("claim: {}", e.message())))?;
     let owner = LeaseOwner::claimed_ahead(pool);
     claim_in_store(app, queue, limit, owner, prefix, lease, now).await
 }

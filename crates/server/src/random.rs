@@ -1,7 +1,9 @@
-//! The server's one source of random bytes (ids, lease tokens, session tokens, jitter): the
-//! system's, drawn a block at a time. P10: a system call for every job's few bytes was a
-//! thirtieth of an enqueue's CPU; a block serves dozens. Bytes handed out are wiped from the
-//! block, so none is handed out twice or kept for longer than it waits.
+//! The server's one source of random bytes. Ids and jitter ([`fill`]) come from the system a
+//! block at a time: P10, a system call for every job's few bytes was a thirtieth of an
+//! enqueue's CPU, and a block serves dozens. Bytes handed out are wiped from the block, so the
+//! process never hands one out twice. Secrets ([`secret`]: tokens, lease tokens) are drawn
+//! from the system as they are made, never kept in memory before: a copy of the process (a VM
+//! restored twice from one snapshot, a core dump) holds no secret not yet handed out.
 
 use std::cell::RefCell;
 
@@ -18,7 +20,13 @@ thread_local! {
     static BLOCK_OF_THREAD: RefCell<Block> = const { RefCell::new(Block { bytes: [0; BLOCK], used: BLOCK }) };
 }
 
-/// Fills `out` with random bytes from the system (by way of this thread's block).
+/// Fills `out` with random bytes for a secret, from the system now.
+pub fn secret(out: &mut [u8]) -> Result<(), getrandom::Error> {
+    getrandom::fill(out)
+}
+
+/// Fills `out` with random bytes for an id or jitter, from the system by way of this
+/// thread's block.
 pub fn fill(out: &mut [u8]) -> Result<(), getrandom::Error> {
     if out.len() > BLOCK / 4 {
         return getrandom::fill(out);

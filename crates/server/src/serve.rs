@@ -212,12 +212,14 @@ fn tolerate_full_disk(result: Result<(), pcmail_store::StoreError>, what: &str) 
     }
 }
 
-/// The kv key a write probe touches while the store refuses writes for space (E15).
+/// The kv key a write probe touches while the store refuses writes or cannot be reached (E15).
 const WRITE_PROBE_KEY: &str = "store/write-probe";
+/// How long the probe may take before the watch goes on without its answer.
+const PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// E15/E18, once a second: the server's own tick (its uptime, so a pause is not blamed on
-/// receivers); while the store refuses writes for space, a one-row write to see whether room
-/// came back; the store's trouble said in the log once per change and reminded every minute;
+/// receivers); while the store refuses writes for space or cannot be reached, a one-row write
+/// to see whether that is over; the store's trouble said in the log once per change and reminded every minute;
 /// the write-error counters; a leadership that lapsed without an attempt saying so.
 async fn watch_health(app: App) {
     use pcmail_core::health::Say;
@@ -232,9 +234,12 @@ async fn watch_health(app: App) {
         let now = crate::clock::now();
         app.liveness().tick(now);
         let health = app.store().health();
-        if health.refusing().is_some() {
-            // Only a write that needs room can say the room is back.
-            let _ = app.store().kv_set(WRITE_PROBE_KEY, &now.timestamp_millis().to_string()).await;
+        if health.refusing().is_some() || health.unreachable().is_some() {
+            // Only a write that needs room can say the room is back, and only a write that
+            // reaches the store that writes reach it again.
+            // Bounded: a store that hangs must not stall the ticks (E18) or what is said here.
+            let stamp = now.timestamp_millis().to_string();
+            let _ = tokio::time::timeout(PROBE_WITHIN, app.store().kv_set(WRITE_PROBE_KEY, &stamp)).await;
         }
         let trouble = health.refusing().map(|r| pcmail_core::health::unwritable(&r)).or_else(|| {
             health.unreachable().map(|u| format!("the store cannot be reached; requests answer 503 ({u})"))

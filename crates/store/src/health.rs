@@ -1,7 +1,8 @@
 //! E15: what the store's writes have met, kept in memory so it answers while the store does
 //! not. Every write failure is counted by [`WriteReason`]; a write refused for want of space
 //! marks the store *refusing* until a write succeeds again (a while after the last refusal); an unreachable store (a database
-//! down, a connection lost) is *unreachable* until any call succeeds.
+//! down, a connection lost) is *unreachable* until a call succeeds: a write, when a write was
+//! what failed (a read-only file system or standby answers reads while it takes no write).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -42,8 +43,9 @@ pub struct WriteHealth {
     /// The last refusal for space and when it came, until a write succeeds
     /// [`pcmail_core::health::ROOM_BACK_AFTER`] later.
     refusing: Mutex<Option<(String, Instant)>>,
-    /// The last failure to reach the store, until any call succeeds.
-    unreachable: Mutex<Option<String>>,
+    /// The last failure to reach the store, and whether a write met it (then only a write
+    /// that succeeds ends it), until a call succeeds.
+    unreachable: Mutex<Option<(String, bool)>>,
 }
 
 impl WriteHealth {
@@ -64,7 +66,10 @@ impl WriteHealth {
                         *refusing = None;
                     }
                 }
-                set(&self.unreachable, None);
+                let mut unreachable = self.unreachable.lock().unwrap_or_else(PoisonError::into_inner);
+                if write || unreachable.as_ref().is_some_and(|(_, by_write)| !by_write) {
+                    *unreachable = None;
+                }
             }
             Err(e) => {
                 let reason = WriteReason::of(e);
@@ -75,7 +80,11 @@ impl WriteHealth {
                     StoreError::NoSpace(why) => {
                         *self.refusing.lock().unwrap_or_else(PoisonError::into_inner) = Some((why.clone(), now));
                     }
-                    StoreError::Unavailable(why) => set(&self.unreachable, Some(why.clone())),
+                    StoreError::Unavailable(why) => {
+                        let mut unreachable = self.unreachable.lock().unwrap_or_else(PoisonError::into_inner);
+                        let by_write = write || unreachable.as_ref().is_some_and(|(_, by_write)| *by_write);
+                        *unreachable = Some((why.clone(), by_write));
+                    }
                     _ => {}
                 }
             }
@@ -92,14 +101,10 @@ impl WriteHealth {
         self.refusing.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(why, _)| why.clone())
     }
 
-    /// Why the store could not be reached at its last call, if it could not.
+    /// Why the store could not be reached, if it still cannot (as far as its calls since say).
     pub fn unreachable(&self) -> Option<String> {
-        self.unreachable.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.unreachable.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(why, _)| why.clone())
     }
-}
-
-fn set(slot: &Mutex<Option<String>>, value: Option<String>) {
-    *slot.lock().unwrap_or_else(PoisonError::into_inner) = value;
 }
 
 /// An I/O error as a store error: `ENOSPC` is a refusal for space (E15), anything else an
@@ -115,6 +120,25 @@ pub fn io_error(context: &str, e: &std::io::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e15_a_write_that_could_not_reach_the_store_is_over_when_a_write_succeeds_not_a_read() {
+        let h = WriteHealth::default();
+        let now = Instant::now();
+        let away = || Err::<(), _>(StoreError::Unavailable("attempt to write a readonly database".into()));
+        h.observe_at(&away(), true, now);
+        h.observe_at(&Ok(()), false, now);
+        assert!(h.unreachable().is_some(), "reads answer while writes cannot: still unreachable");
+        h.observe_at(&away(), false, now);
+        h.observe_at(&Ok(()), false, now);
+        assert!(h.unreachable().is_some(), "a failed read meanwhile does not forget the write");
+        h.observe_at(&Ok(()), true, now);
+        assert_eq!(h.unreachable(), None);
+        // Met by a read only, any call that succeeds ends it.
+        h.observe_at(&away(), false, now);
+        h.observe_at(&Ok(()), false, now);
+        assert_eq!(h.unreachable(), None);
+    }
 
     #[test]
     fn e15_a_refusal_for_space_lasts_until_a_write_succeeds_and_is_counted_by_reason() {

@@ -8,9 +8,9 @@ use pcmail_core::health::{Said, Say, Uptime};
 
 /// E15: a store outage or full disk is said once per change by the health watch
 /// (`serve::watch_health`, through [`Liveness::observe_store`]); a loop that meets it on one of
-/// its tries says it at debug, and any other error at warn. `$outage` is whether the error
-/// is one ([`pcmail_store::StoreError::is_outage`]); the rest is a `tracing` event's fields
-/// and message.
+/// its tries says it at debug, and any other error at warn. `$outage` is whether the watch
+/// says this error (most often [`pcmail_store::StoreError::is_outage`]); the rest is a
+/// `tracing` event's fields and message.
 macro_rules! warn_unless_outage {
     ($outage:expr, $($event:tt)+) => {
         if $outage {

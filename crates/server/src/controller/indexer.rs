@@ -29,7 +29,8 @@ pub async fn run(app: App, shared: bool) {
             Ok(_) if shared => return,
             Ok(_) => INDEX_EVERY,
             Err(e) => {
-                let outage = e.is_outage() || app.store().health().refusing().is_some();
+                // Refused while the disk is full, as every write is: the health watch says so.
+                let outage = app.store().health().refusing().is_some();
                 warn_unless_outage!(outage, error = %e, "search index batch failed; trying again (searches stay whole)");
                 AFTER_ERROR
             }
