@@ -28,7 +28,8 @@ impl JobState {
     }
 }
 
-/// One row of the `jobs` tab.
+/// One row of the `jobs` tab. Its times are written by [`crate::rfc3339`] (P10: one in every
+/// enqueue's answer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Job {
@@ -40,17 +41,22 @@ pub struct Job {
     pub priority: i64,
     pub attempts: u32,
     pub max_attempts: u32,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub run_after: Ts,
     pub lease_owner: Option<String>,
     pub lease_token: Option<String>,
+    #[serde(serialize_with = "crate::rfc3339::serialize_option")]
     pub lease_expires_at: Option<Ts>,
+    #[serde(serialize_with = "crate::rfc3339::serialize_option")]
     pub heartbeat_at: Option<Ts>,
     pub rescues: u32,
     pub last_error: Option<String>,
     pub result: Option<String>,
     pub unique_key: Option<String>,
     pub ledger_ref: Option<String>,
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub created_at: Ts,
+    #[serde(serialize_with = "crate::rfc3339::serialize_option")]
     pub finished_at: Option<Ts>,
     /// The machine that enqueued the job (T2); None for the server's own (heavy ledger rows).
     pub enqueued_by: Option<String>,

@@ -34,6 +34,7 @@ pub mod progress;
 pub mod restore;
 pub mod retention;
 pub mod retry;
+pub mod rfc3339;
 pub mod roster;
 pub mod search;
 pub mod sheet;
