@@ -219,8 +219,9 @@ const PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// E15/E18, once a second: the server's own tick (its uptime, so a pause is not blamed on
 /// receivers); while the store refuses writes for space or cannot be reached, a one-row write
-/// to see whether that is over; the store's trouble said in the log once per change and reminded every minute;
-/// the write-error counters; a leadership that lapsed without an attempt saying so.
+/// to see whether that is over; the store's trouble said in the log once per change and
+/// reminded every minute; the write-error counters; a leadership that lapsed without an
+/// attempt saying so.
 async fn watch_health(app: App) {
     use pcmail_core::health::Say;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
