@@ -150,6 +150,39 @@ fn e15_a_schedule_entry_due_on_a_full_disk_is_tried_each_second_and_not_logged_a
     drop(disk);
 }
 
+/// E15's alert to a dead webhook (nothing listens at its port): tried again while the disk is
+/// full, said once in the log, not once a try or a retry.
+#[test]
+fn e15_a_dead_webhook_for_the_store_unwritable_alert_is_said_once_not_at_every_try() {
+    const TRY: &str = "store-unwritable not notified";
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let webhook = format!("http://{}/hook", dead.local_addr().expect("address"));
+    drop(dead);
+    let m = crate::monitoring::manifests(&webhook);
+    let mut disk = None;
+    let mut s = Server::unstarted_logged_on(Some(m.path().to_path_buf()), &[], |data| {
+        disk = Some(SmallDisk::mount(data, "16m"));
+    });
+    s.set_env(&[("PCMAIL_LOG", "warn,pcmail_server::controller::notifier=debug")]);
+    s.spawn();
+    let desk = s.token("desk");
+    let filler = fill(&s.dir.path().join("data"));
+    assert_eq!(send(&s, &desk, "on a full disk").0, 503);
+    let tries = || s.log().lines().filter(|l| l.contains(TRY)).map(String::from).collect::<Vec<_>>();
+    // Each try is a post and its retries, a few seconds.
+    eventually(30, "a second try of the post", || (tries().len() >= 2).then_some(()));
+    let said = tries();
+    let warned: Vec<&String> = said.iter().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warned.len(), 1, "said once:\n{}", said.join("\n"));
+    assert!(warned[0].contains("trying again every second"), "{}", warned[0]);
+    let retries = s.log().lines().filter(|l| l.contains("notification post failed")).count();
+    assert!(retries >= 1, "the post's retries are there at debug");
+    assert!(!s.log().lines().any(|l| l.contains("notification post failed") && l.contains("WARN")), "{}", s.log());
+    std::fs::remove_file(filler).expect("free the disk");
+    s.kill9();
+    drop(disk);
+}
+
 #[test]
 fn e15_the_store_unwritable_rule_fires_while_the_disk_is_full_in_promtool() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/prometheus");

@@ -95,6 +95,9 @@ pub async fn watch_unwritable(app: App) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutdown = app.watch_shutdown();
+    // A post that fails is tried again every second: a dead webhook is said once, then at
+    // debug until a post gets through.
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -112,8 +115,15 @@ pub async fn watch_unwritable(app: App) {
                 app.metrics().mail.notified(Notified::Sent, 1);
                 tracing::info!(state = due.state.as_str(), "store-unwritable notified");
                 alert.posted(&due, now);
+                failing = false;
             }
-            Err(e) => tracing::warn!(error = %e.message, url, "store-unwritable not notified; trying again"),
+            Err(e) if failing => {
+                tracing::debug!(error = %e.message, url, "store-unwritable not notified; trying again")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.message, url, "store-unwritable not notified; trying again every second");
+                failing = true;
+            }
         }
     }
 }
@@ -154,7 +164,8 @@ async fn post(app: &App, url: &str, body: &serde_json::Value) -> Result<(), Post
         .adjust(|e: &PostError, d| e.retry_after.or(d))
         .notify(|e: &PostError, d| {
             app.metrics().mail.notified(Notified::Failed, 1);
-            tracing::warn!(error = %e.message, retry_in = ?d, "notification post failed");
+            // The caller says how the post ended: a dead webhook is not a warning a retry.
+            tracing::debug!(error = %e.message, retry_in = ?d, "notification post failed");
         })
         .await
         .inspect_err(|_| app.metrics().mail.notified(Notified::Failed, 1))
