@@ -95,8 +95,8 @@ pub async fn watch_unwritable(app: App) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutdown = app.watch_shutdown();
-    // A post that fails is tried again every second: a dead webhook is said once, then at
-    // debug until a post gets through.
+    // A post that fails is tried again at the next tick: a dead webhook is said once, then at
+    // debug until a post gets through or there is nothing left to post.
     let mut failing = false;
     loop {
         tokio::select! {
@@ -105,9 +105,15 @@ pub async fn watch_unwritable(app: App) {
         }
         let now = crate::clock::now();
         alert.observe(app.store().health().refusing().as_deref(), now);
-        let Some(notify) = app.runtime().mail_policy.notify.clone() else { continue };
-        let resend = (notify.format == NotifyFormat::AlertmanagerApi).then_some(RESEND);
-        let Some(due) = alert.due(app.leadership().replica(), resend, now) else { continue };
+        let due = app.runtime().mail_policy.notify.clone().and_then(|notify| {
+            let resend = (notify.format == NotifyFormat::AlertmanagerApi).then_some(RESEND);
+            alert.due(app.leadership().replica(), resend, now).map(|due| (notify, due))
+        });
+        // Nothing to post (no webhook, or no episode to tell): the next failure is news again.
+        let Some((notify, due)) = due else {
+            failing = false;
+            continue;
+        };
         let (url, body) = body_for(&app, &notify, std::slice::from_ref(&due), now);
         app.limits().notify(notify.min_interval).until_ready().await;
         match post(&app, &url, &body).await {
@@ -121,7 +127,7 @@ pub async fn watch_unwritable(app: App) {
                 tracing::debug!(error = %e.message, url, "store-unwritable not notified; trying again")
             }
             Err(e) => {
-                tracing::warn!(error = %e.message, url, "store-unwritable not notified; trying again every second");
+                tracing::warn!(error = %e.message, url, "store-unwritable not notified; trying again at each tick");
                 failing = true;
             }
         }
