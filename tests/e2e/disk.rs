@@ -37,16 +37,25 @@ fn send(s: &Server, token: &str, subject: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().unwrap_or_default())
 }
 
+/// `serve` started on `apply` with its data dir on a 16 MiB disk of its own, its log kept, and
+/// `env` in its environment; the disk goes when the returned one is dropped.
+fn start_on_small_disk(apply: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Server, SmallDisk) {
+    let mut disk = None;
+    let mut s = Server::unstarted_logged_on(Some(apply.to_path_buf()), extra, |data| {
+        disk = Some(SmallDisk::mount(data, "16m"));
+    });
+    s.set_env(env);
+    s.spawn();
+    (s, disk.expect("mounted before serve started"))
+}
+
 fn no_space(s: &Server) -> f64 {
     s.metric("pcmail_store_write_errors_total{reason=\"no_space\"}").unwrap_or(-1.0)
 }
 
 #[test]
 fn e15_a_full_disk_is_a_readiness_reason_a_metric_and_a_log_line_and_serve_starts_on_it_serving_reads() {
-    let mut disk = None;
-    let mut s = Server::start_logged_on(Some(examples()), &["--resync", "300ms"], |data| {
-        disk = Some(SmallDisk::mount(data, "16m"));
-    });
+    let (mut s, disk) = start_on_small_disk(&examples(), &["--resync", "300ms"], &[]);
     let (desk, laptop) = (s.token("desk"), s.token("laptop"));
     let before = ok(s.ctl(&desk, &["send", "--to", "laptop", "--subject", "before the disk filled", "--body", "b"]));
     assert_eq!(get(&format!("{}/readyz", s.url)).0, 200);
@@ -112,15 +121,10 @@ fn e15_a_schedule_entry_due_on_a_full_disk_is_tried_each_second_and_not_logged_a
     let clock = tempfile::tempdir().expect("tempdir");
     let offsets = clock.path().join("offset");
     step_to(&offsets, 0);
-    let mut disk = None;
-    let mut s = Server::unstarted_logged_on(Some(examples()), &["--lease", "60s"], |data| {
-        disk = Some(SmallDisk::mount(data, "16m"));
-    });
     let mut env = faked(&offsets);
     // The entry's tries are seen at debug; everything else at warn, as an operator's log has it.
     env.push(("PCMAIL_LOG".into(), "warn,pcmail_server::controller::schedules=debug".into()));
-    s.set_env(&as_refs(&env));
-    s.spawn();
+    let (mut s, disk) = start_on_small_disk(&examples(), &["--lease", "60s"], &as_refs(&env));
     eventually(10, "serve to lead", || s.is_leader().then_some(()));
 
     let log_before = s.log().lines().count();
@@ -159,12 +163,8 @@ fn e15_a_dead_webhook_for_the_store_unwritable_alert_is_said_once_not_at_every_t
     let webhook = format!("http://{}/hook", dead.local_addr().expect("address"));
     drop(dead);
     let m = crate::monitoring::manifests(&webhook);
-    let mut disk = None;
-    let mut s = Server::unstarted_logged_on(Some(m.path().to_path_buf()), &[], |data| {
-        disk = Some(SmallDisk::mount(data, "16m"));
-    });
-    s.set_env(&[("PCMAIL_LOG", "warn,pcmail_server::controller::notifier=debug")]);
-    s.spawn();
+    let debug = [("PCMAIL_LOG", "warn,pcmail_server::controller::notifier=debug")];
+    let (mut s, disk) = start_on_small_disk(m.path(), &[], &debug);
     let desk = s.token("desk");
     let filler = fill(&s.dir.path().join("data"));
     assert_eq!(send(&s, &desk, "on a full disk").0, 503);
@@ -293,10 +293,7 @@ fn e15_a_full_postgresql_disk_is_a_503_a_readiness_reason_and_a_metric_and_nothi
 fn e15_a_full_disk_posts_one_store_unwritable_firing_and_one_resolution_to_the_webhook() {
     let receiver = crate::webhook::Receiver::start(vec![]);
     let m = crate::monitoring::manifests(&receiver.url);
-    let mut disk = None;
-    let mut s = Server::start_logged_on(Some(m.path().to_path_buf()), &["--resync", "300ms"], |data| {
-        disk = Some(SmallDisk::mount(data, "16m"));
-    });
+    let (mut s, disk) = start_on_small_disk(m.path(), &["--resync", "300ms"], &[]);
     let desk = s.token("desk");
     assert!(send(&s, &desk, "before the disk filled").0 < 300);
     let posted = || -> Vec<(String, String)> {
