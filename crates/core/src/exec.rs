@@ -130,8 +130,8 @@ pub fn candidates(program: &str, path: Option<&str>) -> Vec<String> {
 
 /// A child's whole environment from `(key, value)` pairs in the order they were set: a later
 /// value of a key replaces an earlier one (as std's `Command::env`), one entry per key.
-pub fn environment(pairs: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
-    let map: std::collections::BTreeMap<String, String> = pairs.into_iter().collect();
+pub fn environment<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    let map: std::collections::BTreeMap<&str, &str> = pairs.into_iter().collect();
     map.into_iter().collect()
 }
 
@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn e17_a_later_variable_replaces_an_earlier_one() {
-        let env = environment([("A".into(), "1".into()), ("B".into(), "2".into()), ("A".into(), "3".into())]);
-        assert_eq!(env, vec![("A".to_string(), "3".to_string()), ("B".to_string(), "2".to_string())]);
+        let env = environment([("A", "1"), ("B", "2"), ("A", "3")]);
+        assert_eq!(env, vec![("A", "3"), ("B", "2")]);
     }
 }

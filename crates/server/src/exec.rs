@@ -177,7 +177,7 @@ pub async fn run_source(argv: &[String]) -> Result<String, SourceCommandError> {
 async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     let mark = new_mark();
     let env = environment(&p, &mark);
-    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+    let path = env.iter().find(|(k, _)| *k == "PATH").map(|(_, v)| *v);
     let paths = rules::candidates(p.program, path);
     let argv: Vec<&str> = std::iter::once(p.program).chain(p.args.iter().map(String::as_str)).collect();
     // The function creates files with its user's usual permissions, not serve's 077 (T8).
@@ -187,7 +187,7 @@ async fn run_process(p: Process<'_>) -> std::io::Result<Finished> {
     // run started earlier than this.
     let (before, started) = (earlier_readings(), boot_ticks());
     let mut child = crate::spawner::spawn(&plan)?;
-    let born = before.map(|(before, counted)| Born { child: child.pid, order: child.order, before, counted });
+    let born = before.map(|(before, counted)| Born { child: child.pid, asked: child.asked, before, counted });
     let guard = Live::register(RunId { session: child.pid, started, mark: Mark::Run(mark) }, born);
     let mut caps = output_caps(&p);
     let (ended, status) = {
@@ -239,10 +239,17 @@ fn feed<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(stdin: Option<W>, inp
 }
 
 /// The child's whole environment: `PASSED` from serve's, the run's variables, the run mark.
-fn environment(p: &Process<'_>, mark: &str) -> Vec<(String, String)> {
-    let passed = PASSED.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_string(), v)));
-    let run = p.env.iter().cloned().chain([(rules::RUN_MARK.to_string(), mark.to_string())]);
+fn environment<'a>(p: &'a Process<'_>, mark: &'a str) -> Vec<(&'a str, &'a str)> {
+    let passed = passed().iter().map(|(k, v)| (*k, v.as_str()));
+    let run = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([(rules::RUN_MARK, mark)]);
     rules::environment(passed.chain(run))
+}
+
+/// `PASSED` as serve was started with them, read once (P9: not looked up in serve's whole
+/// environment at every run; serve never changes its own).
+fn passed() -> &'static [(&'static str, String)] {
+    static PASSED_NOW: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
+    PASSED_NOW.get_or_init(|| PASSED.iter().filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))).collect())
 }
 
 /// Elsewhere than Linux: std's spawn, with the session and umask set by a `pre_exec` hook.
@@ -412,8 +419,8 @@ impl Drop for Live {
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Born {
     child: i32,
-    /// The child's place in the order of this serve's starts ([`crate::spawner::started_after`]).
-    order: u64,
+    /// When the child's start was asked for ([`crate::spawner::Child::asked`]).
+    asked: u64,
     before: PidCounter,
     counted: PidCounter,
 }
@@ -661,9 +668,9 @@ fn kill_run(run: &RunId, born: Option<&Born>) {
     #[cfg(target_os = "linux")]
     for _ in 0..SWEEPS {
         let suspects = Born::suspects(born);
-        // Only where no pid was handed out twice since the run's child does a later start's pid
-        // belong to that start alone.
-        let after = born.filter(|_| matches!(suspects, Suspects::Since { .. })).map(|b| b.order);
+        // Only where no pid was handed out twice since the reading taken before the run's start
+        // does a later start's pid belong to that start alone.
+        let after = born.filter(|_| matches!(suspects, Suspects::Since { .. })).map(|b| b.asked);
         if sweep(run, suspects, after) == 0 {
             break;
         }
@@ -673,8 +680,8 @@ fn kill_run(run: &RunId, born: Option<&Born>) {
 }
 
 /// One pass over the `suspects` among `/proc`'s processes: SIGKILL to each the run owns;
-/// answers how many. `after`: the order of the run's child, when the suspects are the pids
-/// handed out since it.
+/// answers how many. `after`: when the run's start was asked for, when the suspects are the
+/// pids handed out since its child.
 #[cfg(target_os = "linux")]
 fn sweep(run: &RunId, suspects: Suspects, after: Option<u64>) -> usize {
     let pids: Vec<i32> = match suspects.few(PROBE_MAX) {
@@ -691,7 +698,7 @@ fn sweep(run: &RunId, suspects: Suspects, after: Option<u64>) -> usize {
     let me = std::process::id();
     let mut killed = 0;
     for pid in pids {
-        // A child of this serve not yet reaped, being started, or started since this run's (its
+        // A child of this serve not yet reaped, being started, or asked for since this run's (its
         // pid given to no one else since): another run's own process, no stray of this run (P9: at 4
         // runs at once most suspects are these, and reading each one's `stat` cost serve about
         // an eighth of its time a job). This run's own child is unreaped too while a timeout or

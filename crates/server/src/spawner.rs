@@ -29,7 +29,7 @@ const STACK: usize = 64 << 10;
 pub struct Plan<'a> {
     pub paths: &'a [String],
     pub argv: &'a [&'a str],
-    pub env: &'a [(String, String)],
+    pub env: &'a [(&'a str, &'a str)],
     pub umask: Option<u32>,
     /// What its stdin reads before its end.
     pub input: &'a [u8],
@@ -38,8 +38,9 @@ pub struct Plan<'a> {
 /// A started child: its pipes and its exit.
 pub struct Child {
     pub pid: i32,
-    /// Its place in the order of this process' starts (see [`started_after`]).
-    pub order: u64,
+    /// When its start was asked for, in the count of this process' start events (see
+    /// [`started_after`]): before its `clone`, so before its pid was handed out.
+    pub asked: u64,
     /// The writing end of its stdin while [`Plan::input`] is not all in the pipe yet.
     pub stdin: Option<pipe::Sender>,
     /// How much of the input the pipe took before the child started.
@@ -112,11 +113,14 @@ pub fn unreaped(pid: i32) -> bool {
     children().unreaped.contains(&pid)
 }
 
-/// Whether `pid` is a child whose start was asked for here after the start of order `after`
-/// ([`Child::order`]) was recorded, reaped or not: its pid was handed out after that start's.
-/// P9: a sweep of the pids handed out since a run's child, none given twice meanwhile
-/// ([`pcmail_core::exec::Suspects`]), skips these: each went to another run's child, so none
-/// can be a stray of this run; most suspects at 4 runs at once are these.
+/// Whether `pid` is a child whose start was asked for here after the start asked at `after`
+/// ([`Child::asked`]), reaped or not. P9: a sweep of the pids handed out since a run's child,
+/// none given twice since a reading taken before the run's start was asked for
+/// ([`pcmail_core::exec::Suspects`]), skips these: such a start's clone came after that
+/// reading, so a pid of it among the suspects was handed out after the run's child, once, and
+/// is that other run's child, never a stray of this run. Most suspects at 4 runs at once are
+/// these. `after` is the run's asked count, not its record (after its exec): starts asked for
+/// meanwhile on other threads are skipped too.
 pub fn started_after(pid: i32, after: u64) -> bool {
     let kept = children();
     // Recorded in order: an entry recorded before `after` was asked for before it too.
@@ -167,8 +171,8 @@ impl Drop for Starting {
 }
 
 /// A child just started, asked for at `asked` ([`asking`]): held until reaped, and remembered
-/// as the latest start; its order.
-fn started(pid: i32, asked: u64) -> u64 {
+/// as the latest start.
+fn started(pid: i32, asked: u64) {
     let mut kept = children();
     kept.events += 1;
     let order = kept.events;
@@ -177,7 +181,6 @@ fn started(pid: i32, asked: u64) -> u64 {
         kept.recent.pop_front();
     }
     kept.recent.push_back(Start { pid, asked, order });
-    order
 }
 
 fn held(pid: i32) {
@@ -206,6 +209,16 @@ struct Shared {
 
 fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} holds a NUL byte")))
+}
+
+/// `key=value`, built in one allocation.
+fn variable(key: &str, value: &str) -> io::Result<CString> {
+    let mut bytes = Vec::with_capacity(key.len() + value.len() + 2);
+    bytes.extend_from_slice(key.as_bytes());
+    bytes.push(b'=');
+    bytes.extend_from_slice(value.as_bytes());
+    CString::new(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{key:?}={value:?} holds a NUL byte")))
 }
 
 /// A NULL-terminated array of pointers into `strings` (which must outlive it).
@@ -277,7 +290,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     children_kept();
     let paths: Vec<CString> = plan.paths.iter().map(|p| cstring(p)).collect::<io::Result<_>>()?;
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstring(a)).collect::<io::Result<_>>()?;
-    let envp: Vec<CString> = plan.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = plan.env.iter().map(|(k, v)| variable(k, v)).collect::<io::Result<_>>()?;
     let (paths_p, argv_p, envp_p) = (pointers(&paths), pointers(&argv), pointers(&envp));
     let (in_r, in_w, fed) = stdin_with(plan.input)?;
     let (out_r, out_w) = pipe_pair()?;
@@ -310,7 +323,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         return Err(io::Error::from_raw_os_error(errno));
     }
-    let order = started(pid, asked);
+    started(pid, asked);
     // Told as started: the slot may go.
     drop(starting);
     // SAFETY: the pidfd is owned by the AsyncFd from here until it is dropped.
@@ -327,7 +340,7 @@ pub fn spawn(plan: &Plan<'_>) -> io::Result<Child> {
     }
     Ok(Child {
         pid,
-        order,
+        asked,
         stdin: in_w.map(pipe::Sender::from_owned_fd_unchecked).transpose()?,
         fed,
         stdout: Some(pipe::Receiver::from_owned_fd_unchecked(out_r)?),
@@ -520,8 +533,27 @@ mod tests {
     fn start(argv: &[&str]) -> Child {
         let path = std::env::var("PATH").ok();
         let paths = pcmail_core::exec::candidates(argv[0], path.as_deref());
-        let env = [("PATH".to_string(), path.unwrap_or_default())];
+        let env = [("PATH", path.as_deref().unwrap_or_default())];
         spawn(&Plan { paths: &paths, argv, env: &env, umask: None, input: b"" }).expect("spawn")
+    }
+
+    #[test]
+    fn p9_e16_a_start_asked_for_while_a_runs_child_is_exec_ing_is_known_as_after_it() {
+        // Pids no kernel hands out (above the largest pid_max), so no real child is confused.
+        let (run, other) = (5_000_001, 5_000_002);
+        // The run's start is asked for; while its child is still exec'ing (its clone has not
+        // returned), another thread asks for a start and records it first.
+        let run_asked = asking();
+        let other_asked = asking();
+        started(other, other_asked);
+        started(run, run_asked);
+        assert!(started_after(other, run_asked), "asked for after the run's: its pid came after the run's child");
+        // Recorded after the other, the run's own record would not have told it.
+        let run_recorded = children().recent.iter().rev().find(|s| s.pid == run).map_or(0, |s| s.order);
+        assert!(!started_after(other, run_recorded), "the record comes only once the run's child has exec'd");
+        assert!(!started_after(run, other_asked), "asked for before the other: its clone may have come first");
+        released(run);
+        released(other);
     }
 
     #[tokio::test]
@@ -581,16 +613,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn p9_e16_a_child_started_after_a_runs_own_is_known_by_its_order_reaped_or_not() {
+    async fn p9_e16_a_child_started_after_a_runs_own_is_known_by_when_it_was_asked_reaped_or_not() {
         let mut first = start(&["true"]);
         let mut second = start(&["true"]);
-        assert!(second.order > first.order, "starts are numbered in order");
+        assert!(second.asked > first.asked, "starts are numbered in order");
         for child in [&mut first, &mut second] {
             assert!(child.exit.wait().await.expect("status").success());
         }
-        assert!(started_after(second.pid, first.order), "reaped, still known as started after the first");
-        assert!(!started_after(first.pid, first.order), "a run's own child is not after itself");
-        assert!(!started_after(second.pid, second.order));
+        assert!(started_after(second.pid, first.asked), "reaped, still known as started after the first");
+        assert!(!started_after(first.pid, first.asked), "a run's own child is not after itself");
+        assert!(!started_after(second.pid, second.asked));
         let me = i32::try_from(std::process::id()).expect("pid");
         assert!(!started_after(me, 0), "a process never started here is a stranger");
         assert!(!starting(first.pid) && !starting(second.pid), "a started child's slot is let go");
