@@ -56,7 +56,7 @@ async fn write_backup(
             // P14: SQLite into SQLite copies pages; the checksums are of what the copy holds.
             sqlite.back_up_pages(partial.to_path_buf()).await.context("copying the store's pages")?;
             let copy = SqliteStore::open_read_only(partial).await.context("reading the copied pages")?;
-            let copied = copy.digest_in_place(&mut meter.rows()).await?;
+            let copied = copy.digest_unwritten(&mut meter.rows()).await?;
             drop(copy);
             (SqliteStore::open(partial).await.with_context(|| format!("opening {}", partial.display()))?, copied)
         }

@@ -43,6 +43,11 @@ pub fn select_sql(tab: &str, order: &str) -> String {
     format!("SELECT {} FROM {tab} ORDER BY {order}", quoted(columns(tab)))
 }
 
+/// [`select_sql`] of the rows `filter`, an SQL condition, holds.
+pub fn select_where_sql(tab: &str, filter: &str, order: &str) -> String {
+    format!("SELECT {} FROM {tab} WHERE {filter} ORDER BY {order}", quoted(columns(tab)))
+}
+
 /// P14: the next page of `tab` after a row whose key columns (`order`'s) are bound to the
 /// adapter's placeholders, in key order: one range down the key's index, so an export reads
 /// each row once however deep it is (an OFFSET reads every row before it again).
@@ -294,6 +299,14 @@ impl Sums {
         if let Some((_, rows, sum)) = self.0.iter_mut().find(|(t, ..)| *t == tab) {
             *rows += 1;
             *sum = sum.wrapping_add(hash);
+        }
+    }
+
+    /// `other`'s rows counted and summed in too (a digest read in shares, P14).
+    pub fn merge(&mut self, other: Sums) {
+        for ((_, rows, sum), (_, more, their)) in self.0.iter_mut().zip(other.0) {
+            *rows += more;
+            *sum = sum.wrapping_add(their);
         }
     }
 

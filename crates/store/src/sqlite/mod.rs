@@ -111,16 +111,45 @@ pub fn plan_once(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(drop)
 }
 
-/// Every tab's count and sum, from one read transaction; `(tab, rows)` told each batch.
+/// Which rows one reader of a digest sums: every row, or one of two shares ([`Share::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Share {
+    All,
+    /// The mail up to `mail_upto` by seq and every other tab at an even place in
+    /// [`transfer::TABS`] (`first`), or the rest: the two are the whole store, each row once.
+    Half {
+        first: bool,
+        mail_upto: i64,
+    },
+}
+
+impl Share {
+    /// `tab`'s rows this share sums, as the SELECT that reads them: None if none of them.
+    fn select(self, at: usize, tab: &str, order: &str) -> Option<String> {
+        match self {
+            Share::All => Some(transfer::select_sql(tab, order)),
+            Share::Half { first, mail_upto } if tab == "mail" => {
+                let side = if first { "<=" } else { ">" };
+                Some(transfer::select_where_sql(tab, &format!("seq {side} {mail_upto}"), order))
+            }
+            Share::Half { first, .. } => (first == at.is_multiple_of(2)).then(|| transfer::select_sql(tab, order)),
+        }
+    }
+}
+
+/// The counts and sums of the rows `share` names, from one read transaction; `(tab, rows)`
+/// told each batch.
 fn digest_rows(
     conn: &Connection,
+    share: Share,
     told: &mpsc::UnboundedSender<(&'static str, u64)>,
-) -> Result<Vec<transfer::TabDigest>> {
+) -> Result<transfer::Sums> {
     let tx = conn.unchecked_transaction().map_err(map_err)?;
     let mut sums = transfer::Sums::default();
-    for (tab, order) in transfer::TABS {
+    for (at, (tab, order)) in transfer::TABS.iter().enumerate() {
+        let Some(select) = share.select(at, tab, order) else { continue };
         let names = transfer::columns(tab);
-        let mut stmt = tx.prepare(&transfer::select_sql(tab, order)).map_err(map_err)?;
+        let mut stmt = tx.prepare(&select).map_err(map_err)?;
         let mut found = stmt.query([]).map_err(map_err)?;
         let mut batch = 0;
         'rows: while let Some(row) = found.next().map_err(map_err)? {
@@ -142,7 +171,7 @@ fn digest_rows(
             let _ = told.send((tab, batch));
         }
     }
-    Ok(sums.finish())
+    Ok(sums)
 }
 
 impl SqliteStore {
@@ -237,14 +266,48 @@ impl SqliteStore {
     /// value is hashed where SQLite holds it, none copied out into a row and handed over (a
     /// third of a digest's time at 1M mails). Tells `on_rows` of each batch's tab and rows.
     pub async fn digest_in_place(&self, on_rows: &mut transfer::OnRows<'_>) -> Result<Vec<transfer::TabDigest>> {
+        self.digest_shares(&[Share::All], on_rows).await
+    }
+
+    /// P14: [`SqliteStore::digest_in_place`] of a file nothing writes while it is read (a
+    /// backup's own copy, held by the backup): its two halves read at once, on two
+    /// connections. Only because no write can come between their reads do the two see one
+    /// store; a store `serve` may be writing is digested by one reader.
+    pub async fn digest_unwritten(&self, on_rows: &mut transfer::OnRows<'_>) -> Result<Vec<transfer::TabDigest>> {
+        let upto: i64 = self
+            .read(|c| {
+                c.query_row("SELECT COALESCE((MIN(seq) + MAX(seq)) / 2, 0) FROM mail", [], |r| r.get(0))
+                    .map_err(map_err)
+            })
+            .await?;
+        let halves = [true, false].map(|first| Share::Half { first, mail_upto: upto });
+        self.digest_shares(&halves, on_rows).await
+    }
+
+    /// Each share summed by a reader of its own, at once; their sums added.
+    async fn digest_shares(
+        &self,
+        shares: &[Share],
+        on_rows: &mut transfer::OnRows<'_>,
+    ) -> Result<Vec<transfer::TabDigest>> {
         let (told, mut heard) = mpsc::unbounded_channel();
-        let store = self.clone();
-        let reading = tokio::spawn(async move { store.read(move |conn| digest_rows(conn, &told)).await });
-        // The channel closes when the reading ends, its sender dropped with it.
+        let readings: Vec<_> = shares
+            .iter()
+            .map(|&share| {
+                let (store, told) = (self.clone(), told.clone());
+                tokio::spawn(async move { store.read(move |conn| digest_rows(conn, share, &told)).await })
+            })
+            .collect();
+        drop(told);
+        // The channel closes when every reading has ended, its senders dropped with them.
         while let Some((tab, rows)) = heard.recv().await {
             on_rows(tab, rows);
         }
-        reading.await.map_err(|e| StoreError::Backend(format!("the digest stopped: {e}")))?
+        let mut sums = transfer::Sums::default();
+        for reading in readings {
+            sums.merge(reading.await.map_err(|e| StoreError::Backend(format!("the digest stopped: {e}")))??);
+        }
+        Ok(sums.finish())
     }
 
     /// O2: leaves the file whole and readable where nothing may be written (a backup kept on
@@ -1646,6 +1709,19 @@ mod tests {
         assert_eq!(stored.await.expect("read back").len(), 2, "both writes committed");
     }
 
+    #[test]
+    fn p14_the_two_halves_of_a_digest_read_every_tab_once_and_split_the_mail_by_seq() {
+        for (at, (tab, order)) in transfer::TABS.iter().enumerate() {
+            let [first, second] = [true, false].map(|first| Share::Half { first, mail_upto: 7 }.select(at, tab, order));
+            if *tab == "mail" {
+                assert!(first.expect("first half").contains("WHERE seq <= 7 ORDER BY seq"));
+                assert!(second.expect("second half").contains("WHERE seq > 7 ORDER BY seq"));
+            } else {
+                assert!(first.is_some() != second.is_some(), "{tab} is read by one half");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn p14_e5_a_page_copy_holds_every_row_as_its_own_store_and_leaves_the_sources_keys() {
         let (dir, store) = fresh().await;
@@ -1672,6 +1748,10 @@ mod tests {
         let in_place = copy.digest_in_place(&mut |_, rows| told += rows).await.expect("digest in place");
         assert_eq!(in_place, sums, "read in place, the sums are the export's");
         assert_eq!(told, sums.iter().map(|d| d.rows).sum::<u64>(), "every row summed is told");
+        let mut halves_told = 0;
+        let halves = copy.digest_unwritten(&mut |_, rows| halves_told += rows).await.expect("digest in halves");
+        assert_eq!(halves, sums, "read in two halves at once, the same sums");
+        assert_eq!(halves_told, told, "every row summed once, and told");
         let identity = copy.kv_get(crate::IDENTITY_KEY).await.expect("kv").expect("an identity of its own");
         assert_ne!(Some(identity), store.kv_get(crate::IDENTITY_KEY).await.expect("kv"), "E5");
         assert_eq!(copy.kv_get(transfer::COPY_KEY).await.expect("kv").as_deref(), Some("finished"));
