@@ -111,7 +111,7 @@ pub fn plan_once(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(drop)
 }
 
-/// Which rows one reader of a digest sums: every row, or one of two shares ([`Share::of`]).
+/// Which rows one reader of a digest sums: every row, or one of two halves ([`Share::select`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Share {
     All,
@@ -274,12 +274,14 @@ impl SqliteStore {
     /// connections. Only because no write can come between their reads do the two see one
     /// store; a store `serve` may be writing is digested by one reader.
     pub async fn digest_unwritten(&self, on_rows: &mut transfer::OnRows<'_>) -> Result<Vec<transfer::TabDigest>> {
-        let upto: i64 = self
-            .read(|c| {
-                c.query_row("SELECT COALESCE((MIN(seq) + MAX(seq)) / 2, 0) FROM mail", [], |r| r.get(0))
-                    .map_err(map_err)
-            })
-            .await?;
+        let bounds =
+            |c: &Connection| c.query_row("SELECT MIN(seq), MAX(seq) FROM mail", [], |r| Ok((r.get(0)?, r.get(1)?)));
+        let (min, max): (Option<i64>, Option<i64>) = self.read(move |c| bounds(c).map_err(map_err)).await?;
+        // Halfway, in i128: an i64 sum could overflow (SQLite would turn it into a REAL).
+        let upto = match (min, max) {
+            (Some(min), Some(max)) => i64::try_from((i128::from(min) + i128::from(max)).div_euclid(2)).unwrap_or(min),
+            _ => 0,
+        };
         let halves = [true, false].map(|first| Share::Half { first, mail_upto: upto });
         self.digest_shares(&halves, on_rows).await
     }
@@ -1720,6 +1722,39 @@ mod tests {
                 assert!(first.is_some() != second.is_some(), "{tab} is read by one half");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn p14_a_digest_in_halves_sums_as_one_reader_with_no_mail_one_mail_and_seqs_at_the_ends() {
+        let (dir, store) = fresh().await;
+        let mut seen = Vec::new();
+        for (n, seqs) in [vec![], vec![7], vec![i64::MAX - 1, i64::MAX], vec![-5, 0, i64::MAX]].into_iter().enumerate()
+        {
+            let mails: Vec<Mail> = (0..seqs.len())
+                .map(|i| Mail::new(format!("mail-{n}-{i}"), "pc1".into(), "pc2".into(), Ts::default(), Ts::default()))
+                .collect();
+            let plan = move |_| (MailWrites { insert: mails, ..Default::default() }, ());
+            store.mail_transaction(MailSelect::Ids(vec![]), plan).await.expect("insert");
+            let path = dir.path().join(format!("copy-{n}.db"));
+            store.back_up_pages(path.clone()).await.expect("page copy");
+            // The copy's mail alone, at the seqs asked for.
+            let raw = Connection::open(&path).expect("open the copy");
+            raw.execute("DELETE FROM mail WHERE id NOT LIKE ?1", [format!("mail-{n}-%")])
+                .expect("only this copy's mail");
+            for (i, seq) in seqs.iter().enumerate() {
+                raw.execute("UPDATE mail SET seq = ?1 WHERE id = ?2", rusqlite::params![seq, format!("mail-{n}-{i}")])
+                    .expect("seq");
+            }
+            drop(raw);
+            let copy = SqliteStore::open_read_only(&path).await.expect("open the copy");
+            let (mut one, mut two) = (0, 0);
+            let whole = copy.digest_in_place(&mut |_, rows| one += rows).await.expect("one reader");
+            let halves = copy.digest_unwritten(&mut |_, rows| two += rows).await.expect("two halves");
+            assert_eq!(halves, whole, "mail at {seqs:?}");
+            assert_eq!((two, whole.iter().find(|d| d.tab == "mail").map(|d| d.rows)), (one, Some(seqs.len() as u64)));
+            seen.push(whole);
+        }
+        assert_ne!(seen[1], seen[2], "the copies differ, so equal digests are not all alike");
     }
 
     #[tokio::test]
