@@ -265,6 +265,8 @@ pub async fn p10() -> Vec<Row> {
     let bulk = one_client_thread(|| async {
         let admin = Admin::of(&serve);
         admin.post("/api/v1/jobs", &json!({"queue": "bench", "function": "noop"})).await;
+        // The same request refused before the store (an undeclared queue): the hop alone.
+        let refusal = json!({"queue": "undeclared", "function": "noop"});
         let mut n = 0;
         for _ in 0..P10_ROUNDS {
             let cpu_before = own_cpu(serve.pid());
@@ -276,17 +278,16 @@ pub async fn p10() -> Vec<Row> {
             ours.push(each as f64 / started.elapsed().as_secs_f64());
             serve_cpu += own_cpu(serve.pid()).saturating_sub(cpu_before);
             raw.push(raw_loop.rate(each));
-            // The same request refused before the store (an undeclared queue): the hop alone.
             let started = Instant::now();
             for _ in 0..each {
-                admin.refused("/api/v1/jobs", &json!({"queue": "undeclared", "function": "noop"})).await;
+                admin.refused("/api/v1/jobs", &refusal).await;
             }
             refused.push(each as f64 / started.elapsed().as_secs_f64());
             // The raw commits again, each after the refused request: what the machine's disk
             // gives a commit that waits on a round trip before it, as every API's commit does.
             let started = Instant::now();
             for _ in 0..each {
-                admin.refused("/api/v1/jobs", &json!({"queue": "undeclared", "function": "noop"})).await;
+                admin.refused("/api/v1/jobs", &refusal).await;
                 raw_loop.insert();
             }
             paced.push(each as f64 / started.elapsed().as_secs_f64());
