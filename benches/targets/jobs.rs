@@ -148,8 +148,7 @@ async fn raw_postgres(client: &mut tokio_postgres::Client) -> f64 {
 
 /// A database of its own on the bench PostgreSQL; `None` when it cannot be reached.
 pub async fn scratch_postgres(name: &str) -> Option<(tokio_postgres::Client, String)> {
-    let admin =
-        std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin = crate::postgres_admin();
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.ok()?;
     tokio::spawn(conn);
     // Two statements: CREATE DATABASE cannot run inside the implicit transaction of a batch.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use pcmail_server::ServeConfig;
 use pcmail_store::Store;
 
+use crate::flush_writes;
 use crate::jobs::scratch_postgres;
 use crate::pcside::bin;
 use crate::reconcile::{catch_up, fill, mails};
@@ -26,17 +27,10 @@ struct Ran {
 /// Runs `cmd` to its end; panics with its stderr when it fails (a benchmark of a failing
 /// command measures nothing). The peak is the process's `VmHWM`, read while it runs: its
 /// `ru_maxrss` would count this benchmark's own memory, which the kernel carries over the exec
-/// of a child spawned with a shared address space. What earlier steps wrote is flushed first,
-/// so that no step pays for another's writeback: PostgreSQL's buffers and WAL by a
-/// `CHECKPOINT` (a copy into it writes a gigabyte of WAL, and one started by an earlier step's
-/// WAL ran on into the next step, its final syncs among that step's writes), then the files (a
-/// backup is 700 MB) by `sync`.
+/// of a child spawned with a shared address space. What earlier steps wrote is flushed first
+/// (a copy into PostgreSQL writes a gigabyte of WAL, a backup 700 MB of file).
 fn ran(cmd: &mut Command) -> Ran {
-    let admin =
-        std::env::var("PCMAIL_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let checkpoint = Command::new("psql").args([admin.as_str(), "-qXc", "CHECKPOINT"]).status();
-    assert!(checkpoint.is_ok_and(|s| s.success()), "psql -c CHECKPOINT on PCMAIL_TEST_POSTGRES's server");
-    assert!(Command::new("sync").status().expect("sync").success(), "sync");
+    assert!(flush_writes(), "psql -c CHECKPOINT on PCMAIL_TEST_POSTGRES's server");
     let errors = tempfile::NamedTempFile::new().expect("stderr file");
     let started = Instant::now();
     let mut child =
@@ -68,6 +62,12 @@ struct Sized {
     verify: Ran,
     backup_postgres: Ran,
     pg_dump: Ran,
+    /// The bounds, same rows: the backup from PostgreSQL's rows into SQLite alone (`store
+    /// copy` of its backup into a new file: the same writer, a source that costs next to
+    /// nothing), and PostgreSQL's own load of them (`pg_restore -j 2` of `pg_dump`'s file,
+    /// without the search indexes a copy leaves to `serve`).
+    sqlite_import: Ran,
+    pg_restore: Ran,
     /// The search indexes a copy into PostgreSQL leaves to the first `serve`'s indexer, built
     /// as it builds them (`CONCURRENTLY`), after the copy: not part of the copy's time.
     search_after_copy: Duration,
@@ -106,6 +106,9 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
     let verify = ctl(&["store", "verify", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
     let backup_postgres = ctl(&["backup", &out("ours-pg.db"), "--store", &pg, "--data-dir", &data_dir]);
     let pg_dump = ran(Command::new("pg_dump").args(["--format=custom", "--compress=0", "-f", &out("pg.dump"), &pg]));
+    let (from, to) = (format!("sqlite:{}", out("ours-pg.db")), format!("sqlite:{}", out("imported.db")));
+    let sqlite_import = ctl(&["store", "copy", "--from", &from, "--to", &to, "--data-dir", &data_dir]);
+    let pg_restore = restore_without_search(&out("pg.dump"), &pg, &format!("{postgres_name}_restore")).await?;
     let started = Instant::now();
     let copied = pcmail_store::PgStore::open(&pg).await.expect("the copy opens");
     assert!(copied.index_search(0).await.expect("search indexes built").building, "the copy deferred them");
@@ -118,8 +121,37 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
         verify,
         backup_postgres,
         pg_dump,
+        sqlite_import,
+        pg_restore,
         search_after_copy,
     })
+}
+
+/// `pg_restore -j 2` of `dump` (of `source`) into a new database `name`, leaving out the
+/// search (GIN) indexes as a copy does (`source` is itself a copy, whose search indexes the
+/// first `serve` builds: until then its dump holds none to leave out).
+async fn restore_without_search(dump: &str, source: &str, name: &str) -> Option<Ran> {
+    let (_admin, target) = scratch_postgres(name).await?;
+    let gin = Command::new("psql")
+        .args([
+            source,
+            "-AtXc",
+            "SELECT c.relname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'gin'",
+        ])
+        .output()
+        .expect("psql");
+    let gin: Vec<String> =
+        String::from_utf8_lossy(&gin.stdout).lines().map(|n| format!(" INDEX public {n} ")).collect();
+    let listed = Command::new("pg_restore").args(["-l", dump]).output().expect("pg_restore -l");
+    let kept: String = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|line| !gin.iter().any(|g| line.contains(g.as_str())))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let list = tempfile::NamedTempFile::new().expect("list file");
+    std::fs::write(list.path(), kept).expect("list");
+    let list = list.path().display().to_string();
+    Some(ran(Command::new("pg_restore").args(["-j", "2", "-L", &list, "-d", &target, dump])))
 }
 
 /// `sqlite3 FROM ".backup 'TO'"`: SQLite's own page copy, P14's SQLite baseline.
@@ -190,6 +222,30 @@ pub async fn p14() -> Vec<Row> {
             200.0,
             "MiB",
         ));
+    }
+    // What bounds the two rows into and out of PostgreSQL, measured beside them.
+    let bounds = [
+        (
+            "backup, PostgreSQL",
+            whole.backup_postgres,
+            whole.sqlite_import,
+            "its rows into SQLite alone (store copy SQLite → SQLite)",
+        ),
+        (
+            "store copy SQLite → PostgreSQL",
+            whole.copy_to_postgres,
+            whole.pg_restore,
+            "pg_restore -j 2, no search indexes",
+        ),
+    ];
+    for (what, ours, bound, how) in bounds {
+        rows.push(Row::note("", format!("{what}: bound, {how}"), secs(bound)));
+        rows.push(Row::note(
+            "",
+            format!("{what}: bound's rate ÷ pg_dump"),
+            format!("{:.2} ×", rate(bound, whole.pg_dump.time)),
+        ));
+        rows.push(Row::note("", format!("{what}: ours ÷ bound"), format!("{:.2} ×", rate(ours, bound.time))));
     }
     rows.push(Row::note(
         "",
