@@ -5,8 +5,8 @@
 //!
 //! `cargo bench` runs all but the soak run; `cargo bench -- P3 P7` runs some, `cargo bench --
 //! SOAK` the soak run (`PCMAIL_SOAK_MINUTES`, 10 by default). `PCMAIL_BENCH_MAILS` shrinks P1,
-//! P2 and P7's 1M-mail data set for a quick look; `PCMAIL_TEST_POSTGRES` is where P3's
-//! PostgreSQL run goes.
+//! P2, P7 and P14's 1M-mail data set for a quick look (CI runs the suite over 100k);
+//! `PCMAIL_TEST_POSTGRES` is where P3 and P14's PostgreSQL runs go.
 
 // A benchmark binary: a failed step ends the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
