@@ -99,7 +99,7 @@ pub async fn fill(app: &App, total: u64, now: Ts) {
     );
 }
 
-/// How many mails P1, P2, P7 and P14 run over: 1M, or `PCMAIL_BENCH_MAILS`.
+/// How many mails P1, P2, U3, P7 and P14 run over: 1M, or `PCMAIL_BENCH_MAILS`.
 pub fn mails() -> u64 {
     std::env::var("PCMAIL_BENCH_MAILS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
 }

@@ -62,10 +62,10 @@ struct Sized {
     verify: Ran,
     backup_postgres: Ran,
     pg_dump: Ran,
-    /// The bounds, same rows: the backup from PostgreSQL's rows into SQLite alone (`store
-    /// copy` of its backup into a new file: the same writer, a source that costs next to
-    /// nothing), and PostgreSQL's own load of them (`pg_restore -j 2` of `pg_dump`'s file,
-    /// without the search indexes a copy leaves to `serve`).
+    /// Beside the rows into and out of PostgreSQL, what sets their pace, over the same rows:
+    /// SQLite's writer (`store copy` of the backup from PostgreSQL into a new SQLite file: the
+    /// same writer, no checksums, no seal), and PostgreSQL's own load (`pg_restore -j 2` of
+    /// `pg_dump`'s file, without the search indexes a copy leaves to `serve`).
     sqlite_import: Ran,
     pg_restore: Ran,
     /// The search indexes a copy into PostgreSQL leaves to the first `serve`'s indexer, built
@@ -106,13 +106,14 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
     let verify = ctl(&["store", "verify", "--from", &sqlite_url, "--to", &pg, "--data-dir", &data_dir]);
     let backup_postgres = ctl(&["backup", &out("ours-pg.db"), "--store", &pg, "--data-dir", &data_dir]);
     let pg_dump = ran(Command::new("pg_dump").args(["--format=custom", "--compress=0", "-f", &out("pg.dump"), &pg]));
-    let (from, to) = (format!("sqlite:{}", out("ours-pg.db")), format!("sqlite:{}", out("imported.db")));
-    let sqlite_import = ctl(&["store", "copy", "--from", &from, "--to", &to, "--data-dir", &data_dir]);
-    let pg_restore = restore_without_search(&out("pg.dump"), &pg, &format!("{postgres_name}_restore")).await?;
     let started = Instant::now();
     let copied = pcmail_store::PgStore::open(&pg).await.expect("the copy opens");
     assert!(copied.index_search(0).await.expect("search indexes built").building, "the copy deferred them");
     let search_after_copy = started.elapsed();
+    drop(copied);
+    let (from, to) = (format!("sqlite:{}", out("ours-pg.db")), format!("sqlite:{}", out("imported.db")));
+    let sqlite_import = ctl(&["store", "copy", "--from", &from, "--to", &to, "--data-dir", &data_dir]);
+    let pg_restore = restore_without_search(&out("pg.dump"), &pg, &format!("{postgres_name}_restore")).await?;
     eprintln!("P14: {total} mails moved ({})", size_of(&db));
     Some(Sized {
         backup_sqlite,
@@ -129,29 +130,29 @@ async fn measure(total: u64, postgres_name: &str) -> Option<Sized> {
 
 /// `pg_restore -j 2` of `dump` (of `source`) into a new database `name`, leaving out the
 /// search (GIN) indexes as a copy does (`source` is itself a copy, whose search indexes the
-/// first `serve` builds: until then its dump holds none to leave out).
+/// first `serve` builds: until then its dump holds none to leave out). The database is dropped
+/// after, so that nothing of it (its autovacuum) runs on into the next targets.
 async fn restore_without_search(dump: &str, source: &str, name: &str) -> Option<Ran> {
-    let (_admin, target) = scratch_postgres(name).await?;
-    let gin = Command::new("psql")
-        .args([
-            source,
-            "-AtXc",
-            "SELECT c.relname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'gin'",
-        ])
-        .output()
-        .expect("psql");
+    let (admin, target) = scratch_postgres(name).await?;
+    let sql = "SELECT c.relname FROM pg_class c JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'gin'";
+    let gin = Command::new("psql").args([source, "-AtXwc", sql]).output().expect("psql");
+    assert!(gin.status.success(), "psql listing the search indexes: {}", String::from_utf8_lossy(&gin.stderr));
     let gin: Vec<String> =
         String::from_utf8_lossy(&gin.stdout).lines().map(|n| format!(" INDEX public {n} ")).collect();
     let listed = Command::new("pg_restore").args(["-l", dump]).output().expect("pg_restore -l");
+    assert!(listed.status.success(), "pg_restore -l: {}", String::from_utf8_lossy(&listed.stderr));
     let kept: String = String::from_utf8_lossy(&listed.stdout)
         .lines()
         .filter(|line| !gin.iter().any(|g| line.contains(g.as_str())))
         .map(|line| format!("{line}\n"))
         .collect();
+    assert!(kept.contains(" TABLE DATA public mail "), "pg_restore -l lists mail's rows:\n{kept}");
     let list = tempfile::NamedTempFile::new().expect("list file");
     std::fs::write(list.path(), kept).expect("list");
     let list = list.path().display().to_string();
-    Some(ran(Command::new("pg_restore").args(["-j", "2", "-L", &list, "-d", &target, dump])))
+    let restored = ran(Command::new("pg_restore").args(["-j", "2", "-L", &list, "-d", &target, dump]));
+    admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await.expect("drop the restored database");
+    Some(restored)
 }
 
 /// `sqlite3 FROM ".backup 'TO'"`: SQLite's own page copy, P14's SQLite baseline.
@@ -223,29 +224,29 @@ pub async fn p14() -> Vec<Row> {
             "MiB",
         ));
     }
-    // What bounds the two rows into and out of PostgreSQL, measured beside them.
-    let bounds = [
+    // Beside the rows into and out of PostgreSQL, what sets their pace, over the same rows.
+    let paces = [
         (
             "backup, PostgreSQL",
             whole.backup_postgres,
             whole.sqlite_import,
-            "its rows into SQLite alone (store copy SQLite → SQLite)",
+            "SQLite's writer alone (store copy of the same rows SQLite → SQLite, no checksums)",
         ),
         (
             "store copy SQLite → PostgreSQL",
             whole.copy_to_postgres,
             whole.pg_restore,
-            "pg_restore -j 2, no search indexes",
+            "PostgreSQL's own load (pg_restore -j 2 of the dump, no search indexes)",
         ),
     ];
-    for (what, ours, bound, how) in bounds {
-        rows.push(Row::note("", format!("{what}: bound, {how}"), secs(bound)));
+    for (what, ours, pace, how) in paces {
+        rows.push(Row::note("", format!("{what}: beside it, {how}"), secs(pace)));
         rows.push(Row::note(
             "",
-            format!("{what}: bound's rate ÷ pg_dump"),
-            format!("{:.2} ×", rate(bound, whole.pg_dump.time)),
+            format!("{what}: that rate ÷ pg_dump's"),
+            format!("{:.2} ×", rate(pace, whole.pg_dump.time)),
         ));
-        rows.push(Row::note("", format!("{what}: ours ÷ bound"), format!("{:.2} ×", rate(ours, bound.time))));
+        rows.push(Row::note("", format!("{what}: our rate ÷ that rate"), format!("{:.2} ×", rate(ours, pace.time))));
     }
     rows.push(Row::note(
         "",
