@@ -211,14 +211,17 @@ fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} holds a NUL byte")))
 }
 
-/// `key=value`, built in one allocation.
+/// `key=value`, built in one allocation. Refused by its name alone: a value may be a secret
+/// (a token passed through), and the error is shown wherever the run's failure is.
 fn variable(key: &str, value: &str) -> io::Result<CString> {
     let mut bytes = Vec::with_capacity(key.len() + value.len() + 2);
     bytes.extend_from_slice(key.as_bytes());
     bytes.push(b'=');
     bytes.extend_from_slice(value.as_bytes());
-    CString::new(bytes)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{key:?}={value:?} holds a NUL byte")))
+    CString::new(bytes).map_err(|_| {
+        let which = if key.contains('\0') { "the name of" } else { "the value of" };
+        io::Error::new(io::ErrorKind::InvalidInput, format!("{which} variable {key:?} holds a NUL byte"))
+    })
 }
 
 /// A NULL-terminated array of pointers into `strings` (which must outlive it).
@@ -535,6 +538,19 @@ mod tests {
         let paths = pcmail_core::exec::candidates(argv[0], path.as_deref());
         let env = [("PATH", path.as_deref().unwrap_or_default())];
         spawn(&Plan { paths: &paths, argv, env: &env, umask: None, input: b"" }).expect("spawn")
+    }
+
+    /// E16: a child's variable that cannot be passed (a NUL byte) is named, and its value,
+    /// which may be a secret, is never shown.
+    #[test]
+    fn e16_a_variable_holding_a_nul_byte_is_refused_by_its_name_and_its_value_never_shown() {
+        let refused = variable("API_TOKEN", "s3cr\0et").expect_err("a NUL byte in the value");
+        let said = refused.to_string();
+        assert!(said.contains("the value of variable \"API_TOKEN\""), "{said}");
+        assert!(!said.contains("s3cr") && !said.contains("et\""), "{said}");
+        let refused = variable("API\0TOKEN", "fine").expect_err("a NUL byte in the name");
+        assert!(refused.to_string().starts_with("the name of variable"), "{refused}");
+        assert_eq!(variable("A", "b=c").expect("passed").as_bytes(), b"A=b=c");
     }
 
     #[test]
