@@ -17,6 +17,16 @@ pub fn mail_id(random: [u8; 4]) -> String {
     format!("{MAIL_PREFIX}{}", hex(&random))
 }
 
+/// How many random ids a send draws: 32 random bits, among a million stored mails, are taken
+/// once in about 4,300 draws, and a new mail must never be refused for the server's own pick.
+pub const DRAWS: usize = 4;
+
+/// M4: of the ids drawn for a send, the first no mail holds (the last when all are taken,
+/// which the send then refuses as a duplicate).
+pub fn first_free(drawn: &[String], taken: impl Fn(&str) -> bool) -> &str {
+    drawn.iter().find(|id| !taken(id)).or(drawn.last()).map_or("", String::as_str)
+}
+
 /// M6: a reply's id is fixed by its parent and sender, so re-sending the same reply is idempotent.
 pub fn reply_id(parent_id: &str, sender: &str) -> String {
     let digest = Sha256::digest(format!("{parent_id}:{sender}").as_bytes());
@@ -75,6 +85,16 @@ pub fn sha256_hex(secret: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn m4_a_drawn_id_a_mail_already_holds_is_passed_over_for_the_next() {
+        let drawn: Vec<String> = [[1, 0, 0, 0], [2, 0, 0, 0], [3, 0, 0, 0]].map(mail_id).to_vec();
+        assert_eq!(first_free(&drawn, |_| false), drawn[0]);
+        assert_eq!(first_free(&drawn, |id| id == drawn[0]), drawn[1]);
+        assert_eq!(first_free(&drawn, |id| id != drawn[2]), drawn[2]);
+        assert_eq!(first_free(&drawn, |_| true), drawn[2], "all taken: the last, refused by the send");
+        assert_eq!(first_free(&[], |_| false), "");
+    }
+
     use super::*;
 
     #[test]

@@ -81,9 +81,11 @@ fn random_id() -> Result<String, ServiceError> {
 
 pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<SendResponse, ServiceError> {
     let rt = app.runtime();
-    let fresh_id = random_id()?;
-    let (candidate_id, parent_id) = send_ids(&req, sender, &fresh_id);
-    let mut load = vec![candidate_id.clone(), fresh_id.clone()];
+    // M4: several ids drawn, the first free one taken (a new mail's id is the server's pick).
+    let drawn = (0..ids::DRAWS).map(|_| random_id()).collect::<Result<Vec<_>, _>>()?;
+    let (first_candidate, parent_id) = send_ids(&req, sender, &drawn[0]);
+    let mut load = drawn.clone();
+    load.push(first_candidate);
     load.extend(parent_id.clone());
     // A reply that brings its own id: whether that id is already this reply (a retry).
     let client_id = req.id.clone().filter(|_| req.reply_to.is_some());
@@ -93,6 +95,8 @@ pub async fn send(app: &App, sender: &str, req: SendRequest, now: Ts) -> Result<
         .store()
         .mail_transaction(MailSelect::Ids(load), move |rows| {
             let find = |id: &str| rows.iter().find(|m| m.id == id);
+            let fresh_id = ids::first_free(&drawn, |id| find(id).is_some()).to_string();
+            let (candidate_id, _) = send_ids(&req, &sender, &fresh_id);
             let observed = SendObserved {
                 candidate: find(&candidate_id),
                 parent: parent_id.as_deref().and_then(find),
