@@ -85,6 +85,8 @@ pub fn sha256_hex(secret: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn m4_a_drawn_id_a_mail_already_holds_is_passed_over_for_the_next() {
         let drawn: Vec<String> = [[1, 0, 0, 0], [2, 0, 0, 0], [3, 0, 0, 0]].map(mail_id).to_vec();
@@ -94,8 +96,6 @@ mod tests {
         assert_eq!(first_free(&drawn, |_| true), drawn[2], "all taken: the last, refused by the send");
         assert_eq!(first_free(&[], |_| false), "");
     }
-
-    use super::*;
 
     #[test]
     fn m4_hex_is_two_lowercase_digits_a_byte_high_nibble_first() {
